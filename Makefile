@@ -1,0 +1,51 @@
+# gpuctl: two commands do all the set-up on a fresh Debian machine.
+#   make demo   installs what is needed, starts a 3-node lab fleet, shows its status, stops it
+#   make test   installs what is needed, then lint, type-check and the whole test suite (what CI runs)
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+DEMO_DIR ?= /tmp/gpuctl-demo
+
+.PHONY: deps sysdeps venv lint typecheck pytest test demo bench-gather bench-placement clean
+
+sysdeps:
+	@command -v sshd >/dev/null 2>&1 || test -x /usr/sbin/sshd || { \
+	  echo "installing openssh-server (the lab fleet runs real sshd)"; \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server openssh-client >/dev/null; \
+	  else sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server openssh-client >/dev/null; fi; }
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+venv: $(BIN)/python
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev]'
+
+deps: sysdeps venv
+
+lint: venv
+	$(BIN)/ruff check gpuctl tests benchmarks
+	$(BIN)/ruff format --check gpuctl tests benchmarks
+
+typecheck: venv
+	$(BIN)/mypy
+
+pytest: deps
+	$(BIN)/python -m pytest -q
+
+test: deps lint typecheck pytest
+
+demo: deps
+	-$(BIN)/gpuctl lab down --dir $(DEMO_DIR) >/dev/null 2>&1
+	$(BIN)/gpuctl lab up --nodes 3 --dir $(DEMO_DIR)
+	$(BIN)/gpuctl -i $(DEMO_DIR)/inventory.yaml status; \
+	  rc=$$?; $(BIN)/gpuctl lab down --dir $(DEMO_DIR); exit $$rc
+
+bench-gather: deps
+	$(BIN)/python benchmarks/gather.py --nodes 50
+
+bench-placement: deps
+	$(BIN)/gpuctl bench placement --nodes ../shared/data/openb/openb_node_list_gpu_node.csv \
+	  --pods ../shared/data/openb/openb_pod_list_default.csv --policy best-fit,fgd,default
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,3 @@
+"""gpuctl: keep a GPU fleet busy."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,1 @@
+"""Adapters: the edges of gpuctl (SSH, NVML probe, files, clock), each behind a protocol we own."""

@@ -1,0 +1,11 @@
+from __future__ import annotations
+
+import time
+
+
+class SystemClock:
+    def now(self) -> float:
+        return time.time()
+
+    def monotonic(self) -> float:
+        return time.monotonic()

@@ -1,0 +1,115 @@
+"""The typer app: one sub-app per noun, the top-level verbs, and the one error boundary."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import traceback
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import typer
+from typer.core import TyperGroup
+
+from gpuctl import __version__
+from gpuctl.cli import bench, hosts, inventory_cmd, lab, nodes, place, status
+from gpuctl.cli.context import AppContext
+from gpuctl.errors import ExitCode, GpuctlError
+
+if TYPE_CHECKING:  # typer vendors click; only its Context type is needed here
+    from typer._click.core import Context as ClickContext
+
+
+def _report(exc: GpuctlError) -> None:
+    from gpuctl.cli.render import safe
+
+    sys.stderr.write(f"error: {safe(exc.message)}\n")
+    if exc.hint:
+        sys.stderr.write(f"hint: {safe(exc.hint)}\n")
+
+
+class _Boundary(TyperGroup):
+    """The one error boundary: GpuctlError -> one line on stderr and its exit code."""
+
+    def invoke(self, ctx: ClickContext) -> Any:
+        try:
+            return super().invoke(ctx)
+        except GpuctlError as exc:
+            if _debug(ctx):
+                traceback.print_exc()
+            _report(exc)
+            ctx.exit(int(exc.exit_code))
+        except KeyboardInterrupt:
+            sys.stderr.write("interrupted\n")
+            ctx.exit(int(ExitCode.INTERRUPTED))
+        except (typer.Exit, typer.Abort, typer.TyperException):
+            raise
+        except Exception as exc:
+            if _debug(ctx):
+                raise
+            sys.stderr.write(
+                f"error: internal error: {type(exc).__name__}: {exc}\n"
+                "hint: run again with --debug for a traceback, and report it\n"
+            )
+            ctx.exit(int(ExitCode.ERROR))
+
+
+def _debug(ctx: ClickContext) -> bool:
+    obj = ctx.find_root().obj
+    return bool(getattr(obj, "debug", False))
+
+
+app = typer.Typer(
+    cls=_Boundary,
+    name="gpuctl",
+    help="Keep a GPU fleet busy: status, placement, fragmentation and failover over SSH.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"gpuctl {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    ctx: typer.Context,
+    inventory: Path | None = typer.Option(
+        None,
+        "-i",
+        "--inventory",
+        help="Inventory file or folder (default: $GPUCTL_INVENTORY, then ./inventory).",
+        show_default=False,
+    ),
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks and debug logs."),
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    ctx.obj = AppContext(inventory_path=inventory, debug=debug)
+    _configure_logging(debug)
+
+
+def _configure_logging(debug: bool) -> None:
+    # paramiko logs tracebacks on its own threads; keep them out of the terminal unless --debug.
+    logging.getLogger("paramiko").setLevel(logging.DEBUG if debug else logging.CRITICAL + 1)
+    if debug:
+        logging.basicConfig(level=logging.DEBUG, stream=sys.stderr)
+
+
+status.register(app)
+place.register(app)
+app.add_typer(nodes.app, name="nodes")
+app.add_typer(inventory_cmd.app, name="inventory")
+app.add_typer(hosts.app, name="hosts")
+app.add_typer(lab.app, name="lab")
+app.add_typer(bench.app, name="bench")
+
+
+def run() -> None:
+    app()

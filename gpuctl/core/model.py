@@ -1,0 +1,245 @@
+"""Fleet vocabulary: inventory nodes and observed snapshots.
+
+Frozen dataclasses, tuples for collections, units in field names, `None` for unknown. Snapshots
+round-trip to JSON (`*_to_dict` / `*_from_dict`) so `-o json`, `--snapshot FILE` and the TUI
+share the same facts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any
+
+
+class Reach(enum.StrEnum):
+    """How a node answered the last poll."""
+
+    OK = "ok"
+    REFUSED = "refused"  # TCP connection refused: sshd not running
+    UNREACHABLE = "unreachable"  # no route, DNS failure, network down
+    AUTH_FAILED = "auth_failed"  # the key was not accepted
+    HOST_KEY = "host_key"  # host key unknown or changed: nothing was sent
+    TIMEOUT = "timeout"  # a deadline passed (connect, auth, exec or read)
+    ERROR = "error"  # anything else at the transport level
+
+
+class NodeState(enum.StrEnum):
+    """Node states of the design vocabulary."""
+
+    READY = "ready"
+    CORDONED = "cordoned"
+    DRAINING = "draining"
+    DOWN = "down"
+    UNKNOWN = "unknown"  # reachable, but health could not be read
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NodeSpec:
+    """One node of the inventory, fully resolved (defaults applied, ranges expanded)."""
+
+    name: str
+    host: str
+    port: int = 22
+    user: str | None = None
+    key_file: str | None = None
+    known_hosts: tuple[str, ...] = ()
+    labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    groups: tuple[str, ...] = ()
+    expected_gpus: int | None = None
+    expected_model: str | None = None
+    transport: str = "ssh"  # "ssh" or "local"
+    connect_timeout_s: float = 5.0
+    command_timeout_s: float = 10.0
+    source: str | None = None  # "file:line" it came from, for error messages
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Inventory:
+    nodes: tuple[NodeSpec, ...]
+    sources: tuple[str, ...] = ()
+
+    def by_name(self) -> dict[str, NodeSpec]:
+        return {n.name: n for n in self.nodes}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GpuSnapshot:
+    """One GPU as NVML reports it. Every measured field may be None (not reported / unparseable)."""
+
+    index: int
+    uuid: str | None = None
+    model: str | None = None
+    pci_bus_id: str | None = None
+    mem_total_mib: int | None = None
+    mem_used_mib: int | None = None
+    util_pct: int | None = None
+    temp_c: int | None = None
+    power_w: float | None = None
+    power_limit_w: float | None = None
+    ecc_mode: bool | None = None
+    ecc_volatile_corrected: int | None = None
+    ecc_volatile_uncorrected: int | None = None
+    ecc_aggregate_corrected: int | None = None
+    ecc_aggregate_uncorrected: int | None = None
+    retired_pages_sbe: int | None = None
+    retired_pages_dbe: int | None = None
+    retired_pages_pending: bool | None = None
+    remapped_rows_correctable: int | None = None
+    remapped_rows_uncorrectable: int | None = None
+    remapped_rows_pending: bool | None = None
+    remapped_rows_failure: bool | None = None
+    mig_mode: bool | None = None
+    thermal_slowdown_hw: bool | None = None
+    thermal_slowdown_sw: bool | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GpuProcess:
+    pid: int
+    gpu_uuid: str | None
+    used_mib: int | None
+    name: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class XidEvent:
+    xid: int
+    pci_bus_id: str | None = None
+    message: str = ""
+    at: str | None = None  # the kernel log's own timestamp text
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NodeFacts:
+    hostname: str | None = None
+    driver_version: str | None = None
+    cuda_version: str | None = None
+    clock_s: float | None = None  # the node's own clock (epoch seconds) at probe time
+    cpu_count: int | None = None
+    host_mem_total_mib: int | None = None
+    host_mem_available_mib: int | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Observation:
+    """What one probe of one node returned, parsed. Parsers never raise: problems become notes."""
+
+    gpus: tuple[GpuSnapshot, ...] = ()
+    processes: tuple[GpuProcess, ...] = ()
+    xids: tuple[XidEvent, ...] = ()
+    facts: NodeFacts = NodeFacts()
+    notes: tuple[str, ...] = ()  # parse problems, one line each
+    nvml_ok: bool = True  # False when the GPU query itself failed or was unreadable
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NodeSnapshot:
+    """One node at one poll: how it answered and, if it did, what it reported."""
+
+    name: str
+    reach: Reach
+    state: NodeState
+    error: str | None = None
+    observation: Observation | None = None
+    latency_s: float | None = None
+    taken_at: float | None = None
+
+    @property
+    def gpus(self) -> tuple[GpuSnapshot, ...]:
+        return self.observation.gpus if self.observation else ()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FleetSnapshot:
+    taken_at: float
+    nodes: tuple[NodeSnapshot, ...]
+
+    @property
+    def version(self) -> str:
+        """A content hash: plans computed from this snapshot carry it."""
+        body = json.dumps(_nodes_for_version(self), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(body.encode()).hexdigest()[:16]
+
+
+def _nodes_for_version(fleet: FleetSnapshot) -> list[dict[str, Any]]:
+    out = []
+    for n in fleet.nodes:
+        d = node_to_dict(n)
+        d.pop("latency_s", None)
+        d.pop("taken_at", None)
+        facts = d.get("facts")
+        if isinstance(facts, dict):
+            facts.pop("clock_s", None)
+        out.append(d)
+    return out
+
+
+# --- JSON round trip ---------------------------------------------------------------------------
+
+
+def node_to_dict(node: NodeSnapshot) -> dict[str, Any]:
+    obs = node.observation or Observation(nvml_ok=False)
+    return {
+        "name": node.name,
+        "state": node.state.value,
+        "reach": node.reach.value,
+        "error": node.error,
+        "latency_s": node.latency_s,
+        "taken_at": node.taken_at,
+        "gpus": [dataclasses.asdict(g) for g in obs.gpus],
+        "processes": [dataclasses.asdict(p) for p in obs.processes],
+        "xids": [dataclasses.asdict(x) for x in obs.xids],
+        "facts": dataclasses.asdict(obs.facts) if node.observation else None,
+        "notes": list(obs.notes),
+    }
+
+
+def fleet_to_dict(fleet: FleetSnapshot) -> dict[str, Any]:
+    return {
+        "taken_at": fleet.taken_at,
+        "version": fleet.version,
+        "nodes": [node_to_dict(n) for n in fleet.nodes],
+    }
+
+
+def _build(cls: type[Any], data: Mapping[str, Any]) -> Any:
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def node_from_dict(data: Mapping[str, Any]) -> NodeSnapshot:
+    """Inverse of `node_to_dict`. Raises KeyError/TypeError/ValueError on malformed input."""
+    facts = data.get("facts")
+    observation: Observation | None = None
+    if facts is not None or data.get("gpus"):
+        observation = Observation(
+            gpus=tuple(_build(GpuSnapshot, g) for g in data.get("gpus") or ()),
+            processes=tuple(_build(GpuProcess, p) for p in data.get("processes") or ()),
+            xids=tuple(_build(XidEvent, x) for x in data.get("xids") or ()),
+            facts=_build(NodeFacts, facts or {}),
+            notes=tuple(str(s) for s in data.get("notes") or ()),
+        )
+    return NodeSnapshot(
+        name=str(data["name"]),
+        reach=Reach(data.get("reach", "ok")),
+        state=NodeState(data.get("state", "ready")),
+        error=data.get("error"),
+        observation=observation,
+        latency_s=data.get("latency_s"),
+        taken_at=data.get("taken_at"),
+    )
+
+
+def fleet_from_dict(data: Mapping[str, Any]) -> FleetSnapshot:
+    return FleetSnapshot(
+        taken_at=float(data.get("taken_at") or 0.0),
+        nodes=tuple(node_from_dict(n) for n in data["nodes"]),
+    )
