@@ -68,9 +68,8 @@ def card_fits(free: int, capacity: int, demand: Demand) -> bool:
 
 def fitting_cards(node: NodeFree, demand: Demand) -> tuple[int, ...]:
     """Indices of cards that could each host one share of `demand`, in index order."""
-    return tuple(
-        i for i, (f, c) in enumerate(zip(node.free, node.capacity, strict=True)) if card_fits(f, c, demand)
-    )
+    pairs = enumerate(zip(node.free, node.capacity, strict=True))
+    return tuple(i for i, (f, c) in pairs if card_fits(f, c, demand))
 
 
 def fits(node: NodeFree, demand: Demand) -> bool:
@@ -89,9 +88,11 @@ def take(node: NodeFree, demand: Demand, cards: tuple[int, ...]) -> NodeFree:
         if free[i] < used:
             raise ValueError(f"card {i} of {node.name} cannot take {used} units")
         free[i] -= used
+    cpu = node.cpu_free_milli
+    mem = node.mem_free_mib
     return dataclasses.replace(
         node,
         free=tuple(free),
-        cpu_free_milli=None if node.cpu_free_milli is None else node.cpu_free_milli - demand.cpu_milli,
-        mem_free_mib=None if node.mem_free_mib is None else node.mem_free_mib - demand.mem_mib,
+        cpu_free_milli=None if cpu is None else cpu - demand.cpu_milli,
+        mem_free_mib=None if mem is None else mem - demand.mem_mib,
     )

@@ -1,8 +1,8 @@
 """Placement policies: pluggable per-node scorers over the fit primitives.
 
-A policy answers, for one node that passed the engine's constraint filters, whether the demand fits,
-which cards it would take, and a score (higher is better). The engine picks the best-scoring node and
-breaks ties by its own explicit node order. Policies are pure and deterministic.
+A policy answers, for one node that passed the engine's constraint filters, whether the demand
+fits, which cards it would take, and a score (higher is better). The engine picks the best-scoring
+node and breaks ties by its own explicit node order. Policies are pure and deterministic.
 """
 
 from __future__ import annotations
@@ -49,8 +49,7 @@ class BestFit:
             cands = fitting_cards(node, demand)
             cards = (min(cands, key=lambda i: (node.free[i], i)),)
         left = sum(node.free) - sum(
-            node.capacity[i] if (demand.whole or demand.gpus > 1) else demand.per_gpu
-            for i in cards
+            node.capacity[i] if (demand.whole or demand.gpus > 1) else demand.per_gpu for i in cards
         )
         total = sum(node.capacity) or 1
         return Choice(cards=cards, score=100.0 * (1.0 - left / total))
