@@ -151,6 +151,7 @@ class NodeSnapshot:
     observation: Observation | None = None
     latency_s: float | None = None
     taken_at: float | None = None
+    labels: Mapping[str, str] = dataclasses.field(default_factory=dict)  # from the inventory
 
     @property
     def gpus(self) -> tuple[GpuSnapshot, ...]:
@@ -192,6 +193,7 @@ def node_to_dict(node: NodeSnapshot) -> dict[str, Any]:
         "state": node.state.value,
         "reach": node.reach.value,
         "error": node.error,
+        "labels": dict(node.labels),
         "latency_s": node.latency_s,
         "taken_at": node.taken_at,
         "gpus": [dataclasses.asdict(g) for g in obs.gpus],
@@ -199,6 +201,7 @@ def node_to_dict(node: NodeSnapshot) -> dict[str, Any]:
         "xids": [dataclasses.asdict(x) for x in obs.xids],
         "facts": dataclasses.asdict(obs.facts) if node.observation else None,
         "notes": list(obs.notes),
+        "nvml_ok": obs.nvml_ok if node.observation else None,
     }
 
 
@@ -226,6 +229,7 @@ def node_from_dict(data: Mapping[str, Any]) -> NodeSnapshot:
             xids=tuple(_build(XidEvent, x) for x in data.get("xids") or ()),
             facts=_build(NodeFacts, facts or {}),
             notes=tuple(str(s) for s in data.get("notes") or ()),
+            nvml_ok=bool(data.get("nvml_ok", True)),
         )
     return NodeSnapshot(
         name=str(data["name"]),
@@ -235,6 +239,7 @@ def node_from_dict(data: Mapping[str, Any]) -> NodeSnapshot:
         observation=observation,
         latency_s=data.get("latency_s"),
         taken_at=data.get("taken_at"),
+        labels={str(k): str(v) for k, v in (data.get("labels") or {}).items()},
     )
 
 
