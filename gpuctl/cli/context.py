@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import typer
 
+from gpuctl.adapters.protocols import Transport
 from gpuctl.errors import UsageError
-
-DEFAULT_INVENTORY = Path("inventory")
 
 
 @dataclasses.dataclass
@@ -19,20 +18,20 @@ class AppContext:
     inventory_path: Path | None = None
     debug: bool = False
     env: Mapping[str, str] = dataclasses.field(default_factory=lambda: dict(os.environ))
+    # Tests inject a transport here; commands otherwise build the SSH transport lazily.
+    transport_factory: Callable[[], Transport] | None = None
 
     def resolve_inventory_path(self) -> Path:
-        """-i/--inventory, then GPUCTL_INVENTORY, then ./inventory."""
+        """-i/--inventory, then GPUCTL_INVENTORY. No implicit default: gpuctl never scans a fleet
+        the operator did not name."""
         if self.inventory_path is not None:
             return self.inventory_path
         from_env = self.env.get("GPUCTL_INVENTORY")
         if from_env:
             return Path(from_env)
-        if DEFAULT_INVENTORY.exists():
-            return DEFAULT_INVENTORY
         raise UsageError(
             "no inventory given",
-            hint="pass -i/--inventory FILE|DIR, set GPUCTL_INVENTORY, or run in a folder "
-            "that has inventory/",
+            hint="pass -i/--inventory FILE|DIR or set GPUCTL_INVENTORY",
         )
 
 

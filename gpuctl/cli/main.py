@@ -83,7 +83,7 @@ def _root(
         None,
         "-i",
         "--inventory",
-        help="Inventory file or folder (default: $GPUCTL_INVENTORY, then ./inventory).",
+        help="Inventory file or folder (default: $GPUCTL_INVENTORY).",
         show_default=False,
     ),
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks and debug logs."),
