@@ -1,0 +1,1 @@
+"""The lab fleet: real sshd on loopback, simulated GPUs."""

@@ -1,0 +1,477 @@
+"""The lab fleet: real `sshd` processes on loopback, each a node with simulated GPUs.
+
+`up` writes everything into one folder (`DIR`): `lab.json` (what was started: pids, ports, user),
+`inventory.yaml`, `known_hosts`, the client key `id_ed25519`, and one folder per node under
+`nodes/<name>/` (sshd_config, host key, GPU state, `bin/` with the fake tools, `home/`, sshd.log).
+`down`, `kill`, `revive`, `freeze`, `thaw` and `inject` work from any later process through
+`lab.json`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import importlib
+import json
+import os
+import shutil
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from gpuctl.errors import LabError
+from gpuctl.lab import sshd as sshd_mod
+
+LAB_HOST = "127.0.0.1"
+DEFAULT_GPU_MODEL = "NVIDIA H100 80GB HBM3"
+NODE_ENV = "GPUCTL_LAB_NODE"
+STATE_ENV = "GPUCTL_LAB_STATE"
+_LAB_FILE = "lab.json"
+_FORMAT = 1
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LabNode:
+    name: str
+    index: int
+    host: str
+    port: int
+    pid: int | None  # the node's sshd; None while killed or stopped
+    gpus: int
+    gpu_model: str
+    gpu_mem_gib: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Lab:
+    """What `lab.json` records. Paths derive from `dir`."""
+
+    dir: Path
+    user: str
+    sshd: str
+    nodes: tuple[LabNode, ...]
+
+    @property
+    def inventory_path(self) -> Path:
+        return self.dir / "inventory.yaml"
+
+    @property
+    def known_hosts_path(self) -> Path:
+        return self.dir / "known_hosts"
+
+    @property
+    def key_path(self) -> Path:
+        return self.dir / "id_ed25519"
+
+    def node_dir(self, name: str) -> Path:
+        return self.dir / "nodes" / name
+
+    def config_path(self, name: str) -> Path:
+        return self.node_dir(name) / "sshd_config"
+
+    def state_path(self, name: str) -> Path:
+        return self.node_dir(name) / "state.json"
+
+    def log_path(self, name: str) -> Path:
+        return self.node_dir(name) / "sshd.log"
+
+    def node(self, name: str) -> LabNode:
+        for node in self.nodes:
+            if node.name == name:
+                return node
+        known = ", ".join(n.name for n in self.nodes) or "none"
+        raise LabError(f"{self.dir / _LAB_FILE}: no node {name!r} (nodes: {known})")
+
+    def with_node(self, node: LabNode) -> Lab:
+        nodes = tuple(node if n.name == node.name else n for n in self.nodes)
+        return dataclasses.replace(self, nodes=nodes)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NodeStatus:
+    node: LabNode
+    running: bool
+    frozen: bool
+
+
+# -- lab.json ----------------------------------------------------------------------------------
+
+
+def load(lab_dir: Path) -> Lab:
+    lab_dir = lab_dir.absolute()
+    path = lab_dir / _LAB_FILE
+    try:
+        data = json.loads(path.read_text())
+        return Lab(
+            dir=lab_dir,
+            user=str(data["user"]),
+            sshd=str(data["sshd"]),
+            nodes=tuple(LabNode(**n) for n in data["nodes"]),
+        )
+    except FileNotFoundError:
+        raise LabError(
+            f"{path}: no lab here", hint=f"start one with: gpuctl lab up --dir {lab_dir}"
+        ) from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise LabError(f"{path}: unreadable lab record: {exc}") from None
+
+
+def _save(lab: Lab) -> None:
+    doc = {
+        "format": _FORMAT,
+        "user": lab.user,
+        "sshd": lab.sshd,
+        "nodes": [dataclasses.asdict(n) for n in lab.nodes],
+    }
+    _write_atomic(lab.dir / _LAB_FILE, json.dumps(doc, indent=2) + "\n", 0o644)
+
+
+def _write_atomic(path: Path, text: str, mode: int) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    tmp.replace(path)
+
+
+@contextlib.contextmanager
+def _locked(lab_dir: Path) -> Iterator[None]:
+    """One lab-changing command at a time per folder."""
+    fd = os.open(lab_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _nodestate() -> Any:
+    # TODO(lab): a plain import once gpuctl.lab.nodestate has landed
+    return importlib.import_module("gpuctl.lab.nodestate")
+
+
+# -- up ----------------------------------------------------------------------------------------
+
+
+def up(
+    lab_dir: Path,
+    *,
+    nodes: int,
+    gpus: int = 8,
+    gpu_model: str = DEFAULT_GPU_MODEL,
+    gpu_mem_gib: int = 80,
+    sshd: Path = sshd_mod.DEFAULT_SSHD,
+    start_timeout_s: float = 15.0,
+) -> Lab:
+    """Start `nodes` lab nodes in `lab_dir`; on any failure stop what was started and raise."""
+    if not 1 <= nodes <= 1000:
+        raise LabError(f"--nodes must be between 1 and 1000, not {nodes}")
+    if gpus < 0 or gpu_mem_gib <= 0:
+        raise LabError("--gpus must be 0 or more and --gpu-mem-gib more than 0")
+    sshd_mod.check_sshd(sshd)
+    lab_dir = lab_dir.absolute()
+    if (lab_dir / _LAB_FILE).exists() and any(s.running for s in status(lab_dir)):
+        raise LabError(
+            f"{lab_dir}: a lab is already running here",
+            hint=f"stop it first: gpuctl lab down --dir {lab_dir}",
+        )
+    lab_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
+    user = sshd_mod.lab_user()
+    sshd_mod.check_traversable(lab_dir, user)
+    if os.geteuid() == 0:
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation dir
+    with _locked(lab_dir):
+        lab = _prepare(lab_dir, user, nodes, gpus, gpu_model, gpu_mem_gib, sshd)
+        try:
+            lab = _start_all(lab, start_timeout_s)
+        except BaseException:
+            _stop_all(lab)
+            raise
+    return lab
+
+
+def _prepare(
+    lab_dir: Path,
+    user: sshd_mod.LabUser,
+    count: int,
+    gpus: int,
+    gpu_model: str,
+    gpu_mem_gib: int,
+    sshd: Path,
+) -> Lab:
+    nodestate = _nodestate()
+
+    client_pub = sshd_mod.generate_ed25519(lab_dir / "id_ed25519", "gpuctl-lab-client")
+    (lab_dir / "id_ed25519.pub").write_text(client_pub + "\n")
+    _write_atomic(lab_dir / "authorized_keys", client_pub + "\n", 0o644)
+    shutil.rmtree(lab_dir / "nodes", ignore_errors=True)
+    (lab_dir / "nodes").mkdir(mode=0o755)
+    width = max(2, len(str(count)))
+    python = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else sys.executable
+    lab_nodes = []
+    lab = Lab(dir=lab_dir, user=user.name, sshd=str(sshd), nodes=())
+    for index in range(1, count + 1):
+        name = f"lab-{index:0{width}d}"
+        node_dir = lab.node_dir(name)
+        (node_dir / "bin").mkdir(mode=0o755, parents=True)
+        (node_dir / "home").mkdir(mode=0o755)
+        state = nodestate.new_node_state(
+            name, gpus=gpus, model=gpu_model, mem_gib=gpu_mem_gib, node_index=index
+        )
+        nodestate.write_state(lab.state_path(name), state)
+        nodestate.install_node_tools(node_dir / "bin", python=python)
+        sshd_mod.generate_ed25519(node_dir / "ssh_host_ed25519_key", name)
+        if user.dedicated:
+            for path in (node_dir, node_dir / "bin", node_dir / "home", lab.state_path(name)):
+                os.chown(path, user.uid, user.gid)
+            for tool in (node_dir / "bin").iterdir():
+                os.chown(tool, user.uid, user.gid)
+        lab_nodes.append(LabNode(name, index, LAB_HOST, 0, None, gpus, gpu_model, gpu_mem_gib))
+    return dataclasses.replace(lab, nodes=tuple(lab_nodes))
+
+
+def _write_config(lab: Lab, node: LabNode, version: tuple[int, int] | None) -> None:
+    node_dir = lab.node_dir(node.name)
+    env = {
+        NODE_ENV: node.name,
+        STATE_ENV: str(lab.state_path(node.name)),
+        "HOME": str(node_dir / "home"),
+        "PATH": f"{node_dir / 'bin'}:/usr/local/bin:/usr/bin:/bin",
+    }
+    text = sshd_mod.render_sshd_config(
+        host=node.host,
+        port=node.port,
+        host_key=node_dir / "ssh_host_ed25519_key",
+        authorized_keys=lab.dir / "authorized_keys",
+        user=lab.user,
+        env=env,
+        sshd_version=version,
+    )
+    _write_atomic(lab.config_path(node.name), text, 0o644)
+
+
+def _start_all(lab: Lab, timeout_s: float) -> Lab:
+    version = sshd_mod.sshd_version(Path(lab.sshd))
+    pending = list(lab.nodes)
+    for _attempt in range(3):
+        ports = sshd_mod.free_ports(LAB_HOST, len(pending))
+        started = []
+        for node, port in zip(pending, ports, strict=True):
+            node = dataclasses.replace(node, port=port)
+            _write_config(lab, node, version)
+            log = lab.log_path(node.name)
+            log.write_text("")
+            pid = sshd_mod.spawn_sshd(Path(lab.sshd), lab.config_path(node.name), log)
+            node = dataclasses.replace(node, pid=pid)
+            lab = lab.with_node(node)
+            started.append(node)
+        _save(lab)  # so that `down` can clean up even if this process dies now
+        deadline = time.monotonic() + timeout_s
+        pending = []
+        for node in started:
+            assert node.pid is not None
+            why = sshd_mod.wait_listening(node.pid, lab.log_path(node.name), deadline)
+            if why is None:
+                continue
+            if "Address already in use" in why:  # lost a race for the port: try another
+                _stop_node(lab, node)
+                lab = lab.with_node(dataclasses.replace(node, pid=None))
+                pending.append(node)
+                continue
+            raise LabError(f"{node.name}: sshd did not start: {why}")
+        if not pending:
+            break
+    else:
+        raise LabError("could not find free ports for the lab nodes")
+    _save(lab)
+    _write_known_hosts(lab)
+    _write_inventory(lab)
+    return lab
+
+
+def _write_known_hosts(lab: Lab) -> None:
+    lines = []
+    for node in lab.nodes:
+        public = lab.node_dir(node.name) / "ssh_host_ed25519_key.pub"
+        key_type, blob = public.read_text().split()[:2]
+        lines.append(f"[{node.host}]:{node.port} {key_type} {blob}\n")
+    _write_atomic(lab.known_hosts_path, "".join(lines), 0o644)
+
+
+def _write_inventory(lab: Lab) -> None:
+    lines = [
+        "# written by gpuctl lab up",
+        "defaults:",
+        f"  user: {lab.user}",
+        "  key_file: id_ed25519",
+        "  known_hosts: [known_hosts]",
+        "nodes:",
+    ]
+    for n in lab.nodes:
+        lines.append(
+            f"  - {{name: {n.name}, host: {n.host}, port: {n.port}, gpus: {n.gpus}, "
+            f'gpu_model: {json.dumps(n.gpu_model)}, labels: {{lab: "true"}}}}'
+        )
+    _write_atomic(lab.inventory_path, "\n".join(lines) + "\n", 0o644)
+
+
+# -- status, kill, revive, freeze, thaw, down --------------------------------------------------
+
+
+def status(lab_dir: Path) -> list[NodeStatus]:
+    lab = load(lab_dir)
+    out = []
+    for node in lab.nodes:
+        running = node.pid is not None and sshd_mod.is_sshd_of(node.pid, lab.config_path(node.name))
+        frozen = running and node.pid is not None and _stopped(node.pid)
+        out.append(NodeStatus(node, running, frozen))
+    return out
+
+
+def _stopped(pid: int) -> bool:
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return raw[raw.rfind(")") + 2 :].startswith("T")
+
+
+def _node_pids(lab: Lab, node: LabNode) -> set[int]:
+    """The node's sshd, its sessions, and every process started with the node's environment."""
+    pids: set[int] = set()
+    if node.pid is not None and sshd_mod.is_sshd_of(node.pid, lab.config_path(node.name)):
+        pids.add(node.pid)
+        pids |= sshd_mod.descendants(node.pid)
+    state = str(lab.state_path(node.name))
+    # STATE_ENV holds this lab's own path: another lab's node of the same name is left alone
+    for pid in sshd_mod.pids_with_env(STATE_ENV, state):
+        pids.add(pid)
+        pids |= sshd_mod.descendants(pid)
+    return pids
+
+
+def _stop_node(lab: Lab, node: LabNode) -> int:
+    """SIGKILL the node's sshd and processes until none is left; how many were killed."""
+    killed: set[int] = set()
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline:
+        pids = {p for p in _node_pids(lab, node) if sshd_mod.alive(p)}
+        if not pids:
+            break
+        sshd_mod.signal_all(pids, signal.SIGKILL)
+        killed |= pids
+        time.sleep(0.01)
+    return len(killed)
+
+
+def _stop_all(lab: Lab) -> int:
+    return sum(_stop_node(lab, node) for node in lab.nodes)
+
+
+def down(lab_dir: Path) -> int:
+    """Stop every sshd and node process of the lab; how many processes were stopped. Idempotent."""
+    lab_dir = lab_dir.absolute()
+    if not (lab_dir / _LAB_FILE).exists():
+        return 0
+    with _locked(lab_dir):
+        lab = load(lab_dir)
+        stopped = _stop_all(lab)
+        _save(dataclasses.replace(lab, nodes=tuple(_without_pid(n) for n in lab.nodes)))
+    return stopped
+
+
+def _without_pid(node: LabNode) -> LabNode:
+    return dataclasses.replace(node, pid=None)
+
+
+def kill(lab_dir: Path, name: str) -> int:
+    """Simulate node death: SIGKILL its sshd and every process of the node."""
+    lab_dir = lab_dir.absolute()
+    with _locked(lab_dir):
+        lab = load(lab_dir)
+        node = lab.node(name)
+        stopped = _stop_node(lab, node)
+        _save(lab.with_node(_without_pid(node)))
+    return stopped
+
+
+def revive(lab_dir: Path, name: str, *, timeout_s: float = 10.0) -> LabNode:
+    """Start a killed node's sshd again: same host key, same port."""
+    lab_dir = lab_dir.absolute()
+    with _locked(lab_dir):
+        lab = load(lab_dir)
+        node = lab.node(name)
+        if node.pid is not None and sshd_mod.is_sshd_of(node.pid, lab.config_path(name)):
+            if _stopped(node.pid):
+                _signal_node(lab, node, signal.SIGCONT)
+            return node
+        sshd_mod.check_sshd(Path(lab.sshd))
+        log = lab.log_path(name)
+        offset = sshd_mod.log_size(log)
+        pid = sshd_mod.spawn_sshd(Path(lab.sshd), lab.config_path(name), log)
+        node = dataclasses.replace(node, pid=pid)
+        _save(lab.with_node(node))
+        why = sshd_mod.wait_listening(pid, log, time.monotonic() + timeout_s, offset=offset)
+        if why is not None:
+            _stop_node(lab, node)
+            _save(lab.with_node(_without_pid(node)))
+            raise LabError(f"{name}: sshd did not start again: {why}")
+    return node
+
+
+def _signal_node(lab: Lab, node: LabNode, sig: signal.Signals) -> int:
+    pids = _node_pids(lab, node)
+    sshd_mod.signal_all(pids, sig)
+    return len(pids)
+
+
+def freeze(lab_dir: Path, name: str) -> int:
+    """SIGSTOP the node's sshd, its sessions and processes: it accepts TCP but never answers."""
+    lab = load(lab_dir)
+    node = lab.node(name)
+    if node.pid is None:
+        raise LabError(f"{name} is not running", hint=f"gpuctl lab revive {name} --dir {lab.dir}")
+    return _signal_node(lab, node, signal.SIGSTOP)
+
+
+def thaw(lab_dir: Path, name: str) -> int:
+    """Undo `freeze`."""
+    lab = load(lab_dir)
+    return _signal_node(lab, lab.node(name), signal.SIGCONT)
+
+
+def inject(
+    lab_dir: Path,
+    name: str,
+    *,
+    gpu: int | None = None,
+    ecc_uncorrected: int | None = None,
+    xid: int | None = None,
+    temp_c: int | None = None,
+    missing: bool = False,
+    garbage: bool = False,
+    hang: bool = False,
+    clear: bool = False,
+) -> None:
+    """Change a node's simulated GPUs (see `gpuctl.lab.nodestate.inject` for the faults)."""
+    nodestate = _nodestate()
+
+    lab = load(lab_dir)
+    lab.node(name)
+    nodestate.inject(
+        lab.state_path(name),
+        gpu=gpu,
+        ecc_uncorrected=ecc_uncorrected,
+        xid=xid,
+        temp_c=temp_c,
+        missing=missing,
+        garbage=garbage,
+        hang=hang,
+        clear=clear,
+    )
