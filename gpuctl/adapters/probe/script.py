@@ -1,0 +1,173 @@
+"""The node probe: one constant POSIX `sh` script, run with one remote exec per node per poll.
+
+The script prints delimited sections. Its first line is `@@gpuctl-probe 1 <marker>`, where the
+marker is random hex made on the node at run time, so nothing a process prints (a process name,
+a kernel log line) can forge a section boundary. Each section is
+
+    @@<marker> begin <name>
+    ...the command's stdout...
+    @@<marker> stderr <name>      (only when the command wrote to stderr; first 4096 bytes)
+    ...
+    @@<marker> end <name> rc=<exit status, or "skip">
+
+Every `nvidia-smi` call runs under coreutils `timeout` when the node has it; after one call times
+out (or `nvidia-smi` is not installed) the remaining calls are skipped (`rc=skip`), so a hung
+driver costs one step timeout, not one per query. The transport enforces the overall deadline.
+
+Nothing variable is interpolated into the script except `step_timeout_s`, an int checked here.
+"""
+
+from __future__ import annotations
+
+PROBE_VERSION = "1"
+HEADER_PREFIX = "@@gpuctl-probe "
+
+# Fields every driver gpuctl supports answers (R4xx and later): one query, one row per GPU.
+GPU_FIELDS: tuple[str, ...] = (
+    "index",
+    "uuid",
+    "name",
+    "pci.bus_id",
+    "driver_version",
+    "memory.total",
+    "memory.used",
+    "utilization.gpu",
+    "temperature.gpu",
+    "power.draw",
+    "power.limit",
+    "ecc.mode.current",
+    "ecc.errors.corrected.volatile.total",
+    "ecc.errors.uncorrected.volatile.total",
+    "ecc.errors.corrected.aggregate.total",
+    "ecc.errors.uncorrected.aggregate.total",
+    "retired_pages.single_bit_ecc.count",
+    "retired_pages.double_bit.count",
+    "retired_pages.pending",
+)
+
+# Newer fields (MIG, row remapping: R450+; the thermal slowdown split). A driver that rejects any
+# one field fails the whole query, so these travel in a second query joined on index: an older
+# driver loses only these, never the GPU list. `clocks_throttle_reasons.*` is the old name, still
+# accepted as an alias of `clocks_event_reasons.*` by current drivers (590, 595 help text).
+GPU_HEALTH_FIELDS: tuple[str, ...] = (
+    "index",
+    "uuid",
+    "mig.mode.current",
+    "remapped_rows.correctable",
+    "remapped_rows.uncorrectable",
+    "remapped_rows.pending",
+    "remapped_rows.failure",
+    "clocks_throttle_reasons.hw_thermal_slowdown",
+    "clocks_throttle_reasons.sw_thermal_slowdown",
+)
+
+# process_name last: it is the only field that can contain a comma.
+APP_FIELDS: tuple[str, ...] = ("gpu_uuid", "pid", "used_memory", "process_name")
+
+XID_TAIL_LINES = 50
+
+SECTION_FACTS = "facts"
+SECTION_GPU = "gpu"
+SECTION_GPU_HEALTH = "gpu-health"
+SECTION_APPS = "apps"
+SECTION_VERSION = "version"
+SECTION_XID = "xid"
+SECTION_BANNER = "banner"  # plain `nvidia-smi`, only when `--version` is refused (old drivers)
+
+_TEMPLATE = r"""LC_ALL=C; export LC_ALL
+m=$(od -An -N8 -tx1 /dev/urandom 2>/dev/null | tr -dc 0-9a-f)
+[ -n "$m" ] || m="p$$x$(date +%s 2>/dev/null)"
+printf '@@gpuctl-probe @VERSION@ %s\n' "$m"
+t=""
+if timeout -k 1 5 true >/dev/null 2>&1; then t="timeout -k 2 @STEP@"; fi
+skip=0
+sec() {
+  n=$1; shift
+  printf '\n@@%s begin %s\n' "$m" "$n"
+  { err=$("$@" 2>&1 1>&3 3>&-); rc=$?; } 3>&1
+  if [ -n "$err" ]; then printf '\n@@%s stderr %s\n%.4096s\n' "$m" "$n" "$err"; fi
+  printf '\n@@%s end %s rc=%s\n' "$m" "$n" "$rc"
+}
+nv() {
+  if [ "$skip" = 1 ]; then
+    rc=skip; printf '\n@@%s begin %s\n\n@@%s end %s rc=skip\n' "$m" "$1" "$m" "$1"; return 0
+  fi
+  n=$1; shift
+  sec "$n" $t nvidia-smi "$@"
+  case $rc in 124|137|126|127) skip=1 ;; esac
+}
+facts() {
+  printf 'hostname=%s\n' "$(uname -n 2>/dev/null)"
+  printf 'clock_s=%s\n' "$(date +%s 2>/dev/null)"
+  printf 'cpu_count=%s\n' "$(getconf _NPROCESSORS_ONLN 2>/dev/null || nproc 2>/dev/null)"
+  grep -E '^(MemTotal|MemAvailable):' /proc/meminfo 2>/dev/null
+  return 0
+}
+xid() {
+  if out=$(dmesg 2>/dev/null); then echo "source=dmesg"
+  elif out=$($t journalctl -k -q --no-pager -o short-monotonic -n 20000 2>/dev/null); then
+    echo "source=journalctl"
+  else echo "source=none"; return 0; fi
+  printf '%s\n' "$out" | grep -a 'NVRM: Xid' | tail -n @XIDTAIL@
+  return 0
+}
+sec @FACTS@ facts
+nv @GPU@ --query-gpu=@GPUFIELDS@ --format=csv,nounits
+nv @HEALTH@ --query-gpu=@HEALTHFIELDS@ --format=csv,nounits
+nv @APPS@ --query-compute-apps=@APPFIELDS@ --format=csv,nounits
+nv @VERSION_SECTION@ --version
+case $rc in 0|skip) ;; *) nv @BANNER@ ;; esac
+sec @XID@ xid
+printf '\n@@%s done\n' "$m"
+exit 0
+"""
+
+
+def probe_command(*, step_timeout_s: int = 5) -> str:
+    """The one script gpuctl runs on a node per poll. Constant text: no node data goes in."""
+    if (
+        isinstance(step_timeout_s, bool)
+        or not isinstance(step_timeout_s, int)
+        or not 1 <= step_timeout_s <= 600
+    ):
+        raise ValueError(f"step_timeout_s must be an int from 1 to 600, got {step_timeout_s!r}")
+    script = _TEMPLATE
+    for key, value in (
+        ("@VERSION@", PROBE_VERSION),
+        ("@STEP@", str(step_timeout_s)),
+        ("@XIDTAIL@", str(XID_TAIL_LINES)),
+        ("@FACTS@", SECTION_FACTS),
+        ("@GPU@", SECTION_GPU),
+        ("@HEALTH@", SECTION_GPU_HEALTH),
+        ("@APPS@", SECTION_APPS),
+        ("@VERSION_SECTION@", SECTION_VERSION),
+        ("@XID@", SECTION_XID),
+        ("@BANNER@", SECTION_BANNER),
+        ("@GPUFIELDS@", ",".join(GPU_FIELDS)),
+        ("@HEALTHFIELDS@", ",".join(GPU_HEALTH_FIELDS)),
+        ("@APPFIELDS@", ",".join(APP_FIELDS)),
+    ):
+        script = script.replace(key, value)
+    return script
+
+
+def frame_probe_output(
+    sections: list[tuple[str, bytes, bytes, int | str]],
+    *,
+    marker: str = "0123456789abcdef",
+    done: bool = True,
+) -> bytes:
+    """Probe output framed exactly as the script frames it: (name, stdout, stderr, rc) each.
+
+    For tests and fakes (a scripted transport can answer `probe_command()` with this).
+    """
+    out = [f"@@gpuctl-probe {PROBE_VERSION} {marker}\n".encode()]
+    for name, stdout, stderr, rc in sections:
+        out.append(f"\n@@{marker} begin {name}\n".encode())
+        out.append(stdout)
+        if stderr:
+            out.append(f"\n@@{marker} stderr {name}\n".encode() + stderr[:4096] + b"\n")
+        out.append(f"\n@@{marker} end {name} rc={rc}\n".encode())
+    if done:
+        out.append(f"\n@@{marker} done\n".encode())
+    return b"".join(out)
