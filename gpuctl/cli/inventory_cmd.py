@@ -1,7 +1,101 @@
-"""`gpuctl inventory ...`."""
+"""`gpuctl inventory check` and `gpuctl inventory list`."""
 
 from __future__ import annotations
 
+import dataclasses
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
 import typer
 
-app = typer.Typer(help="inventory commands.", no_args_is_help=True)
+from gpuctl.cli import context
+from gpuctl.cli.render import OUTPUT_OPTION, Output, emit_document, safe
+from gpuctl.config.inventory import load_inventory
+from gpuctl.core.model import Inventory, NodeSpec
+
+app = typer.Typer(help="Validate and show the inventory (the nodes gpuctl reaches).",
+                  no_args_is_help=True)  # fmt: skip
+
+INVENTORY_OPTION = typer.Option(
+    None,
+    "-i",
+    "--inventory",
+    help="Inventory file or folder (default: gpuctl -i, then $GPUCTL_INVENTORY).",
+    show_default=False,
+)
+
+
+def _load(ctx: typer.Context, inventory: Path | None) -> Inventory:
+    return load_inventory(inventory or context.get(ctx).resolve_inventory_path())
+
+
+@app.command("check")
+def check(ctx: typer.Context, inventory: Path | None = INVENTORY_OPTION) -> None:
+    """Validate the inventory: exit 0 when it is valid, 2 with file:line: field: error when not."""
+    inv = _load(ctx, inventory)
+    groups = Counter(g for node in inv.nodes for g in node.groups)
+    files = len(inv.sources)
+    line = (
+        f"ok: {len(inv.nodes)} node{'s' * (len(inv.nodes) != 1)} "
+        f"in {files} file{'s' * (files != 1)}, {len(groups)} group{'s' * (len(groups) != 1)}"
+    )
+    if groups:
+        line += " (" + ", ".join(f"{g}: {n}" for g, n in sorted(groups.items())) + ")"
+    sys.stdout.write(safe(line) + "\n")
+
+
+@app.command("list")
+def list_nodes(
+    ctx: typer.Context,
+    inventory: Path | None = INVENTORY_OPTION,
+    output: Output = OUTPUT_OPTION,
+) -> None:
+    """Show every node as gpuctl resolved it: ranges expanded, groups and defaults applied."""
+    inv = _load(ctx, inventory)
+    if output in (Output.JSON, Output.YAML):
+        emit_document(inventory_document(inv), output)
+        return
+    wide = output is Output.WIDE
+    rows = [_row(node, wide) for node in inv.nodes]
+    sys.stdout.write(_table(rows))
+
+
+def node_document(node: NodeSpec) -> dict[str, Any]:
+    doc = dataclasses.asdict(node)
+    doc["labels"] = dict(node.labels)
+    doc["known_hosts"] = list(node.known_hosts)
+    doc["groups"] = list(node.groups)
+    return doc
+
+
+def inventory_document(inv: Inventory) -> dict[str, Any]:
+    return {"sources": list(inv.sources), "nodes": [node_document(n) for n in inv.nodes]}
+
+
+def _row(node: NodeSpec, wide: bool) -> dict[str, str]:
+    row = {
+        "NAME": node.name,
+        "ADDRESS": node.address if node.transport == "ssh" else "local",
+        "USER": node.user or "-",
+        "GROUPS": ",".join(node.groups) or "-",
+        "GPUS": "-" if node.expected_gpus is None else str(node.expected_gpus),
+        "MODEL": node.expected_model or "-",
+        "LABELS": ",".join(f"{k}={v}" for k, v in node.labels.items()) or "-",
+    }
+    if wide:
+        row["KEY FILE"] = node.key_file or "-"
+        row["TIMEOUTS"] = f"{node.connect_timeout_s:g}s/{node.command_timeout_s:g}s"
+        row["SOURCE"] = node.source or "-"
+    return row
+
+
+def _table(rows: list[dict[str, str]]) -> str:
+    headers = list(rows[0])
+    cells = [[safe(r[h]) for h in headers] for r in rows]
+    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
+    for c in cells:
+        lines.append("  ".join(v.ljust(w) for v, w in zip(c, widths, strict=True)).rstrip())
+    return "\n".join(lines) + "\n"

@@ -512,7 +512,8 @@ def _unwrap(tp: Any, meta: list[Any]) -> Any:
         origin = typing.get_origin(tp)
         if origin is typing.Annotated:
             tp, *extra = typing.get_args(tp)
-            meta.extend(extra)
+            for item in extra:  # Field(ge=...) inside Annotated carries its constraints
+                meta.extend(getattr(item, "metadata", None) or [item])
         elif origin in (typing.Union, types.UnionType):
             args = [a for a in typing.get_args(tp) if a is not type(None)]
             if len(args) != 1:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import pytest
 from pydantic import BaseModel, ConfigDict, Field
@@ -33,6 +33,7 @@ class Node(_Strict):
     transport: Literal["ssh", "local"] = "ssh"
     labels: dict[str, str] = Field(default_factory=dict)
     tags: list[str] = Field(default_factory=list)
+    jump_port: Annotated[int, Field(ge=1, le=65535)] | None = None
 
 
 class Fleet(_Strict):
@@ -139,6 +140,12 @@ def test_missing_key_points_at_its_parent_mapping() -> None:
 def test_bad_port_says_what_a_port_is(value: str, message: str) -> None:
     assert _line(f"nodes:\n  - name: a\n    port: {value}\n") == (
         f"fleet.yaml:3: nodes[0].port: {message}"
+    )
+
+
+def test_constraints_inside_annotated_aliases_are_reported() -> None:
+    assert _line("nodes:\n  - name: a\n    jump_port: -1\n") == (
+        "fleet.yaml:3: nodes[0].jump_port: must be an integer between 1 and 65535 (got -1)"
     )
 
 

@@ -1,0 +1,416 @@
+"""The inventory: YAML files naming the nodes gpuctl reaches, resolved into `core.model.Inventory`.
+
+A file has three optional sections: `defaults` (for the nodes of that file), `groups` (named
+settings and labels, shared by every file of the inventory) and `nodes`. Precedence, highest
+first: the node, its groups in the order listed, the file's defaults, the built-ins (port 22,
+the current user, timeouts 5 s / 10 s, transport ssh). A node name (and host) may hold one
+hostlist range, `gpu[01-16]`, which expands to one node per value. Every problem is an
+`InventoryError` (exit 2) naming file, line and field; docs/inventory.md lists them.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+
+from gpuctl.config.loader import Document, Loc, load_document, validate_data
+from gpuctl.core.model import Inventory, NodeSpec
+from gpuctl.errors import ConfigError, InventoryError
+
+KIND = "inventory"
+MAX_EXPANSION = 10_000  # names one range may expand to
+MAX_NODES = 100_000  # nodes in a whole inventory
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+HOST_RE = re.compile(r"^[A-Za-z0-9_.:%-]{1,253}$")
+USER_RE = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_.@-]{0,63}$")
+LABEL_KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_RANGE_ITEM = re.compile(r"^(\d{1,9})(?:-(\d{1,9}))?$")
+
+
+# --- value rules ---------------------------------------------------------------------------------
+
+
+def name_problem(value: str) -> str | None:
+    """Why `value` is not a valid node or group name, or None."""
+    if value.startswith("-"):
+        return f"must not start with '-' (got {value!r})"
+    if not NAME_RE.match(value):
+        return (
+            "must be 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit "
+            f"(got {value!r})"
+        )
+    return None
+
+
+def host_problem(value: str) -> str | None:
+    if value.startswith("-"):
+        return f"must not start with '-' (got {value!r})"
+    if not HOST_RE.match(value):
+        return (
+            "must be a host name or IP address: letters, digits, '.', '-', '_', ':' or '%' "
+            f"(got {value!r})"
+        )
+    return None
+
+
+def _rule(check: Any) -> AfterValidator:
+    def validate(value: str) -> str:
+        problem = check(value)
+        if problem:
+            raise ValueError(problem)
+        return value
+
+    return AfterValidator(validate)
+
+
+def _user_problem(value: str) -> str | None:
+    if value.startswith("-"):
+        return f"must not start with '-' (got {value!r})"
+    if not USER_RE.match(value):
+        return f"must be a user name: letters, digits, '.', '_', '-' or '@' (got {value!r})"
+    return None
+
+
+def _label_key_problem(value: str) -> str | None:
+    if not LABEL_KEY_RE.match(value):
+        return (
+            "must be 1-63 letters, digits, '.', '_', '/' or '-', starting with a letter or digit "
+            f"(got {value!r})"
+        )
+    return None
+
+
+def _text_problem(value: str) -> str | None:
+    if _CONTROL.search(value):
+        return "must not contain control characters"
+    return None
+
+
+def _as_list(value: object) -> object:
+    return [value] if isinstance(value, str) else value
+
+
+Name = Annotated[str, _rule(name_problem)]
+User = Annotated[str, _rule(_user_problem)]
+Text = Annotated[str, Field(max_length=128), _rule(_text_problem)]
+FilePath = Annotated[str, Field(min_length=1, max_length=4096), _rule(_text_problem)]
+LabelKey = Annotated[str, _rule(_label_key_problem)]
+Port = Annotated[int, Field(ge=1, le=65535)]
+Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+GpuCount = Annotated[int, Field(ge=0, le=1024)]
+
+
+# --- the file schema -----------------------------------------------------------------------------
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class Defaults(_Model):
+    """Connection settings for every node of the file. None: not set here."""
+
+    user: User | None = None
+    port: Port | None = None
+    key_file: FilePath | None = None
+    known_hosts: Annotated[list[FilePath] | None, BeforeValidator(_as_list)] = None
+    connect_timeout_s: Seconds | None = None
+    command_timeout_s: Seconds | None = None
+    transport: Literal["ssh", "local"] | None = None
+
+
+class Group(Defaults):
+    """A named set of settings and labels that nodes join with `group:` or `groups:`."""
+
+    labels: dict[LabelKey, Text] = Field(default_factory=dict)
+    gpus: GpuCount | None = None
+    gpu_model: Text | None = None
+
+
+class NodeEntry(Group):
+    """One `nodes:` entry: one node, or one per value of a hostlist range in `name`."""
+
+    name: str = Field(min_length=1, max_length=256)
+    host: str | None = Field(None, min_length=1, max_length=512)
+    group: Name | None = None
+    groups: list[Name] | None = None
+
+
+class InventoryFile(_Model):
+    defaults: Defaults = Field(default_factory=Defaults)
+    groups: dict[Name, Group] = Field(default_factory=dict)
+    nodes: list[NodeEntry] = Field(default_factory=list)
+
+
+_SETTINGS = tuple(Defaults.model_fields)
+
+
+# --- hostlist ranges -----------------------------------------------------------------------------
+
+
+class RangeError(ValueError):
+    pass
+
+
+def expand_hostlist(text: str, *, limit: int = MAX_EXPANSION) -> tuple[str, ...]:
+    """`gpu[01-03]` -> gpu01, gpu02, gpu03; `n[1-2,7]x` -> n1x, n2x, n7x; no brackets -> itself.
+
+    One bracket per value; items are `N` or `N-M`; the width of `N` as written sets the zero
+    padding of the whole item. Raises RangeError with a one-line reason.
+    """
+    opens, closes = text.count("["), text.count("]")
+    if opens == 0 and closes == 0:
+        return (text,)
+    if opens != closes:
+        raise RangeError(f"unbalanced '[' and ']' in {text!r}")
+    if opens > 1:
+        raise RangeError(f"only one [range] is allowed per value (got {text!r})")
+    start, end = text.index("["), text.index("]")
+    if end < start:
+        raise RangeError(f"unbalanced '[' and ']' in {text!r}")
+    prefix, body, suffix = text[:start], text[start + 1 : end], text[end + 1 :]
+    spans: list[tuple[int, int, int]] = []
+    total = 0
+    for item in body.split(","):
+        match = _RANGE_ITEM.match(item)
+        if match is None:
+            raise RangeError(f"bad range [{body}]: each item must be N or N-M (got {item!r})")
+        lo_text, hi_text = match.group(1), match.group(2) or match.group(1)
+        lo, hi = int(lo_text), int(hi_text)
+        if hi < lo:
+            raise RangeError(f"bad range [{body}]: {lo_text} is after {hi_text}")
+        total += hi - lo + 1
+        if total > limit:
+            raise RangeError(f"range [{body}] expands to more than {limit:,} values")
+        spans.append((lo, hi, len(lo_text)))
+    out: list[str] = []
+    seen: set[str] = set()
+    for lo, hi, width in spans:
+        for n in range(lo, hi + 1):
+            value = f"{n:0{width}d}"
+            if value in seen:
+                raise RangeError(f"bad range [{body}]: {value} is listed twice")
+            seen.add(value)
+            out.append(f"{prefix}{value}{suffix}")
+    return tuple(out)
+
+
+# --- loading -------------------------------------------------------------------------------------
+
+
+def inventory_files(path: Path) -> tuple[Path, ...]:
+    """The file itself, or a folder's `*.yaml` / `*.yml` (sorted, not recursive, no dot files)."""
+    if not path.exists():
+        raise InventoryError("inventory not found", path=str(path))
+    if not path.is_dir():
+        return (path,)
+    files = sorted(
+        p
+        for p in path.iterdir()
+        if p.suffix in (".yaml", ".yml") and not p.name.startswith(".") and p.is_file()
+    )
+    if not files:
+        raise InventoryError(
+            "no *.yaml or *.yml files in the inventory folder",
+            path=str(path),
+            hint="add a file such as nodes.yaml, or pass a file with -i",
+        )
+    return tuple(files)
+
+
+@dataclass(frozen=True, slots=True)
+class _Source:
+    doc: Document
+    spec: InventoryFile
+
+
+@dataclass(frozen=True, slots=True)
+class _Layer:
+    """One level of settings and the folder its relative paths resolve against."""
+
+    settings: Defaults
+    base: Path
+
+
+def load_inventory(path: Path) -> Inventory:
+    """Read, validate and resolve an inventory file or folder. Raises InventoryError."""
+    sources = []
+    for file in inventory_files(path):
+        doc = load_document(file, kind=KIND, error=InventoryError)
+        spec = validate_data(
+            doc.data, InventoryFile, path=doc.path, lines=doc.lines, error=InventoryError
+        )
+        sources.append(_Source(doc, spec))
+    groups = _collect_groups(sources)
+    nodes: list[NodeSpec] = []
+    names: dict[str, NodeSpec] = {}
+    addresses: dict[str, NodeSpec] = {}
+    for src in sources:
+        for i, entry in enumerate(src.spec.nodes):
+            for node in _resolve_entry(src, i, entry, groups):
+                _check_unique(src.doc, i, node, names, addresses)
+                nodes.append(node)
+                if len(nodes) > MAX_NODES:
+                    raise src.doc.error(
+                        ("nodes", i), f"more than {MAX_NODES:,} nodes", error=InventoryError
+                    )
+    if not nodes:
+        raise InventoryError(
+            "the inventory has no nodes",
+            path=str(path),
+            hint="add a `nodes:` list; see inventory/example.yaml",
+        )
+    return Inventory(nodes=tuple(nodes), sources=tuple(str(s.doc.path) for s in sources))
+
+
+def _collect_groups(sources: Sequence[_Source]) -> dict[str, tuple[Group, _Source]]:
+    groups: dict[str, tuple[Group, _Source]] = {}
+    for src in sources:
+        for name, group in src.spec.groups.items():
+            if name in groups:
+                first = groups[name][1].doc.where(("groups", name))
+                raise src.doc.error(
+                    ("groups", name),
+                    f"duplicate group {name!r} (first at {first})",
+                    error=InventoryError,
+                )
+            groups[name] = (group, src)
+    return groups
+
+
+def _resolve_entry(
+    src: _Source, i: int, entry: NodeEntry, groups: dict[str, tuple[Group, _Source]]
+) -> Iterator[NodeSpec]:
+    doc = src.doc
+    loc: Loc = ("nodes", i)
+
+    def fail(where: str | Loc, message: str, hint: str | None = None) -> ConfigError:
+        field = (where,) if isinstance(where, str) else where
+        return doc.error((*loc, *field), message, hint=hint, error=InventoryError)
+
+    if entry.group is not None and entry.groups is not None:
+        raise fail("groups", "use either 'group' or 'groups', not both")
+    group_names = [entry.group] if entry.group is not None else list(entry.groups or ())
+    layers = [_Layer(entry, doc.path.parent)]
+    member_of: list[Group] = []
+    for g, gname in enumerate(group_names):
+        where: str | Loc = "group" if entry.group is not None else ("groups", g)
+        if gname not in groups:
+            raise fail(where, f"unknown group {gname!r}", _group_hint(gname, groups))
+        if gname in group_names[:g]:
+            raise fail(where, f"group {gname!r} is listed twice")
+        group, gsrc = groups[gname]
+        layers.append(_Layer(group, gsrc.doc.path.parent))
+        member_of.append(group)
+    layers.append(_Layer(src.spec.defaults, doc.path.parent))
+
+    try:
+        names = expand_hostlist(entry.name)
+    except RangeError as exc:
+        raise fail("name", str(exc)) from None
+    if entry.host is None:
+        hosts = names
+    else:
+        try:
+            hosts = expand_hostlist(entry.host)
+        except RangeError as exc:
+            raise fail("host", str(exc)) from None
+        if len(hosts) != len(names):
+            if len(hosts) == 1:
+                message = f"one host for {len(names)} names: give host a range too, or drop it"
+            else:
+                message = f"the range gives {len(hosts)} hosts but name gives {len(names)} names"
+            raise fail("host", message)
+
+    def pick(key: str) -> tuple[Any, Path]:
+        for layer in layers:
+            value = getattr(layer.settings, key)
+            if value is not None:
+                return value, layer.base
+        return None, doc.path.parent
+
+    key_file, key_base = pick("key_file")
+    known_hosts, kh_base = pick("known_hosts")
+    labels: dict[str, str] = {}
+    for group in reversed(member_of):  # the first group listed wins
+        labels.update(group.labels)
+    labels.update(entry.labels)
+    labels = dict(sorted(labels.items()))
+    settings = {
+        "port": pick("port")[0] or 22,
+        "user": pick("user")[0],
+        "key_file": _local_path(key_file, key_base) if key_file is not None else None,
+        "known_hosts": tuple(_local_path(p, kh_base) for p in known_hosts or ()),
+        "groups": tuple(group_names),
+        "expected_gpus": _first(entry.gpus, *(g.gpus for g in member_of)),
+        "expected_model": _first(entry.gpu_model, *(g.gpu_model for g in member_of)),
+        "transport": pick("transport")[0] or "ssh",
+        "connect_timeout_s": float(pick("connect_timeout_s")[0] or 5.0),
+        "command_timeout_s": float(pick("command_timeout_s")[0] or 10.0),
+        "source": doc.where(loc),
+    }
+    for name, host in zip(names, hosts, strict=True):
+        problem = name_problem(name)
+        if problem:
+            raise fail("name", problem)
+        problem = host_problem(host)
+        if problem:
+            raise fail("host" if entry.host is not None else "name", problem)
+        yield NodeSpec(name=name, host=host, **{**settings, "labels": dict(labels)})
+
+
+def _first(*values: Any) -> Any:
+    return next((v for v in values if v is not None), None)
+
+
+def _local_path(value: str, base: Path) -> str:
+    """`~` expanded; a relative path resolves against the folder of the file that set it."""
+    expanded = Path(os.path.expanduser(value))  # noqa: PTH111 - also expands ~user
+    return str(expanded if expanded.is_absolute() else (base / expanded).absolute())
+
+
+def _group_hint(name: str, groups: dict[str, tuple[Group, _Source]]) -> str:
+    if not groups:
+        return "no groups are defined: add a top-level `groups:` section"
+    close = difflib.get_close_matches(name, list(groups), n=1, cutoff=0.6)
+    if close:
+        return f"did you mean {close[0]!r}?"
+    return "defined groups: " + ", ".join(sorted(groups))
+
+
+def _check_unique(
+    doc: Document,
+    i: int,
+    node: NodeSpec,
+    names: dict[str, NodeSpec],
+    addresses: dict[str, NodeSpec],
+) -> None:
+    first = names.get(node.name)
+    if first is not None:
+        raise doc.error(
+            ("nodes", i, "name"),
+            f"duplicate node name {node.name!r} (first at {first.source})",
+            error=InventoryError,
+        )
+    names[node.name] = node
+    if node.transport != "ssh":
+        return
+    address = f"{node.host.lower()}:{node.port}"
+    other = addresses.get(address)
+    if other is not None:
+        raise doc.error(
+            ("nodes", i, "host" if doc.lines.exact(("nodes", i, "host")) else "name"),
+            f"duplicate address {node.host}:{node.port} "
+            f"(node {other.name!r} at {other.source} has it too)",
+            error=InventoryError,
+        )
+    addresses[address] = node
