@@ -1,0 +1,436 @@
+"""The placement engine: `plan(state, jobs, settings) -> Plan`.
+
+Jobs are placed one at a time in a fixed order (priority, highest first; at equal priority
+standard-tier before spot-tier work, which is preemptible; then name); each later
+job sees the allocations of the earlier ones. For one job, every node goes through the constraint
+filters in a fixed order, and the first one it fails is counted against it (for the explanation):
+
+    unschedulable, node_affinity, node_anti_affinity, job_anti_affinity, gpu_model, card_size,
+    gpu_count, cpu, host_memory, empty_cards / card_memory, policy, band
+
+A node that passes is scored by the policy (`gpuctl.core.policies`) over `NodeFree` / `Demand`
+(`gpuctl.core.fit`): the best score wins, ties go to the node whose name sorts first, and the
+second best is recorded as the runner-up. Cards a job cannot use (unhealthy, another model, too
+small) are shown to the policy with no free memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from fractions import Fraction
+
+from gpuctl.core.fit import Choice, Demand, NodeFree, Workload
+from gpuctl.core.placement.model import (
+    Allocation,
+    Card,
+    FleetState,
+    JobRequest,
+    JobShape,
+    PlacementNode,
+    Settings,
+    Tier,
+    model_matches,
+)
+from gpuctl.core.placement.shape import decide_shape, request_text, within_limit
+from gpuctl.core.plan import (
+    NodeUsage,
+    Outcome,
+    Placed,
+    Plan,
+    Rejection,
+    RunnerUp,
+    Unplaced,
+    successor_version,
+)
+from gpuctl.core.policies import Policy, get_policy
+from gpuctl.core.units import format_mib
+from gpuctl.errors import PlanError
+
+CONSTRAINT_ORDER = (
+    "unschedulable",
+    "node_affinity",
+    "node_anti_affinity",
+    "job_anti_affinity",
+    "gpu_model",
+    "card_size",
+    "gpu_count",
+    "cpu",
+    "host_memory",
+    "empty_cards",
+    "card_memory",
+    "policy",
+    "band",
+)
+
+
+@dataclasses.dataclass(slots=True)
+class _NodeWork:
+    """Mutable per-node bookkeeping while one plan is computed."""
+
+    node: PlacementNode
+    free: list[int]  # per card position; unhealthy cards 0
+    allocated: list[int]  # per card position
+    cpu_allocated: int
+    mem_allocated: int
+    jobs: list[Allocation]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Candidate:
+    node: str
+    choice: Choice
+    demand: Demand
+    cap_ref: int
+    added_mib: int
+
+
+class _Engine:
+    def __init__(self, state: FleetState, settings: Settings, workload: Workload | None) -> None:
+        self.settings = settings
+        try:
+            self.policy: Policy = get_policy(settings.policy)
+        except KeyError as exc:
+            raise PlanError(str(exc.args[0])) from None
+        self.workload = workload
+        self.work: dict[str, _NodeWork] = {}
+        for n in sorted(state.nodes, key=lambda n: n.name):
+            self.work[n.name] = _NodeWork(
+                node=n,
+                free=[c.free_mib for c in n.cards],
+                allocated=[c.allocated_mib for c in n.cards],
+                cpu_allocated=n.cpu_allocated_milli,
+                mem_allocated=n.host_mem_allocated_mib,
+                jobs=[],
+            )
+        for a in state.allocations:
+            if a.node in self.work:
+                self.work[a.node].jobs.append(a)
+        self.known = {a.job: a.node for a in state.allocations}
+        self.total_mib = state.capacity_mib()
+        self.allocated_mib = state.allocated_mib()
+        self.touched: set[str] = set()
+        self._workloads: dict[tuple[int, ...], Workload] = {}
+        self.jobs: Sequence[JobRequest] = ()
+
+    # --- one job ---------------------------------------------------------------------------
+
+    def place(self, job: JobRequest) -> Outcome:
+        shape = job.shape
+        if job.name in self.known:
+            return Unplaced(
+                job=job.name,
+                tier=job.tier,
+                priority=job.priority,
+                shape=request_text(shape),
+                reason=f"a job named {job.name} already has an allocation on "
+                f"{self.known[job.name]}",
+                rejections=(),
+            )
+        rejected: dict[tuple[str, str], list[str]] = {}
+        candidates: list[_Candidate] = []
+        band_need: int | None = None
+        for name, w in self.work.items():
+            result = self._check(job, w)
+            if isinstance(result, _Candidate):
+                candidates.append(result)
+            else:
+                rejected.setdefault(result, []).append(name)
+                if result[0] == "band" and result[1].startswith("would"):
+                    need = self._need(job, w)
+                    band_need = need if band_need is None else min(band_need, need)
+        rejections = _rejections(rejected)
+        if not candidates:
+            return Unplaced(
+                job=job.name,
+                tier=job.tier,
+                priority=job.priority,
+                shape=request_text(shape),
+                reason=self._reason(job, rejections, band_need),
+                rejections=rejections,
+            )
+        candidates.sort(key=lambda c: (-c.choice.score, c.node))
+        best = candidates[0]
+        runner = candidates[1] if len(candidates) > 1 else None
+        allocation = self._commit(job, best)
+        node = self.work[best.node].node
+        positions = best.choice.cards
+        return Placed(
+            job=job.name,
+            allocation=allocation,
+            card_uuids=tuple(node.cards[p].uuid for p in positions),
+            score=best.choice.score,
+            runner_up=None if runner is None else RunnerUp(runner.node, runner.choice.score),
+            feasible_nodes=len(candidates),
+            shape=decide_shape(shape, best.demand, best.cap_ref, self.settings),
+            priority=job.priority,
+            rejections=rejections,
+        )
+
+    def _check(self, job: JobRequest, w: _NodeWork) -> _Candidate | tuple[str, str]:
+        node, shape = w.node, job.shape
+        if not node.schedulable:
+            return ("unschedulable", node.reason or "not schedulable")
+        for req in job.node_affinity:
+            if not req.matches(node.labels):
+                return ("node_affinity", f"lacks label {req.text()}")
+        for req in job.node_anti_affinity:
+            if req.matches(node.labels):
+                return ("node_anti_affinity", f"has label {req.text()}")
+        for a in w.jobs:
+            clash = _clash(job, a)
+            if clash:
+                return ("job_anti_affinity", clash)
+        usable = self._usable(job, node)
+        if isinstance(usable, tuple):
+            return usable
+        cpu_free = None if node.cpu_milli is None else node.cpu_milli - w.cpu_allocated
+        if cpu_free is not None and cpu_free < shape.cpu_milli:
+            return ("cpu", f"less than {shape.cpu_milli / 1000:g} CPU cores free")
+        mem_free = None if node.host_mem_mib is None else node.host_mem_mib - w.mem_allocated
+        if mem_free is not None and mem_free < shape.host_mem_mib:
+            return ("host_memory", f"less than {format_mib(shape.host_mem_mib)} host memory free")
+        caps = tuple(c.capacity_mib for c in node.cards)
+        ok = set(usable)
+        nf = NodeFree(
+            name=node.name,
+            free=tuple(f if i in ok else 0 for i, f in enumerate(w.free)),
+            capacity=caps,
+            cpu_free_milli=cpu_free,
+            mem_free_mib=mem_free,
+        )
+        cap_ref = max((caps[i] for i in usable), default=0)
+        demand = _demand(shape, cap_ref, self.settings)
+        if demand.gpus and (demand.whole or demand.gpus > 1):
+            empty = sum(1 for i in usable if nf.free[i] == caps[i])
+            if empty < demand.gpus:
+                return ("empty_cards", _fewer(demand.gpus, "empty usable card"))
+        elif demand.gpus and not any(nf.free[i] >= demand.per_gpu for i in usable):
+            return ("card_memory", f"no card with {format_mib(demand.per_gpu)} free")
+        choice = self.policy.choose(nf, demand, self._workload_for(caps))
+        if choice is None:
+            return ("policy", f"{self.policy.name} found no cards")
+        added = _added(demand, caps, choice.cards)
+        limit = self.settings.limit_for(job.tier)
+        if added and not within_limit(self.allocated_mib + added, self.total_mib, limit):
+            return ("band", f"would take fleet utilization over {_pct(limit)}")
+        return _Candidate(node.name, choice, demand, cap_ref, added)
+
+    def _usable(self, job: JobRequest, node: PlacementNode) -> list[int] | tuple[str, str]:
+        """Card positions this job may use on `node`, or the rejection."""
+        shape = job.shape
+        if shape.gpus == 0:
+            return []
+        healthy = [i for i, c in enumerate(node.cards) if c.healthy]
+        if not healthy:
+            return ("gpu_count", "no healthy GPU" if node.cards else "no GPU")
+        usable = healthy
+        if shape.gpu_models:
+            usable = [i for i in healthy if _model_ok(shape, node.cards[i])]
+            if not usable:
+                return ("gpu_model", f"no card of model {' or '.join(shape.gpu_models)}")
+        mib = shape.mem_per_gpu.mib
+        if mib is not None:
+            usable = [i for i in usable if node.cards[i].capacity_mib >= mib]
+            if not usable:
+                return ("card_size", f"cards smaller than {format_mib(mib)}")
+        if len(usable) < shape.gpus:
+            return ("gpu_count", _fewer(shape.gpus, "usable card"))
+        return usable
+
+    def _need(self, job: JobRequest, w: _NodeWork) -> int:
+        usable = self._usable(job, w.node)
+        if isinstance(usable, tuple) or not usable:
+            return 0
+        caps = tuple(c.capacity_mib for c in w.node.cards)
+        demand = _demand(job.shape, max(caps[i] for i in usable), self.settings)
+        cards = tuple(sorted(usable, key=lambda i: caps[i])[: demand.gpus])
+        return _added(demand, caps, cards)
+
+    def _reason(
+        self, job: JobRequest, rejections: tuple[Rejection, ...], band_need: int | None
+    ) -> str:
+        if not rejections:
+            return "the fleet has no nodes"
+        if band_need is not None and all(r.constraint == "band" for r in rejections):
+            limit = self.settings.limit_for(job.tier)
+            now = self.allocated_mib / self.total_mib if self.total_mib else 0.0
+            after = (self.allocated_mib + band_need) / self.total_mib if self.total_mib else 0.0
+            tail = (
+                " (the failover headroom)"
+                if job.tier is Tier.STANDARD
+                else " (spot may not use the headroom)"
+            )
+            return (
+                f"{job.tier.value}-tier admission stops at {_pct(limit)} of fleet GPU memory"
+                f"{tail}: utilization is {_pct(now)}, this job would take it to {_pct(after)}"
+            )
+        parts = "; ".join(f"{_nodes(r.count)}: {r.summary}" for r in rejections)
+        return f"no node can take {request_text(job.shape)}: {parts}"
+
+    def _commit(self, job: JobRequest, c: _Candidate) -> Allocation:
+        w = self.work[c.node]
+        caps = [card.capacity_mib for card in w.node.cards]
+        whole = c.demand.gpus > 0 and (c.demand.whole or c.demand.gpus > 1)
+        for p in c.choice.cards:
+            used = caps[p] if whole else c.demand.per_gpu
+            w.free[p] -= used
+            w.allocated[p] += used
+        w.cpu_allocated += job.shape.cpu_milli
+        w.mem_allocated += job.shape.host_mem_mib
+        self.allocated_mib += c.added_mib
+        mib_per_card = 0
+        if c.choice.cards:
+            mib_per_card = max(caps[p] for p in c.choice.cards) if whole else c.demand.per_gpu
+        allocation = Allocation(
+            job=job.name,
+            node=c.node,
+            cards=tuple(w.node.cards[p].index for p in c.choice.cards),
+            mib_per_card=mib_per_card,
+            whole=whole,
+            cpu_milli=job.shape.cpu_milli,
+            host_mem_mib=job.shape.host_mem_mib,
+            tier=job.tier,
+            group=job.group,
+            avoid_jobs=job.avoid_jobs,
+            avoid_groups=job.avoid_groups,
+        )
+        w.jobs.append(allocation)
+        self.known[job.name] = c.node
+        self.touched.add(c.node)
+        return allocation
+
+    def _workload_for(self, caps: tuple[int, ...]) -> Workload:
+        """The target workload for FGD-like policies: the shapes of this request, by frequency,
+        as they would ask of a node with these cards."""
+        if self.workload is not None:
+            return self.workload
+        found = self._workloads.get(caps)
+        if found is None:
+            counts: dict[Demand, int] = {}
+            cap_ref = max(caps, default=0)
+            for j in self.jobs:
+                if j.shape.gpus and cap_ref:
+                    d = _demand(j.shape, cap_ref, self.settings)
+                    counts[d] = counts.get(d, 0) + 1
+            total = sum(counts.values())
+            ordered = sorted(counts.items(), key=lambda dc: (-dc[1], _demand_key(dc[0])))
+            found = tuple((d, n / total) for d, n in ordered)
+            self._workloads[caps] = found
+        return found
+
+
+def plan(
+    state: FleetState,
+    jobs: Sequence[JobRequest],
+    settings: Settings | None = None,
+    *,
+    workload: Workload | None = None,
+) -> Plan:
+    """Where `jobs` would go on `state`. Pure and deterministic; changes nothing.
+
+    `workload` (shapes in MiB with probabilities) overrides the target workload that FGD-like
+    policies measure fragmentation against; by default it is the request's own shapes.
+    Raises PlanError for an unknown policy or two jobs with the same name.
+    """
+    settings = settings or Settings()
+    names = [j.name for j in jobs]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise PlanError(f"job names must be unique; repeated: {', '.join(dupes)}")
+    engine = _Engine(state, settings, workload)
+    engine.jobs = tuple(jobs)
+    before = state.utilization()
+    outcomes = tuple(engine.place(j) for j in sorted(jobs, key=placement_order))
+    predicted = tuple(
+        NodeUsage(
+            node=name,
+            allocated_mib=tuple(w.allocated),
+            cpu_allocated_milli=w.cpu_allocated,
+            host_mem_allocated_mib=w.mem_allocated,
+        )
+        for name, w in engine.work.items()
+        if name in engine.touched
+    )
+    added = [o.allocation for o in outcomes if isinstance(o, Placed)]
+    total = engine.total_mib
+    return Plan(
+        version=state.version,
+        settings=settings,
+        jobs=outcomes,
+        utilization_before=before,
+        utilization_after=None if total == 0 else engine.allocated_mib / total,
+        predicted=predicted,
+        version_after=successor_version(state.version, added),
+        nodes_total=len(state.nodes),
+        nodes_schedulable=sum(1 for n in state.nodes if n.schedulable),
+    )
+
+
+def placement_order(job: JobRequest) -> tuple[int, int, str]:
+    """Priority (highest first), then standard before spot, then name."""
+    return (-job.priority, job.tier is Tier.SPOT, job.name)
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+def _demand(shape: JobShape, cap_ref: int, settings: Settings) -> Demand:
+    if shape.gpus == 0:
+        return Demand(gpus=0, per_gpu=0, cpu_milli=shape.cpu_milli, mem_mib=shape.host_mem_mib)
+    per = shape.mem_per_gpu.mib_on(cap_ref)
+    over = Fraction(per) > Fraction(repr(settings.whole_card_over)) * cap_ref
+    whole = shape.mem_per_gpu.whole or shape.gpus > 1 or over
+    return Demand(
+        gpus=shape.gpus,
+        per_gpu=cap_ref if whole else per,
+        whole=whole,
+        cpu_milli=shape.cpu_milli,
+        mem_mib=shape.host_mem_mib,
+    )
+
+
+def _demand_key(d: Demand) -> tuple[int, int, bool, int, int]:
+    return (d.gpus, d.per_gpu, d.whole, d.cpu_milli, d.mem_mib)
+
+
+def _added(demand: Demand, caps: Sequence[int], cards: Sequence[int]) -> int:
+    if demand.gpus == 0:
+        return 0
+    if demand.whole or demand.gpus > 1:
+        return sum(caps[i] for i in cards)
+    return demand.per_gpu * len(cards)
+
+
+def _model_ok(shape: JobShape, card: Card) -> bool:
+    return any(model_matches(m, card.model) for m in shape.gpu_models)
+
+
+def _clash(job: JobRequest, a: Allocation) -> str | None:
+    """Why `job` may not share a node with allocation `a` (anti-affinity is symmetric)."""
+    if a.job in job.avoid_jobs or job.name in a.avoid_jobs:
+        return f"runs job {a.job}"
+    if a.group is not None and a.group in job.avoid_groups:
+        return f"runs a job of group {a.group}"
+    if job.group is not None and job.group in a.avoid_groups:
+        return f"runs job {a.job}, which avoids group {job.group}"
+    return None
+
+
+def _rejections(rejected: dict[tuple[str, str], list[str]]) -> tuple[Rejection, ...]:
+    order = {c: i for i, c in enumerate(CONSTRAINT_ORDER)}
+    items = [Rejection(c, s, tuple(sorted(nodes))) for (c, s), nodes in rejected.items()]
+    items.sort(key=lambda r: (-r.count, order.get(r.constraint, len(order)), r.summary))
+    return tuple(items)
+
+
+def _fewer(n: int, what: str) -> str:
+    return f"no {what}" if n == 1 else f"fewer than {n} {what}s"
+
+
+def _nodes(n: int) -> str:
+    return f"{n} node" if n == 1 else f"{n} nodes"
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"

@@ -1,0 +1,232 @@
+"""The placement model: cards, nodes, allocations, fleet state, job requests and settings.
+
+Frozen dataclasses with tuples; MiB for GPU and host memory, milli-cores for CPU. A `FleetState`
+is what placement reads (inventory + observed + allocated), `JobRequest` what it is asked to place,
+`Settings` how (policy, job-shape policy, utilization band).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import re
+from collections.abc import Mapping
+
+from gpuctl.core.policies import DEFAULT_POLICY
+from gpuctl.core.units import CardMem
+
+WHOLE = CardMem(whole=True)
+
+
+class Tier(enum.StrEnum):
+    """`standard` work is admitted up to the band's upper edge; `spot` may use the headroom."""
+
+    STANDARD = "standard"
+    SPOT = "spot"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Card:
+    """One GPU as placement sees it. Free = capacity − allocated − ghost (never below 0)."""
+
+    index: int
+    capacity_mib: int
+    uuid: str | None = None
+    model: str | None = None
+    allocated_mib: int = 0  # granted by gpuctl (a whole card: all of it)
+    ghost_mib: int = 0  # observed in use by processes gpuctl does not account for
+    healthy: bool = True
+
+    @property
+    def free_mib(self) -> int:
+        if not self.healthy:
+            return 0
+        return max(0, self.capacity_mib - self.allocated_mib - self.ghost_mib)
+
+    @property
+    def empty(self) -> bool:
+        return self.healthy and self.allocated_mib == 0 and self.ghost_mib == 0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PlacementNode:
+    name: str
+    cards: tuple[Card, ...] = ()
+    cpu_milli: int | None = None  # capacity; None: unknown, never limits
+    cpu_allocated_milli: int = 0
+    host_mem_mib: int | None = None  # capacity; None: unknown, never limits
+    host_mem_allocated_mib: int = 0
+    labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    schedulable: bool = True
+    reason: str | None = None  # why not schedulable: "cordoned", "unreachable (timeout)", ...
+
+    @property
+    def cpu_free_milli(self) -> int | None:
+        return None if self.cpu_milli is None else max(0, self.cpu_milli - self.cpu_allocated_milli)
+
+    @property
+    def host_mem_free_mib(self) -> int | None:
+        if self.host_mem_mib is None:
+            return None
+        return max(0, self.host_mem_mib - self.host_mem_allocated_mib)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Allocation:
+    """What gpuctl granted one job: cards on one node, `mib_per_card` on each (whole: all)."""
+
+    job: str
+    node: str
+    cards: tuple[int, ...]
+    mib_per_card: int
+    whole: bool = False
+    cpu_milli: int = 0
+    host_mem_mib: int = 0
+    tier: Tier = Tier.STANDARD
+    group: str | None = None
+    avoid_jobs: tuple[str, ...] = ()  # job anti-affinity, kept so later jobs respect it too
+    avoid_groups: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FleetState:
+    """Nodes with their cards' allocated and ghost memory, the allocations behind them, and the
+    version of the fleet state they were read from (plans carry it)."""
+
+    nodes: tuple[PlacementNode, ...]
+    allocations: tuple[Allocation, ...] = ()
+    version: str = ""
+
+    def __post_init__(self) -> None:
+        names = [n.name for n in self.nodes]
+        if len(set(names)) != len(names):
+            raise ValueError("node names in a fleet state must be unique")
+        for n in self.nodes:
+            indexes = [c.index for c in n.cards]
+            if len(set(indexes)) != len(indexes):
+                raise ValueError(f"card indexes of node {n.name} must be unique")
+
+    def node(self, name: str) -> PlacementNode:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(name)
+
+    def capacity_mib(self) -> int:
+        """GPU memory of healthy cards on schedulable nodes: the band's denominator."""
+        return sum(
+            c.capacity_mib for n in self.nodes if n.schedulable for c in n.cards if c.healthy
+        )
+
+    def allocated_mib(self) -> int:
+        """Allocated GPU memory of healthy cards on schedulable nodes: the band's numerator."""
+        return sum(
+            min(c.allocated_mib, c.capacity_mib)
+            for n in self.nodes
+            if n.schedulable
+            for c in n.cards
+            if c.healthy
+        )
+
+    def utilization(self) -> float | None:
+        """Allocated / total GPU memory of schedulable nodes (0..1); None without capacity."""
+        total = self.capacity_mib()
+        return None if total == 0 else self.allocated_mib() / total
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LabelRequirement:
+    """A node label test: `key` present with one of `values` (any value when `values` is empty)."""
+
+    key: str
+    values: tuple[str, ...] = ()
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        if self.key not in labels:
+            return False
+        return not self.values or labels[self.key] in self.values
+
+    def text(self) -> str:
+        if not self.values:
+            return self.key
+        if len(self.values) == 1:
+            return f"{self.key}={self.values[0]}"
+        return f"{self.key} in ({', '.join(self.values)})"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class JobShape:
+    """What a job asks of one node: `gpus` cards × `mem_per_gpu`, host CPU and memory."""
+
+    gpus: int = 1
+    mem_per_gpu: CardMem = WHOLE
+    gpu_models: tuple[str, ...] = ()  # any of these models; empty: any model
+    cpu_milli: int = 0
+    host_mem_mib: int = 0
+
+    def __post_init__(self) -> None:
+        if self.gpus < 0 or self.cpu_milli < 0 or self.host_mem_mib < 0:
+            raise ValueError("a job shape is never negative")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class JobRequest:
+    name: str
+    shape: JobShape = dataclasses.field(default_factory=JobShape)
+    tier: Tier = Tier.STANDARD
+    priority: int = 0
+    labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    node_affinity: tuple[LabelRequirement, ...] = ()  # every one must match
+    node_anti_affinity: tuple[LabelRequirement, ...] = ()  # none may match
+    group: str | None = None
+    avoid_jobs: tuple[str, ...] = ()  # never share a node with these jobs (symmetric)
+    avoid_groups: tuple[str, ...] = ()  # ... nor with jobs of these groups
+    command: tuple[str, ...] = ()  # argv; placement ignores it
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Settings:
+    """How to place: the policy, the job-shape policy and the utilization band.
+
+    Standard-tier work is admitted while fleet utilization stays at or below
+    `min(band_max, 1 − headroom)`; spot-tier work may go up to 100% when `spot_uses_headroom`.
+    A single-GPU job asking for more than `whole_card_over` of a card gets a whole card.
+    """
+
+    policy: str = DEFAULT_POLICY
+    whole_card_over: float = 0.5
+    band_max: float = 0.80
+    headroom: float = 0.15
+    spot_uses_headroom: bool = True
+
+    def __post_init__(self) -> None:
+        if not 0 < self.whole_card_over <= 1:
+            raise ValueError("whole_card_over must be in (0, 1]")
+        if not 0 < self.band_max <= 1:
+            raise ValueError("band_max must be in (0, 1]")
+        if not 0 <= self.headroom < 1:
+            raise ValueError("headroom must be in [0, 1)")
+
+    @property
+    def standard_limit(self) -> float:
+        return min(self.band_max, 1.0 - self.headroom)
+
+    @property
+    def spot_limit(self) -> float:
+        return 1.0 if self.spot_uses_headroom else self.standard_limit
+
+    def limit_for(self, tier: Tier) -> float:
+        return self.spot_limit if tier is Tier.SPOT else self.standard_limit
+
+
+_TOKEN = re.compile(r"[a-z0-9]+")
+
+
+def model_matches(wanted: str, model: str | None) -> bool:
+    """`H100` matches `NVIDIA H100 80GB HBM3`: every word of `wanted` is a word of `model`
+    (case-insensitive), so `A10` does not match `A100-SXM4-80GB`."""
+    if model is None:
+        return False
+    have = set(_TOKEN.findall(model.lower()))
+    want = _TOKEN.findall(wanted.lower())
+    return bool(want) and all(w in have for w in want)

@@ -1,0 +1,122 @@
+"""Plain-text rendering of a plan: a table, and with `explain` the why of every decision. Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from gpuctl.core.plan import Placed, Plan, Rejection
+from gpuctl.core.units import format_mib
+
+MAX_NODES_SHOWN = 5
+
+
+def render_plan(plan: Plan, *, explain: bool, wide: bool = False) -> str:
+    lines = [_header(plan)]
+    head = ["JOB", "TIER", "PRIORITY", "NODE", "CARDS", "MEM/CARD", "SCORE", "RUNNER-UP"]
+    if wide:
+        head += ["SHAPE", "CARD UUIDS"]
+    rows: list[list[str]] = []
+    for o in plan.jobs:
+        if isinstance(o, Placed):
+            a = o.allocation
+            row = [
+                o.job,
+                o.tier.value,
+                str(o.priority),
+                o.node,
+                ",".join(map(str, a.cards)) or "-",
+                "whole" if a.whole else (format_mib(a.mib_per_card) if a.cards else "-"),
+                _score(o.score),
+                "-" if o.runner_up is None else f"{o.runner_up.node} ({_score(o.runner_up.score)})",
+            ]
+            if wide:
+                row += [o.shape, ",".join(u or "N/A" for u in o.card_uuids) or "-"]
+        else:
+            row = [o.job, o.tier.value, str(o.priority), "(unplaced)", "-", "-", "-", "-"]
+            if wide:
+                row += [o.shape, "-"]
+        rows.append(row)
+    lines += _table(head, rows)
+    lines.append(f"{len(plan.placed)} of {len(plan.jobs)} job(s) placed")
+    for u in plan.unplaced:
+        lines.append(f"  {u.job}: {u.reason}")
+    if explain:
+        lines.append("")
+        lines += _explain(plan)
+    return "\n".join(lines) + "\n"
+
+
+def _header(plan: Plan) -> str:
+    s = plan.settings
+    return (
+        f"fleet version {plan.version or '(none)'} · policy {s.policy} · utilization "
+        f"{_pct(plan.utilization_before)} -> {_pct(plan.utilization_after)} "
+        f"(standard up to {_pct(s.standard_limit)}, spot up to {_pct(s.spot_limit)})"
+    )
+
+
+def _explain(plan: Plan) -> list[str]:
+    s = plan.settings
+    out = [
+        f"policy {s.policy}; nodes: {plan.nodes_total} ({plan.nodes_schedulable} schedulable); "
+        "jobs go by priority (highest first), then name; equal scores go to the node named first",
+        f"shape policy: a 1-GPU job asking more than {s.whole_card_over:g} of a card, and every "
+        "multi-GPU job, takes whole cards",
+        f"band: standard-tier work is admitted while allocated/total GPU memory stays at or below "
+        f"{_pct(s.standard_limit)} (band upper edge {_pct(s.band_max)}, failover headroom "
+        f"{_pct(s.headroom)}); spot-tier work "
+        + (
+            f"may use the headroom, up to {_pct(s.spot_limit)}"
+            if s.spot_uses_headroom
+            else "may not use the headroom"
+        ),
+    ]
+    for o in plan.jobs:
+        out.append("")
+        if isinstance(o, Placed):
+            cards = ",".join(map(str, o.cards)) or "none"
+            out.append(f"{o.job} -> {o.node} cards {cards}")
+            out.append(f"  shape: {o.shape}")
+            runner = (
+                "no runner-up"
+                if o.runner_up is None
+                else f"runner-up {o.runner_up.node} at {_score(o.runner_up.score)}"
+            )
+            out.append(
+                f"  score {_score(o.score)} ({s.policy}); {runner}; "
+                f"{o.feasible_nodes} of {plan.nodes_total} node(s) could take it"
+            )
+            if o.rejections:
+                out.append("  not eligible:")
+                out += _rejection_lines(o.rejections)
+        else:
+            out.append(f"{o.job}: not placed ({o.shape})")
+            out.append(f"  {o.reason}")
+            out += _rejection_lines(o.rejections)
+    return out
+
+
+def _rejection_lines(rs: Sequence[Rejection]) -> list[str]:
+    out = []
+    for r in rs:
+        shown = ", ".join(r.nodes[:MAX_NODES_SHOWN])
+        more = f", +{r.count - MAX_NODES_SHOWN} more" if r.count > MAX_NODES_SHOWN else ""
+        noun = "node" if r.count == 1 else "nodes"
+        out.append(f"    {r.count} {noun} [{r.constraint}] {r.summary}: {shown}{more}")
+    return out
+
+
+def _table(head: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    return [
+        "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip()
+        for r in [head, *rows]
+    ]
+
+
+def _score(x: float) -> str:
+    return f"{x:.1f}"
+
+
+def _pct(x: float | None) -> str:
+    return "N/A" if x is None else f"{100 * x:.1f}%"
