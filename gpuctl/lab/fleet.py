@@ -19,7 +19,7 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -342,26 +342,28 @@ def _stopped(pid: int) -> bool:
     return raw[raw.rfind(")") + 2 :].startswith("T")
 
 
-def _node_pids(lab: Lab, node: LabNode) -> set[int]:
+def _node_pids(lab: Lab, node: LabNode, table: sshd_mod.ProcTable) -> set[int]:
     """The node's sshd, its sessions, and every process started with the node's environment."""
     pids: set[int] = set()
     if node.pid is not None and sshd_mod.is_sshd_of(node.pid, lab.config_path(node.name)):
         pids.add(node.pid)
-        pids |= sshd_mod.descendants(node.pid)
-    state = str(lab.state_path(node.name))
+        pids |= table.descendants(node.pid)
     # STATE_ENV holds this lab's own path: another lab's node of the same name is left alone
-    for pid in sshd_mod.pids_with_env(STATE_ENV, state):
+    for pid in table.with_env(str(lab.state_path(node.name))):
         pids.add(pid)
-        pids |= sshd_mod.descendants(pid)
+        pids |= table.descendants(pid)
     return pids
 
 
-def _stop_node(lab: Lab, node: LabNode) -> int:
-    """SIGKILL the node's sshd and processes until none is left; how many were killed."""
+def _stop_nodes(lab: Lab, nodes: Iterable[LabNode]) -> int:
+    """SIGKILL the nodes' sshd and processes until none is left; how many were killed."""
+    nodes = list(nodes)
     killed: set[int] = set()
     deadline = time.monotonic() + 5.0
     while time.monotonic() < deadline:
-        pids = {p for p in _node_pids(lab, node) if sshd_mod.alive(p)}
+        table = sshd_mod.ProcTable(STATE_ENV)
+        pids = set().union(*(_node_pids(lab, node, table) for node in nodes))
+        pids = {p for p in pids if sshd_mod.alive(p)}
         if not pids:
             break
         sshd_mod.signal_all(pids, signal.SIGKILL)
@@ -370,8 +372,12 @@ def _stop_node(lab: Lab, node: LabNode) -> int:
     return len(killed)
 
 
+def _stop_node(lab: Lab, node: LabNode) -> int:
+    return _stop_nodes(lab, [node])
+
+
 def _stop_all(lab: Lab) -> int:
-    return sum(_stop_node(lab, node) for node in lab.nodes)
+    return _stop_nodes(lab, lab.nodes)
 
 
 def down(lab_dir: Path) -> int:
@@ -426,7 +432,7 @@ def revive(lab_dir: Path, name: str, *, timeout_s: float = 10.0) -> LabNode:
 
 
 def _signal_node(lab: Lab, node: LabNode, sig: signal.Signals) -> int:
-    pids = _node_pids(lab, node)
+    pids = _node_pids(lab, node, sshd_mod.ProcTable(STATE_ENV))
     sshd_mod.signal_all(pids, sig)
     return len(pids)
 

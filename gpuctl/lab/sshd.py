@@ -302,38 +302,42 @@ def _all_pids() -> list[int]:
     return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
 
 
-def descendants(root: int) -> set[int]:
-    """Every live process below `root` in the process tree."""
-    children: dict[int, list[int]] = {}
-    for pid in _all_pids():
-        fields = _stat_fields(pid)
-        if fields is not None and len(fields) > 1:
-            children.setdefault(int(fields[1]), []).append(pid)
-    found: set[int] = set()
-    todo = [root]
-    while todo:
-        for child in children.get(todo.pop(), ()):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
+class ProcTable:
+    """One scan of /proc: the process tree, and each process's value of one environment variable
+    (as the process was started). Live processes only: zombies are left out."""
 
+    def __init__(self, env_key: str) -> None:
+        prefix = f"{env_key}=".encode()
+        me = os.getpid()
+        self._children: dict[int, list[int]] = {}
+        self._env: dict[str, set[int]] = {}
+        for pid in _all_pids():
+            fields = _stat_fields(pid)
+            if fields is None or len(fields) < 2 or fields[0] == "Z" or pid == me:
+                continue
+            self._children.setdefault(int(fields[1]), []).append(pid)
+            try:
+                environ = Path(f"/proc/{pid}/environ").read_bytes()
+            except OSError:
+                continue
+            for item in environ.split(b"\0"):
+                if item.startswith(prefix):
+                    value = item[len(prefix) :].decode("utf-8", "replace")
+                    self._env.setdefault(value, set()).add(pid)
 
-def pids_with_env(key: str, value: str) -> set[int]:
-    """Processes whose environment (as started) holds KEY=VALUE."""
-    needle = f"{key}={value}".encode()
-    me = os.getpid()
-    found: set[int] = set()
-    for pid in _all_pids():
-        if pid == me:
-            continue
-        try:
-            environ = Path(f"/proc/{pid}/environ").read_bytes()
-        except OSError:
-            continue
-        if needle in environ.split(b"\0"):
-            found.add(pid)
-    return found
+    def descendants(self, root: int) -> set[int]:
+        """Every live process below `root` in the process tree."""
+        found: set[int] = set()
+        todo = [root]
+        while todo:
+            for child in self._children.get(todo.pop(), ()):
+                if child not in found:
+                    found.add(child)
+                    todo.append(child)
+        return found
+
+    def with_env(self, value: str) -> set[int]:
+        return set(self._env.get(value, ()))
 
 
 def signal_all(pids: Iterable[int], sig: signal.Signals) -> None:

@@ -1,0 +1,438 @@
+"""The SSH transport (paramiko): verified host keys, deadlines on every wait, reused connections.
+
+One connection per node, opened on first use and kept for later calls (a TUI polls the same nodes
+every few seconds: no re-handshake, no re-auth). Each `run` is one channel on that connection; a
+per-host semaphore bounds concurrent channels. A connection that died in between (node rebooted,
+sshd restarted) is noticed and reopened once.
+
+Deadlines: `node.connect_timeout_s` covers TCP connect, SSH banner, key exchange and auth together;
+`timeout_s` covers the exec request and reading the output. Both are enforced by gpuctl (socket
+timeouts, select with a monotonic deadline, and a watchdog thread for the waits paramiko cannot
+bound); a command past its deadline is killed on the node (see `gpuctl.adapters.ssh_exec`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import socket
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import paramiko
+
+from gpuctl.adapters import ssh_exec, ssh_keys
+from gpuctl.adapters import ssh_known_hosts as kh
+from gpuctl.adapters.protocols import ExecResult
+from gpuctl.config import paths
+from gpuctl.core.model import NodeSpec
+from gpuctl.errors import (
+    AuthFailed,
+    ConnectRefused,
+    GpuctlError,
+    TransportError,
+    TransportTimeout,
+    Unreachable,
+)
+
+DEFAULT_PER_HOST_LIMIT = 4
+KILL_TIMEOUT_S = 2.0
+
+
+class PhaseTimeout(TransportTimeout):
+    """A deadline passed; `phase` is connect, auth, exec or read."""
+
+    def __init__(self, message: str, *, phase: str, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.phase = phase
+
+
+class _Stale(Exception):
+    """A reused connection turned out dead before the command started."""
+
+
+class _Phase:
+    """Which part of the connect is running, for the timeout message."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = "connect"
+
+
+class _VerifyingPolicy(paramiko.MissingHostKeyPolicy):
+    """Checks the offered key against known_hosts; raises HostKeyUnknown / HostKeyChanged.
+
+    The client is given no host keys of its own, so paramiko asks this policy about every key;
+    nothing is ever added (no AutoAddPolicy anywhere in gpuctl)."""
+
+    def __init__(self, node: NodeSpec, recorded: Sequence[kh.KnownKey], phase: _Phase) -> None:
+        self._node = node
+        self._recorded = recorded
+        self._phase = phase
+
+    def missing_host_key(
+        self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey
+    ) -> None:
+        kh.check(self._node, self._recorded, key.get_name(), key.asbytes())
+        self._phase.value = "auth"
+
+
+class _Conn:
+    """One node's connection: opened under `lock`, shared by up to `slots` concurrent channels."""
+
+    def __init__(self, per_host_limit: int) -> None:
+        self.lock = threading.Lock()
+        self.slots = threading.BoundedSemaphore(per_host_limit)
+        self.client: paramiko.SSHClient | None = None
+
+    def drop(self, client: paramiko.SSHClient | None) -> None:
+        with self.lock:
+            if client is not None and self.client is client:
+                self.client = None
+        if client is not None:
+            client.close()
+
+
+class SshTransport:
+    """`gpuctl.adapters.protocols.Transport` over SSH. Thread-safe; call `close()` when done."""
+
+    def __init__(
+        self,
+        *,
+        own_known_hosts: Path | None = None,
+        system_known_hosts: Sequence[Path] | None = None,
+        per_host_limit: int = DEFAULT_PER_HOST_LIMIT,
+    ) -> None:
+        self._own_known_hosts = own_known_hosts or paths.own_known_hosts()
+        self._system = (
+            tuple(system_known_hosts)
+            if system_known_hosts is not None
+            else paths.system_known_hosts()
+        )
+        self._per_host_limit = per_host_limit
+        self._known = kh.KnownHostsFiles()
+        self._keys = ssh_keys.KeyCache()
+        self._watchdog = ssh_exec.Watchdog()
+        self._lock = threading.Lock()
+        self._conns: dict[tuple[Any, ...], _Conn] = {}
+        self.connects = 0  # connections opened so far (reuse is visible in tests and benchmarks)
+
+    # -- the protocol ----------------------------------------------------------------------
+
+    def run(
+        self, node: NodeSpec, command: str, *, timeout_s: float, max_output_bytes: int = 8 << 20
+    ) -> ExecResult:
+        start = time.monotonic()
+        conn = self._conn(node)
+        wait_s = node.connect_timeout_s + timeout_s
+        if not conn.slots.acquire(timeout=wait_s):
+            raise PhaseTimeout(
+                f"{kh.node_where(node)}: timeout (exec): no free session within {wait_s:g}s",
+                phase="exec",
+            )
+        try:
+            for attempt in range(2):
+                client, fresh = self._client(node, conn)
+                try:
+                    return self._exec(
+                        node, conn, client, command, timeout_s, max_output_bytes, start
+                    )
+                except _Stale:
+                    conn.drop(client)
+                    if fresh or attempt:
+                        raise TransportError(
+                            f"{kh.node_where(node)}: the connection closed before the command "
+                            "started"
+                        ) from None
+            raise AssertionError("unreachable")  # pragma: no cover
+        finally:
+            conn.slots.release()
+
+    def close(self) -> None:
+        with self._lock:
+            conns, self._conns = list(self._conns.values()), {}
+        for conn in conns:
+            conn.drop(conn.client)
+        self._watchdog.close()
+
+    def __enter__(self) -> SshTransport:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- known hosts -----------------------------------------------------------------------
+
+    def known_hosts_files(self, node: NodeSpec) -> tuple[Path, ...]:
+        """Where `node`'s key is looked up, in order."""
+        own = (self._own_known_hosts,)
+        return tuple(Path(p) for p in node.known_hosts) + own + self._system
+
+    def recorded_keys(self, node: NodeSpec) -> tuple[kh.KnownKey, ...]:
+        name = kh.host_key_name(node.host, node.port)
+        return self._known.for_host(self.known_hosts_files(node), name)
+
+    # -- connections -----------------------------------------------------------------------
+
+    def _conn(self, node: NodeSpec) -> _Conn:
+        key = (node.name, node.host, node.port, node.user, node.key_file, node.known_hosts)
+        with self._lock:
+            conn = self._conns.get(key)
+            if conn is None:
+                conn = self._conns[key] = _Conn(self._per_host_limit)
+            return conn
+
+    def _client(self, node: NodeSpec, conn: _Conn) -> tuple[paramiko.SSHClient, bool]:
+        """The node's open connection, or a new one (True) when there was none or it died."""
+        if not conn.lock.acquire(timeout=node.connect_timeout_s * 2):
+            raise PhaseTimeout(
+                f"{kh.node_where(node)}: timeout (connect): another connect to the node hangs",
+                phase="connect",
+            )
+        try:
+            client = conn.client
+            if client is not None:
+                transport = client.get_transport()
+                if transport is not None and transport.is_active():
+                    return client, False
+                conn.client = None
+                client.close()
+            conn.client = self._connect(node)
+            with self._lock:
+                self.connects += 1
+            return conn.client, True
+        finally:
+            conn.lock.release()
+
+    def _connect(self, node: NodeSpec) -> paramiko.SSHClient:
+        deadline = time.monotonic() + node.connect_timeout_s
+        where = kh.node_where(node)
+        pkey = self._keys.load(node)  # before the network: a bad key file fails fast
+        sock = open_socket(node, deadline)
+        recorded = self.recorded_keys(node)
+        phase = _Phase()
+        client = paramiko.SSHClient()
+        client.set_missing_host_key_policy(_VerifyingPolicy(node, recorded, phase))
+        timer = self._watchdog.arm(deadline, lambda: _shutdown(sock))
+        slack = node.connect_timeout_s + 1.0  # paramiko's own timeouts: after our watchdog
+
+        def factory(s: Any, /, **kwargs: Any) -> paramiko.Transport:
+            transport = paramiko.Transport(s, disabled_algorithms=kwargs.get("disabled_algorithms"))
+            opts = transport.get_security_options()
+            opts.key_types = kh.preferred_key_types(recorded, list(opts.key_types))
+            return transport
+
+        try:
+            client.connect(
+                node.host,
+                port=node.port,
+                username=node.user or getpass.getuser(),
+                pkey=pkey,
+                sock=sock,
+                timeout=slack,
+                banner_timeout=slack,
+                auth_timeout=slack,
+                channel_timeout=slack,
+                allow_agent=pkey is None,
+                look_for_keys=pkey is None,
+                transport_factory=factory,
+            )
+        except GpuctlError:
+            timer.cancel()
+            client.close()
+            raise
+        except paramiko.AuthenticationException as exc:
+            fired = timer.cancel()
+            client.close()
+            if fired:
+                raise self._connect_timeout(node, phase.value) from None
+            user = node.user or getpass.getuser()
+            key = f"key {node.key_file}" if node.key_file else "the default keys"
+            raise AuthFailed(
+                f"{where}: authentication failed: user {user} with {key} was refused ({exc})",
+                hint="check the node's authorized_keys and the inventory's user and key_file",
+            ) from None
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            fired = timer.cancel()
+            client.close()
+            if fired or time.monotonic() >= deadline:
+                raise self._connect_timeout(node, phase.value) from None
+            raise TransportError(
+                f"{where}: SSH {phase.value} failed: {_reason(exc)}",
+                hint="sshd may be overloaded (MaxStartups) or not speaking SSH on this port",
+            ) from None
+        timer.cancel()
+        return client
+
+    @staticmethod
+    def _connect_timeout(node: NodeSpec, phase: str) -> PhaseTimeout:
+        what = "SSH handshake" if phase == "connect" else "authentication"
+        return PhaseTimeout(
+            f"{kh.node_where(node)}: timeout ({phase}): no {what} within "
+            f"{node.connect_timeout_s:g}s",
+            phase=phase,
+            hint="the node or its sshd hangs, or the network drops packets",
+        )
+
+    # -- exec ------------------------------------------------------------------------------
+
+    def _exec(
+        self,
+        node: NodeSpec,
+        conn: _Conn,
+        client: paramiko.SSHClient,
+        command: str,
+        timeout_s: float,
+        max_output_bytes: int,
+        start: float,
+    ) -> ExecResult:
+        where = kh.node_where(node)
+        deadline = time.monotonic() + timeout_s
+        transport = client.get_transport()
+        if transport is None or not transport.is_active():
+            raise _Stale
+        try:
+            chan = transport.open_session(timeout=max(0.001, timeout_s))
+        except (paramiko.SSHException, OSError, EOFError):
+            if time.monotonic() < deadline:
+                raise _Stale from None
+            conn.drop(client)
+            raise self._exec_timeout(node, timeout_s) from None
+        try:
+            timer = self._watchdog.arm(deadline, chan.close)
+            try:
+                chan.exec_command(ssh_exec.wrap_command(command, timeout_s))
+                chan.shutdown_write()  # the command gets EOF on stdin, never waits for input
+            except (paramiko.SSHException, OSError, EOFError) as exc:
+                if timer.cancel():  # sshd never answered the exec request: the node hangs
+                    conn.drop(client)
+                    raise self._exec_timeout(node, timeout_s) from None
+                raise TransportError(f"{where}: exec failed: {_reason(exc)}") from None
+            timer.cancel()
+            out = ssh_exec.read_channel(chan, deadline, max_output_bytes)
+        finally:
+            chan.close()
+        if not out.finished:
+            killed = self._kill(node, client, out.pgid)
+            if not out.truncated:
+                note = "killed on the node" if killed else "could not kill it on the node"
+                raise PhaseTimeout(
+                    f"{where}: timeout (read): the command ran past {timeout_s:g}s; {note}",
+                    phase="read",
+                )
+        return ExecResult(
+            exit_code=out.exit_code,
+            stdout=bytes(out.stdout),
+            stderr=bytes(out.stderr),
+            duration_s=time.monotonic() - start,
+            truncated=out.truncated,
+        )
+
+    @staticmethod
+    def _exec_timeout(node: NodeSpec, timeout_s: float) -> PhaseTimeout:
+        return PhaseTimeout(
+            f"{kh.node_where(node)}: timeout (exec): sshd did not start the command within "
+            f"{timeout_s:g}s",
+            phase="exec",
+            hint="the node or its sshd hangs",
+        )
+
+    def _kill(self, node: NodeSpec, client: paramiko.SSHClient, pgid: int | None) -> bool:
+        """Kill the command's process group on the node with a second, short exec."""
+        transport = client.get_transport()
+        if pgid is None or pgid <= 0 or transport is None or not transport.is_active():
+            return False
+        deadline = time.monotonic() + KILL_TIMEOUT_S
+        try:
+            chan = transport.open_session(timeout=KILL_TIMEOUT_S)
+        except (paramiko.SSHException, OSError, EOFError):
+            return False
+        timer = self._watchdog.arm(deadline, chan.close)
+        try:
+            chan.exec_command(ssh_exec.kill_command(pgid))
+            chan.shutdown_write()
+            return chan.status_event.wait(max(0.0, deadline - time.monotonic()))
+        except (paramiko.SSHException, OSError, EOFError):
+            return False
+        finally:
+            timer.cancel()
+            chan.close()
+
+
+def open_socket(node: NodeSpec, deadline: float) -> socket.socket:
+    """TCP connect within the deadline, TCP_NODELAY on; refused/unreachable/timeout as errors."""
+    where = f"{node.name} ({node.host}:{node.port})"
+    try:
+        sock = socket.create_connection(
+            (node.host, node.port), timeout=max(0.001, deadline - time.monotonic())
+        )
+    except ConnectionRefusedError:
+        raise ConnectRefused(
+            f"{where}: connection refused: sshd is not running or listens on another port"
+        ) from None
+    except TimeoutError:
+        raise PhaseTimeout(
+            f"{where}: timeout (connect): no TCP connection within {node.connect_timeout_s:g}s",
+            phase="connect",
+        ) from None
+    except OSError as exc:
+        raise Unreachable(f"{where}: unreachable: {_reason(exc)}") from None
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+def _shutdown(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc) or type(exc).__name__
+
+
+# -- host key trust --------------------------------------------------------------------------
+
+
+def fetch_host_key(
+    node: NodeSpec, timeout_s: float, *, prefer: Sequence[kh.KnownKey] = ()
+) -> tuple[str, str, paramiko.PKey]:
+    """The key the node offers: (key type, SHA256 fingerprint, key). Nothing is authenticated."""
+    deadline = time.monotonic() + timeout_s
+    sock = open_socket(node, deadline)
+    watchdog = ssh_exec.Watchdog()
+    timer = watchdog.arm(deadline, lambda: _shutdown(sock))
+    transport = paramiko.Transport(sock)
+    try:
+        opts = transport.get_security_options()
+        opts.key_types = kh.preferred_key_types(prefer, list(opts.key_types))
+        transport.banner_timeout = timeout_s + 1.0
+        transport.handshake_timeout = timeout_s + 1.0
+        transport.start_client(timeout=timeout_s + 1.0)
+        key = transport.get_remote_server_key()
+    except (paramiko.SSHException, OSError, EOFError) as exc:
+        if timer.cancel() or time.monotonic() >= deadline:
+            raise PhaseTimeout(
+                f"{kh.node_where(node)}: timeout (connect): no SSH handshake within {timeout_s:g}s",
+                phase="connect",
+            ) from None
+        raise TransportError(
+            f"{kh.node_where(node)}: SSH handshake failed: {_reason(exc)}"
+        ) from None
+    finally:
+        timer.cancel()
+        watchdog.close()
+        transport.close()
+    return key.get_name(), kh.fingerprint_of(key.asbytes()), key
+
+
+def record_host_key(
+    path: Path, node: NodeSpec, key: paramiko.PKey, *, replace: bool = False
+) -> None:
+    """Record `key` for the node in `path` (`[host]:port` form off port 22; file 0600, dir 0700)."""
+    kh.record(path, node.host, node.port, key.get_name(), key.asbytes(), replace=replace)

@@ -1,0 +1,63 @@
+"""Private keys for the SSH transport: loaded once per file version, refused when others can
+read them (as OpenSSH does)."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import paramiko
+
+from gpuctl.core.model import NodeSpec
+from gpuctl.errors import TransportError
+
+
+class KeyCache:
+    """Private keys loaded once per file version; files readable by others are refused."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._cache: dict[str, tuple[tuple[int, int, int], paramiko.PKey]] = {}
+
+    def load(self, node: NodeSpec) -> paramiko.PKey | None:
+        if node.key_file is None:
+            return None  # ssh-agent and ~/.ssh/id_* as OpenSSH would
+        path = node.key_file
+        try:
+            st = Path(path).stat()
+        except OSError as exc:
+            raise TransportError(
+                f"{node.name}: key_file {path}: {_reason(exc)}",
+                hint="fix key_file in the inventory",
+            ) from None
+        if st.st_mode & 0o077:
+            raise TransportError(
+                f"{node.name}: key_file {path} is readable by others (mode "
+                f"{st.st_mode & 0o777:o}); refusing to use it",
+                hint=f"chmod 600 {path}",
+            )
+        stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+        with self._lock:
+            hit = self._cache.get(path)
+        if hit is not None and hit[0] == stamp:
+            return hit[1]
+        try:
+            key = paramiko.PKey.from_path(path)
+        except paramiko.PasswordRequiredException:
+            raise TransportError(
+                f"{node.name}: key_file {path} is encrypted",
+                hint="load it into ssh-agent and remove key_file from the inventory",
+            ) from None
+        except (paramiko.SSHException, OSError, ValueError) as exc:
+            raise TransportError(
+                f"{node.name}: key_file {path} is not a usable private key: {_reason(exc)}"
+            ) from None
+        with self._lock:
+            self._cache[path] = (stamp, key)
+        return key
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc) or type(exc).__name__
