@@ -15,8 +15,9 @@ from gpuctl.cli.render import OUTPUT_OPTION, Output, emit_document, safe
 from gpuctl.config.inventory import load_inventory
 from gpuctl.core.model import Inventory, NodeSpec
 
-app = typer.Typer(help="Validate and show the inventory (the nodes gpuctl reaches).",
-                  no_args_is_help=True)  # fmt: skip
+app = typer.Typer(
+    help="Validate and show the inventory (the nodes gpuctl reaches).", no_args_is_help=True
+)
 
 INVENTORY_OPTION = typer.Option(
     None,

@@ -151,9 +151,6 @@ class InventoryFile(_Model):
     nodes: list[NodeEntry] = Field(default_factory=list)
 
 
-_SETTINGS = tuple(Defaults.model_fields)
-
-
 # --- hostlist ranges -----------------------------------------------------------------------------
 
 

@@ -226,6 +226,7 @@ EMPTY = "fleet.yaml: the test file is empty: expected a mapping of keys"
         ),
         ("nodes: *x\n", "1: invalid YAML at column 8: found undefined alias 'x'"),
         ("nodes: \x07\n", "1: invalid YAML: character U+0007 is not allowed"),
+        ("a: é\nb: é\nc: \x07\n", "3: invalid YAML: character U+0007 is not allowed"),
         ("a: [" * 70 + "]" * 70 + "\n", "1: nested deeper than 64 levels"),
     ],
 )
@@ -238,12 +239,16 @@ def test_hostile_or_broken_yaml_is_one_clear_error(text: str, expected: str) -> 
 def test_syntax_error_gives_line_column_and_an_indentation_hint() -> None:
     with pytest.raises(ConfigError) as info:
         parse_yaml("nodes:\n  - name: a\n   port: 2\n", path="f.yaml", kind="test")
-    assert str(info.value) == (
-        "f.yaml:3: invalid YAML at column 4: "
-        "expected <block end>, but found '<block mapping start>'"
-    )
+    # the problem's wording is libyaml's (PyYAML's own parser words it differently)
+    assert str(info.value).startswith("f.yaml:3: invalid YAML at column 4: ")
     assert info.value.line == 3
     assert info.value.hint == "check the indentation of this line and the lines above it"
+
+
+def test_an_unclosed_quote_points_at_where_it_opens() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_yaml('nodes:\n  - name: "gpu01\n    host: x\n', path="f.yaml", kind="test")
+    assert str(info.value) == "f.yaml:2: invalid YAML at column 11: a quoted string is never closed"
 
 
 def test_alias_bomb_is_refused_before_it_expands() -> None:
@@ -257,8 +262,9 @@ def test_alias_bomb_is_refused_before_it_expands() -> None:
 
 
 def test_deeply_nested_flow_collections_are_refused_without_a_traceback() -> None:
-    with pytest.raises(ConfigError, match="nested deeper than 64 levels"):
+    with pytest.raises(ConfigError) as info:
         parse_yaml("a: " + "[" * 20000 + "]" * 20000 + "\n", path="deep.yaml", kind="test")
+    assert str(info.value).endswith(": nested deeper than 64 levels")
 
 
 # --- files -------------------------------------------------------------------------------------
@@ -298,3 +304,35 @@ def test_a_byte_order_mark_is_accepted(tmp_path: Path) -> None:
     path = tmp_path / "bom.yaml"
     path.write_bytes(b"\xef\xbb\xbfnodes: []\n")
     assert load_document(path, kind="fleet").data == {"nodes": []}
+
+
+def test_pure_python_yaml_gives_the_same_document_and_limits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without libyaml the loader falls back to PyYAML's own parser: same data, lines, limits."""
+    import yaml
+
+    from gpuctl.config import loader
+
+    text = "base: &b {port: 2}\nnodes:\n  - <<: *b\n    name: a\n    labels: {on: yes}\n"
+    fast = parse_yaml(text, path="f", kind="test")
+    monkeypatch.setattr(loader, "_Loader", yaml.SafeLoader)
+    monkeypatch.setattr(loader, "_BYTE_POSITIONS", False)
+    slow = parse_yaml(text, path="f", kind="test")
+    assert (
+        slow.data
+        == fast.data
+        == {
+            "base": {"port": 2},
+            "nodes": [{"name": "a", "labels": {"on": True}, "port": 2}],
+        }
+    )
+    assert all(
+        slow.lines.exact(loc) == fast.lines.exact(loc)
+        for loc in [("nodes", 0), ("nodes", 0, "labels", "on"), ("nodes", 0, "port")]
+    )
+    with pytest.raises(ConfigError) as info:
+        parse_yaml("a: " + "[" * 5000 + "]" * 5000 + "\n", path="deep.yaml", kind="test")
+    assert str(info.value) == "deep.yaml: invalid YAML: nested deeper than 64 levels"
+    with pytest.raises(ConfigError, match=r"^f:3: invalid YAML: character U\+0007 is not allowed$"):
+        parse_yaml("a: é\nb: é\nc: \x07\n", path="f", kind="test")
