@@ -63,12 +63,20 @@ def test_progress_reports_each_node_once_with_a_running_count() -> None:
     assert {total for _, _, total in seen} == {len(NODES)}
 
 
+def fanout_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name.startswith("gpuctl-fanout")}
+
+
 def test_a_kept_fanout_reuses_its_threads_between_rounds() -> None:
+    before = fanout_threads()
+    barrier = threading.Barrier(4, timeout=5)
     with Fanout[str](max_workers=4) as pool:
-        first = pool.map(NODES, lambda n: threading.current_thread().name)
-        second = pool.map(NODES, lambda n: threading.current_thread().name)
-    assert set(second.values()) <= set(first.values())
-    assert len(set(first.values()) | set(second.values())) <= 4
+        pool.map(NODES[:4], lambda n: str(barrier.wait()))  # all four workers busy at once
+        after_first = fanout_threads() - before
+        pool.map(NODES, lambda n: n.name)
+        after_second = fanout_threads() - before
+    assert len(after_first) == 4
+    assert after_second == after_first
 
 
 def test_keyboard_interrupt_in_a_worker_is_not_swallowed() -> None:
