@@ -1,0 +1,62 @@
+"""What fleet commands share: load the inventory, gather with progress on stderr."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from gpuctl.cli import context
+from gpuctl.core.model import FleetSnapshot, Inventory, NodeSpec, Reach
+from gpuctl.errors import ExitCode, UsageError
+
+
+def load_inventory(ctx: typer.Context) -> Inventory:
+    from gpuctl.config.inventory import load_inventory as load
+
+    return load(context.get(ctx).resolve_inventory_path())
+
+
+def select(inventory: Inventory, names: list[str]) -> tuple[NodeSpec, ...]:
+    if not names:
+        return inventory.nodes
+    by_name = inventory.by_name()
+    missing = [n for n in names if n not in by_name]
+    if missing:
+        raise UsageError(
+            f"unknown node {missing[0]!r}",
+            hint=f"the inventory has {len(by_name)} node(s); see `gpuctl inventory list`",
+        )
+    return tuple(by_name[n] for n in names)
+
+
+def gather(ctx: typer.Context, nodes: tuple[NodeSpec, ...]) -> FleetSnapshot:
+    """One poll of `nodes`; a progress bar on stderr when it is a terminal."""
+    from gpuctl.ops.gather import Gatherer, default_transport
+
+    app_ctx = context.get(ctx)
+    transport = app_ctx.transport_factory() if app_ctx.transport_factory else default_transport()
+    with Gatherer(transport) as gatherer:
+        if not sys.stderr.isatty() or len(nodes) < 2:
+            return gatherer.gather(nodes)
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+        console = Console(file=sys.stderr)
+        with Progress(
+            TextColumn("gathering"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            console=console,
+            transient=True,
+        ) as bar:
+            task = bar.add_task("gather", total=len(nodes))
+            return gatherer.gather(nodes, progress=lambda *_: bar.advance(task))
+
+
+def exit_code_for(fleet: FleetSnapshot) -> ExitCode:
+    """0: every node answered; 3: some did not; 4: none did (documented in the README)."""
+    answered = sum(1 for n in fleet.nodes if n.reach is Reach.OK)
+    if answered == len(fleet.nodes):
+        return ExitCode.OK
+    return ExitCode.PARTIAL if answered else ExitCode.UNREACHABLE

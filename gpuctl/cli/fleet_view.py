@@ -1,0 +1,129 @@
+"""Rendering of fleet snapshots: tables for people, documents for scripts. No business rules."""
+
+from __future__ import annotations
+
+import io
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from gpuctl.cli.render import safe
+from gpuctl.core.hints import gpu_hints, node_hints
+from gpuctl.core.model import FleetSnapshot, NodeSnapshot, NodeSpec, Reach, fleet_to_dict
+
+
+def stdout_console() -> Console:
+    tty = sys.stdout.isatty()
+    return Console(file=sys.stdout, width=None if tty else 200, highlight=False, soft_wrap=False)
+
+
+def print_table(table: Table) -> None:
+    """Print a table on stdout; when piped, without colour and without trailing blanks."""
+    if sys.stdout.isatty():
+        stdout_console().print(table)
+        return
+    buf = io.StringIO()
+    Console(file=buf, width=200, highlight=False, color_system=None).print(table)
+    sys.stdout.write("\n".join(line.rstrip() for line in buf.getvalue().splitlines()) + "\n")
+
+
+def _mib_gib(mib: int | None) -> str:
+    return "-" if mib is None else f"{mib / 1024:.1f}"
+
+
+def _na(value: object, suffix: str = "") -> str:
+    return "-" if value is None else f"{value}{suffix}"
+
+
+def summary(fleet: FleetSnapshot) -> dict[str, Any]:
+    answered = [n for n in fleet.nodes if n.reach is Reach.OK]
+    gpus = [g for n in answered for g in n.gpus]
+    totals = [g.mem_total_mib for g in gpus if g.mem_total_mib is not None]
+    used = [g.mem_used_mib for g in gpus if g.mem_used_mib is not None]
+    return {
+        "nodes": len(fleet.nodes),
+        "nodes_answered": len(answered),
+        "gpus": len(gpus),
+        "mem_total_mib": sum(totals),
+        "mem_used_mib": sum(used),
+    }
+
+
+def fleet_document(fleet: FleetSnapshot, specs: Mapping[str, NodeSpec]) -> dict[str, Any]:
+    doc = fleet_to_dict(fleet)
+    for node, data in zip(fleet.nodes, doc["nodes"], strict=True):
+        spec = specs.get(node.name)
+        data["host"] = spec.host if spec else None
+        data["port"] = spec.port if spec else None
+        data["expected_gpus"] = spec.expected_gpus if spec else None
+        data["hints"] = list(node_hints(node, spec.expected_gpus if spec else None))
+    doc["summary"] = summary(fleet)
+    return doc
+
+
+def _state_cell(node: NodeSnapshot) -> str:
+    if node.reach is Reach.OK:
+        return node.state.value
+    return f"{node.state.value} ({node.reach.value})"
+
+
+def fleet_table(fleet: FleetSnapshot, specs: Mapping[str, NodeSpec]) -> Table:
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for col in ("NODE", "STATE", "GPUS", "MODEL", "MEM GiB", "UTIL", "TEMP", "NOTES"):
+        table.add_column(col, no_wrap=col != "NOTES")
+    for node in fleet.nodes:
+        spec = specs.get(node.name)
+        expected = spec.expected_gpus if spec else None
+        gpus = node.gpus
+        models = sorted({g.model for g in gpus if g.model})
+        used = [g.mem_used_mib for g in gpus if g.mem_used_mib is not None]
+        total = [g.mem_total_mib for g in gpus if g.mem_total_mib is not None]
+        utils = [g.util_pct for g in gpus if g.util_pct is not None]
+        temps = [g.temp_c for g in gpus if g.temp_c is not None]
+        count = "-" if node.observation is None else str(len(gpus))
+        if expected is not None and node.observation is not None:
+            count = f"{len(gpus)}/{expected}"
+        notes = node.error if node.error else "; ".join(node_hints(node, expected))
+        table.add_row(
+            safe(node.name),
+            _state_cell(node),
+            count,
+            safe(", ".join(models)) or "-",
+            f"{_mib_gib(sum(used))}/{_mib_gib(sum(total))}" if total else "-",
+            f"{sum(utils) / len(utils):.0f}%" if utils else "-",
+            f"{max(temps)}C" if temps else "-",
+            safe(notes),
+        )
+    return table
+
+
+def gpu_table(fleet: FleetSnapshot) -> Table:
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    cols = ("NODE", "GPU", "MODEL", "MEM MiB", "UTIL", "TEMP", "POWER", "ECC U", "PROCS", "NOTES")
+    for col in cols:
+        table.add_column(col, no_wrap=col != "NOTES")
+    for node in fleet.nodes:
+        if not node.gpus:
+            table.add_row(
+                safe(node.name), "-", "-", "-", "-", "-", "-", "-", "-", safe(node.error or "")
+            )
+            continue
+        procs = node.observation.processes if node.observation else ()
+        for gpu in node.gpus:
+            n_procs = sum(1 for p in procs if p.gpu_uuid == gpu.uuid)
+            table.add_row(
+                safe(node.name),
+                str(gpu.index),
+                safe(gpu.model or "-"),
+                f"{_na(gpu.mem_used_mib)}/{_na(gpu.mem_total_mib)}",
+                _na(gpu.util_pct, "%"),
+                _na(gpu.temp_c, "C"),
+                "-" if gpu.power_w is None else f"{gpu.power_w:.0f}W",
+                _na(gpu.ecc_volatile_uncorrected),
+                str(n_procs),
+                safe("; ".join(gpu_hints(gpu))),
+            )
+    return table

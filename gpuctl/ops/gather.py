@@ -1,0 +1,152 @@
+"""Fleet gather: one probe exec per node per poll, fanned out, one `NodeSnapshot` per node.
+
+Partial failure is a value: a node that refuses, times out or fails auth becomes a snapshot with its
+`reach` code and an error line, never an exception that stops the scan.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Sequence
+
+from gpuctl.adapters.clock import SystemClock
+from gpuctl.adapters.probe import MAX_PROBE_BYTES, parse_probe, probe_command
+from gpuctl.adapters.protocols import Clock, Transport
+from gpuctl.core.model import (
+    FleetSnapshot,
+    Inventory,
+    NodeSnapshot,
+    NodeSpec,
+    NodeState,
+    Observation,
+    Reach,
+)
+from gpuctl.errors import TransportError
+from gpuctl.ops.fanout import Fanout
+
+log = logging.getLogger(__name__)
+
+LocalProbe = Callable[[], Observation]
+Progress = Callable[[NodeSnapshot, int, int], None]  # (snapshot, done, total)
+
+MAX_PROBE_OUTPUT_BYTES = MAX_PROBE_BYTES
+
+
+class Gatherer:
+    """Polls nodes through a transport. Keep one for the life of a command or the TUI: the
+    transport's connections and the worker pool are reused between polls."""
+
+    def __init__(
+        self,
+        transport: Transport,
+        *,
+        local_probe: LocalProbe | None = None,
+        clock: Clock | None = None,
+        max_workers: int = 32,
+    ) -> None:
+        self._transport = transport
+        self._local_probe = local_probe
+        self._clock = clock or SystemClock()
+        self._fanout: Fanout[NodeSnapshot] = Fanout(max_workers=max_workers)
+        self._command = probe_command()
+
+    def poll_node(self, spec: NodeSpec) -> NodeSnapshot:
+        start = self._clock.monotonic()
+        taken_at = self._clock.now()
+        labels = dict(spec.labels)
+        try:
+            if spec.transport == "local":
+                observation = self._probe_local()
+            else:
+                result = self._transport.run(
+                    spec,
+                    self._command,
+                    timeout_s=spec.command_timeout_s,
+                    max_output_bytes=MAX_PROBE_OUTPUT_BYTES,
+                )
+                observation = parse_probe(result.stdout, result.exit_code)
+        except TransportError as exc:
+            reach, error = Reach(exc.reach), exc.message
+        except Exception as exc:  # one node's surprise must not stop the fleet scan
+            log.debug("poll of %s failed", spec.name, exc_info=True)
+            reach, error = Reach.ERROR, f"{type(exc).__name__}: {exc}"
+        else:
+            return self._answered(spec, observation, start, taken_at)
+        return NodeSnapshot(
+            name=spec.name,
+            reach=reach,
+            state=NodeState.DOWN,
+            error=error,
+            latency_s=self._clock.monotonic() - start,
+            taken_at=taken_at,
+            labels=labels,
+        )
+
+    def _answered(
+        self, spec: NodeSpec, observation: Observation, start: float, taken_at: float
+    ) -> NodeSnapshot:
+        state = NodeState.READY if observation.nvml_ok else NodeState.UNKNOWN
+        error = None
+        if not observation.nvml_ok:
+            error = observation.notes[0] if observation.notes else "GPU state could not be read"
+        return NodeSnapshot(
+            name=spec.name,
+            reach=Reach.OK,
+            state=state,
+            error=error,
+            observation=observation,
+            latency_s=self._clock.monotonic() - start,
+            taken_at=taken_at,
+            labels=dict(spec.labels),
+        )
+
+    def _probe_local(self) -> Observation:
+        if self._local_probe is None:
+            from gpuctl.adapters.probe.local import probe_local
+
+            return probe_local()
+        return self._local_probe()
+
+    def gather(
+        self, nodes: Inventory | Iterable[NodeSpec], *, progress: Progress | None = None
+    ) -> FleetSnapshot:
+        specs: Sequence[NodeSpec] = nodes.nodes if isinstance(nodes, Inventory) else tuple(nodes)
+        taken_at = self._clock.now()
+
+        def report(name: str, result: NodeSnapshot | Exception, done: int, total: int) -> None:
+            if progress is not None and isinstance(result, NodeSnapshot):
+                progress(result, done, total)
+
+        # poll_node turns every failure into a snapshot, so every result is a NodeSnapshot.
+        results = self._fanout.map(specs, self.poll_node, progress=report)
+        return FleetSnapshot(
+            taken_at=taken_at,
+            nodes=tuple(r for r in results.values() if isinstance(r, NodeSnapshot)),
+        )
+
+    def close(self) -> None:
+        self._fanout.close()
+        self._transport.close()
+
+    def __enter__(self) -> Gatherer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def default_transport() -> Transport:
+    from gpuctl.adapters.ssh import SshTransport
+
+    return SshTransport()
+
+
+def gather_fleet(
+    inventory: Inventory,
+    *,
+    transport: Transport | None = None,
+    progress: Progress | None = None,
+) -> FleetSnapshot:
+    """One poll of the whole inventory (opens and closes its own connections)."""
+    with Gatherer(transport or default_transport()) as gatherer:
+        return gatherer.gather(inventory, progress=progress)
