@@ -104,6 +104,11 @@ class Notes:
         for note in notes:
             self.add(note)
 
+    def promote(self, index: int) -> None:
+        """Move one note to the front: callers show the first note as the reason."""
+        if 0 <= index < len(self.items):
+            self.items.insert(0, self.items.pop(index))
+
     def result(self) -> tuple[str, ...]:
         if self.dropped:
             return (*self.items, f"{self.dropped} more notes not shown")

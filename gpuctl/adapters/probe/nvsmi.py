@@ -290,6 +290,7 @@ def _parse(stdout: bytes, exit_code: int | None, notes: Notes) -> Observation:
         first = next((ln for ln in split_lines(text)[:5] if ln.strip()), "")
         what = f": {clean(first, 80)!r}" if first else " (no output)"
         notes.add(f"probe output has no gpuctl header{what}")
+        notes.promote(len(notes.items) - 1)
         return Observation(notes=notes.result(), nvml_ok=False)
     sections, done = split
     if not done:
@@ -303,6 +304,7 @@ def _parse(stdout: bytes, exit_code: int | None, notes: Notes) -> Observation:
 
     gpus: tuple[GpuSnapshot, ...] = ()
     nvml_ok = False
+    first_gpu_note = len(notes.items)
     driver_from_query: str | None = None
     gpu = sections.get(script.SECTION_GPU)
     if gpu is None:
@@ -339,6 +341,9 @@ def _parse(stdout: bytes, exit_code: int | None, notes: Notes) -> Observation:
             gpus = parse_gpu_rows(rows, notes, extra=extra)
             driver_from_query = _version(first_value(rows, "driver_version"))
             nvml_ok = True
+
+    if not nvml_ok:
+        notes.promote(first_gpu_note)  # why the GPUs are unknown comes first
 
     processes: tuple[GpuProcess, ...] = ()
     apps = sections.get(script.SECTION_APPS)

@@ -320,3 +320,20 @@ def test_the_parser_imports_without_paramiko_or_pynvml() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+def test_the_reason_the_gpus_are_unknown_is_the_first_note() -> None:
+    out = frame_probe_output(
+        [("facts", b"clock_s=soon\n", b"", 0), ("gpu", b"", b"Segmentation fault\n", 139)],
+        done=False,
+    )
+    obs = parse_probe(out, None)
+    assert obs.notes == (
+        "nvidia-smi GPU query failed (exit 139): Segmentation fault",
+        "probe did not finish on the node (no exit status)",
+        "probe output ends early (no final marker)",
+        "node facts: clock_s: 'soon' is not a valid value",
+    )
+    assert parse_probe(b"Welcome to node7!\n", 0).notes == (
+        "probe output has no gpuctl header: 'Welcome to node7!'",
+    )
