@@ -91,7 +91,11 @@ def _root(
         False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
     ),
 ) -> None:
-    ctx.obj = AppContext(inventory_path=inventory, debug=debug)
+    if isinstance(ctx.obj, AppContext):  # tests pass a prepared context (injected transport)
+        ctx.obj.inventory_path = inventory or ctx.obj.inventory_path
+        ctx.obj.debug = debug or ctx.obj.debug
+    else:
+        ctx.obj = AppContext(inventory_path=inventory, debug=debug)
     _configure_logging(debug)
 
 

@@ -40,3 +40,42 @@ class FakeTransport:
 
     def close(self) -> None:
         self.closed = True
+
+
+@dataclass
+class ShellTransport:
+    """Runs commands with the local `sh`, as if on the node: each node name maps to the extra
+    environment of that node (e.g. the lab's `PATH`, `GPUCTL_LAB_STATE`, `GPUCTL_LAB_NODE`).
+
+    A real shell below the Transport protocol, without sshd: for unit tests of gather and probe.
+    """
+
+    envs: Mapping[str, Mapping[str, str]]
+    calls: list[tuple[str, str]] = field(default_factory=list)
+
+    def run(
+        self, node: NodeSpec, command: str, *, timeout_s: float, max_output_bytes: int = 8 << 20
+    ) -> ExecResult:
+        import os
+        import subprocess
+        import time
+
+        if node.name not in self.envs:
+            raise AssertionError(f"ShellTransport: no environment for node {node.name!r}")
+        self.calls.append((node.name, command))
+        env = {**os.environ, **self.envs[node.name]}
+        start = time.monotonic()
+        done = subprocess.run(
+            ["/bin/sh", "-c", command], env=env, capture_output=True, timeout=timeout_s, check=False
+        )
+        out = done.stdout[:max_output_bytes]
+        return ExecResult(
+            exit_code=done.returncode,
+            stdout=out,
+            stderr=done.stderr[:max_output_bytes],
+            duration_s=time.monotonic() - start,
+            truncated=len(done.stdout) > max_output_bytes,
+        )
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,176 @@
+"""`gpuctl status` and `gpuctl nodes`: output formats, exit codes, no tracebacks."""
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from gpuctl.cli.context import AppContext
+from gpuctl.cli.main import app
+from gpuctl.errors import ConnectRefused, TransportTimeout
+from gpuctl.lab import nodestate
+from gpuctl.testing.fakes import FakeTransport, ShellTransport
+
+
+@pytest.fixture
+def node_env(tmp_path: Path) -> dict[str, str]:
+    state = tmp_path / "state.json"
+    nodestate.write_state(
+        state,
+        nodestate.new_node_state(
+            "gpu01", gpus=2, model="NVIDIA H100 80GB HBM3", mem_gib=80, node_index=0
+        ),
+    )
+    nodestate.install_node_tools(tmp_path / "bin", python="/usr/bin/python3")
+    return {
+        "PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin",
+        "GPUCTL_LAB_STATE": str(state),
+        "GPUCTL_LAB_NODE": "gpu01",
+    }
+
+
+@pytest.fixture
+def inventory(tmp_path: Path) -> Path:
+    path = tmp_path / "fleet.yaml"
+    path.write_text(
+        "nodes:\n"
+        "  - {name: gpu01, host: 127.0.0.1, port: 2201, gpus: 2, labels: {pool: a}}\n"
+        "  - {name: gpu02, host: 127.0.0.1, port: 2202}\n"
+        "  - {name: gpu03, host: 127.0.0.1, port: 2203}\n"
+    )
+    return path
+
+
+def _invoke(inventory: Path, transport: object, *args: str) -> object:
+    ctx = AppContext(transport_factory=lambda: transport)  # type: ignore[arg-type,return-value]
+    return CliRunner().invoke(app, ["-i", str(inventory), *args], obj=ctx)
+
+
+def _transport(node_env: dict[str, str], **down: Exception) -> FakeTransport:
+    shell = ShellTransport({"gpu01": node_env, "gpu02": node_env, "gpu03": node_env})
+    answer = lambda n, c: shell.run(n, c, timeout_s=10)  # noqa: E731
+    return FakeTransport({name: down.get(name, answer) for name in ("gpu01", "gpu02", "gpu03")})
+
+
+def test_status_json_is_one_document_with_numbers_and_nulls(
+    inventory: Path, node_env: dict[str, str]
+) -> None:
+    result = _invoke(inventory, _transport(node_env), "status", "-o", "json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert [n["name"] for n in doc["nodes"]] == ["gpu01", "gpu02", "gpu03"]
+    node = doc["nodes"][0]
+    assert node["state"] == "ready"
+    assert node["error"] is None
+    assert node["labels"] == {"pool": "a"}
+    assert node["expected_gpus"] == 2
+    gpu = node["gpus"][0]
+    assert gpu["index"] == 0
+    assert gpu["uuid"].startswith("GPU-")
+    assert gpu["model"] == "NVIDIA H100 80GB HBM3"
+    assert gpu["mem_total_mib"] == 81559
+    assert isinstance(gpu["mem_used_mib"], int)
+    assert isinstance(gpu["util_pct"], int)
+    assert isinstance(gpu["temp_c"], int)
+    assert gpu["retired_pages_sbe"] is None  # H100 reports row remapping, not page retirement
+    assert doc["summary"] == {
+        "nodes": 3,
+        "nodes_answered": 3,
+        "gpus": 6,
+        "mem_total_mib": 6 * 81559,
+        "mem_used_mib": 0,
+    }
+
+
+def test_status_exits_3_and_still_prints_the_rest_when_some_nodes_do_not_answer(
+    inventory: Path, node_env: dict[str, str]
+) -> None:
+    transport = _transport(
+        node_env,
+        gpu02=ConnectRefused("gpu02 (127.0.0.1:2202): connection refused"),
+        gpu03=TransportTimeout("gpu03 (127.0.0.1:2203): timeout (connect) after 5s"),
+    )
+    result = _invoke(inventory, transport, "status", "-o", "json")
+    assert result.exit_code == 3
+    doc = json.loads(result.stdout)
+    states = {n["name"]: (n["state"], n["reach"], n["error"]) for n in doc["nodes"]}
+    assert states["gpu01"] == ("ready", "ok", None)
+    assert states["gpu02"] == ("down", "refused", "gpu02 (127.0.0.1:2202): connection refused")
+    assert states["gpu03"][:2] == ("down", "timeout")
+
+
+def test_status_exits_4_when_no_node_answers(inventory: Path) -> None:
+    transport = FakeTransport(
+        {n: ConnectRefused(f"{n}: refused") for n in ("gpu01", "gpu02", "gpu03")}
+    )
+    result = _invoke(inventory, transport, "status")
+    assert result.exit_code == 4
+    assert "gpu02: refused" in result.stdout
+    assert "Traceback" not in result.output
+
+
+def test_status_table_shows_nodes_gpus_and_memory(
+    inventory: Path, node_env: dict[str, str]
+) -> None:
+    transport = _transport(node_env, gpu03=ConnectRefused("gpu03: refused"))
+    result = _invoke(inventory, transport, "status")
+    assert result.exit_code == 3
+    lines = result.stdout.splitlines()
+    assert lines[0].split() == [
+        "NODE",
+        "STATE",
+        "GPUS",
+        "MODEL",
+        "MEM",
+        "GiB",
+        "UTIL",
+        "TEMP",
+        "NOTES",
+    ]
+    assert lines[1].split()[:3] == ["gpu01", "ready", "2/2"]
+    assert "0.0/159.3" in lines[1]
+    assert lines[3].split()[:3] == ["gpu03", "down", "(refused)"]
+    assert all(line == line.rstrip() for line in lines)
+
+
+def test_status_yaml_parses_to_the_same_document_as_json(
+    inventory: Path, node_env: dict[str, str]
+) -> None:
+    as_yaml = yaml.safe_load(
+        _invoke(inventory, _transport(node_env), "status", "-o", "yaml").stdout
+    )
+    as_json = json.loads(_invoke(inventory, _transport(node_env), "status", "-o", "json").stdout)
+    assert [n["name"] for n in as_yaml["nodes"]] == [n["name"] for n in as_json["nodes"]]
+    assert as_yaml["summary"] == as_json["summary"]
+
+
+def test_status_without_an_inventory_says_how_to_name_one(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["status"], env={"GPUCTL_INVENTORY": ""})
+    assert result.exit_code == 2
+    assert "error: no inventory given" in result.stderr
+    assert "GPUCTL_INVENTORY" in result.stderr
+
+
+def test_nodes_show_prints_one_node_and_its_gpus(inventory: Path, node_env: dict[str, str]) -> None:
+    result = _invoke(inventory, _transport(node_env), "nodes", "show", "gpu01")
+    assert result.exit_code == 0, result.output
+    assert "driver" in result.stdout and "590.48.01" in result.stdout
+    assert result.stdout.count("NVIDIA H100 80GB HBM3") == 2
+
+
+def test_nodes_show_an_unknown_node_is_a_usage_error(
+    inventory: Path, node_env: dict[str, str]
+) -> None:
+    result = _invoke(inventory, _transport(node_env), "nodes", "show", "gpu99")
+    assert result.exit_code == 2
+    assert "error: unknown node 'gpu99'" in result.stderr
+
+
+def test_nodes_list_polls_only_the_named_nodes(inventory: Path, node_env: dict[str, str]) -> None:
+    transport = _transport(node_env)
+    result = _invoke(inventory, transport, "nodes", "list", "gpu02", "-o", "json")
+    assert result.exit_code == 0
+    assert [n["name"] for n in json.loads(result.stdout)["nodes"]] == ["gpu02"]
+    assert [name for name, _ in transport.calls] == ["gpu02"]
