@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import getpass
+import logging
 import socket
 import threading
 import time
@@ -39,6 +40,12 @@ from gpuctl.errors import (
 )
 
 DEFAULT_PER_HOST_LIMIT = 4
+
+# paramiko's transport threads log errors with tracebacks; with no handler anywhere, Python would
+# print them on stderr (corrupting a TUI). They go to a logger of ours that has a NullHandler:
+# silent by default, shown with --debug (which configures the root logger).
+WIRE_LOG = "gpuctl.adapters.ssh.wire"
+logging.getLogger(WIRE_LOG).addHandler(logging.NullHandler())
 KILL_TIMEOUT_S = 2.0
 
 
@@ -216,6 +223,7 @@ class SshTransport:
         recorded = self.recorded_keys(node)
         phase = _Phase()
         client = paramiko.SSHClient()
+        client.set_log_channel(WIRE_LOG)
         client.set_missing_host_key_policy(_VerifyingPolicy(node, recorded, phase))
         timer = self._watchdog.arm(deadline, lambda: _shutdown(sock))
         slack = node.connect_timeout_s + 1.0  # paramiko's own timeouts: after our watchdog
@@ -408,6 +416,7 @@ def fetch_host_key(
     watchdog = ssh_exec.Watchdog()
     timer = watchdog.arm(deadline, lambda: _shutdown(sock))
     transport = paramiko.Transport(sock)
+    transport.set_log_channel(WIRE_LOG)
     try:
         opts = transport.get_security_options()
         opts.key_types = kh.preferred_key_types(prefer, list(opts.key_types))
