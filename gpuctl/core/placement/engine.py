@@ -252,21 +252,24 @@ class _Engine:
     ) -> str:
         if not rejections:
             return "the fleet has no nodes"
-        if band_need is not None and all(r.constraint == "band" for r in rejections):
-            limit = self.settings.limit_for(job.tier)
-            now = self.allocated_mib / self.total_mib if self.total_mib else 0.0
-            after = (self.allocated_mib + band_need) / self.total_mib if self.total_mib else 0.0
-            tail = (
-                " (the failover headroom)"
-                if job.tier is Tier.STANDARD
-                else " (spot may not use the headroom)"
-            )
-            return (
-                f"{job.tier.value}-tier admission stops at {_pct(limit)} of fleet GPU memory"
-                f"{tail}: utilization is {_pct(now)}, this job would take it to {_pct(after)}"
-            )
-        parts = "; ".join(f"{_nodes(r.count)}: {r.summary}" for r in rejections)
-        return f"no node can take {request_text(job.shape)}: {parts}"
+        parts = "; ".join(
+            f"{_nodes(r.count)}: {r.summary}" for r in rejections if r.constraint != "band"
+        )
+        if band_need is None:
+            return f"no node can take {request_text(job.shape)}: {parts}"
+        limit = self.settings.limit_for(job.tier)
+        now = self.allocated_mib / self.total_mib if self.total_mib else 0.0
+        after = (self.allocated_mib + band_need) / self.total_mib if self.total_mib else 0.0
+        tail = (
+            " (the failover headroom)"
+            if job.tier is Tier.STANDARD
+            else " (spot may not use the headroom)"
+        )
+        band = (
+            f"{job.tier.value}-tier admission stops at {_pct(limit)} of fleet GPU memory"
+            f"{tail}: utilization is {_pct(now)}, this job would take it to {_pct(after)}"
+        )
+        return f"{band}; other nodes: {parts}" if parts else band
 
     def _commit(self, job: JobRequest, c: _Candidate) -> Allocation:
         w = self.work[c.node]
@@ -378,9 +381,14 @@ def placement_order(job: JobRequest) -> tuple[int, int, str]:
 def _demand(shape: JobShape, cap_ref: int, settings: Settings) -> Demand:
     if shape.gpus == 0:
         return Demand(gpus=0, per_gpu=0, cpu_milli=shape.cpu_milli, mem_mib=shape.host_mem_mib)
-    per = shape.mem_per_gpu.mib_on(cap_ref)
-    over = Fraction(per) > Fraction(repr(settings.whole_card_over)) * cap_ref
-    whole = shape.mem_per_gpu.whole or shape.gpus > 1 or over
+    mem = shape.mem_per_gpu
+    per = mem.mib_on(cap_ref)
+    threshold = Fraction(repr(settings.whole_card_over))
+    if mem.fraction is not None:  # compare the share itself: rounding up must not tip it over
+        over = Fraction(repr(mem.fraction)) > threshold
+    else:
+        over = Fraction(per) > threshold * cap_ref
+    whole = mem.whole or shape.gpus > 1 or over
     return Demand(
         gpus=shape.gpus,
         per_gpu=cap_ref if whole else per,

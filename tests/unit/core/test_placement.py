@@ -431,3 +431,11 @@ def test_an_unknown_policy_is_refused() -> None:
 
 def test_an_empty_fleet_places_nothing_and_says_so() -> None:
     assert unplaced(plan(fleet(), [job("j")]), "j").reason == "the fleet has no nodes"
+
+
+def test_a_fraction_at_the_threshold_stays_a_slice_despite_rounding_up() -> None:
+    state = fleet(node("gpu-1", cap=81559))  # half is 40779.5 MiB, asked as 40780
+    got = placed(plan(state, [job("half", mem=CardMem.of_fraction(0.5))], OPEN), "half")
+    assert (got.allocation.whole, got.allocation.mib_per_card) == (False, 40780)
+    over = placed(plan(state, [job("more", mem=CardMem.of_fraction(0.6))], OPEN), "more")
+    assert over.allocation.whole
