@@ -1,0 +1,149 @@
+"""Job spec files: every good fixture loads into the expected request; every bad one fails with
+one exact error naming the file, the line and the field."""
+
+from pathlib import Path
+
+import pytest
+
+from gpuctl.config.jobspec import load_job_specs
+from gpuctl.core.placement import LabelRequirement, Tier
+from gpuctl.core.units import CardMem
+from gpuctl.errors import ExitCode, JobSpecError
+
+FIXTURES = Path(__file__).parents[2] / "fixtures" / "jobs"
+GOOD = FIXTURES / "good"
+BAD = FIXTURES / "bad"
+EXAMPLES = Path(__file__).parents[3] / "examples" / "jobs"
+NAME_RULE = "must match ^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+
+
+def test_a_slice_job_reads_memory_cpu_host_memory_and_command() -> None:
+    (req,) = load_job_specs([GOOD / "slice.yaml"])
+    assert req.name == "infer-small"
+    assert req.command == ("python", "-m", "server", "--port", "8000")
+    assert req.shape.gpus == 1
+    assert req.shape.mem_per_gpu == CardMem.of_mib(24 * 1024)
+    assert (req.shape.cpu_milli, req.shape.host_mem_mib) == (4000, 32 * 1024)
+    assert (req.tier, req.priority) == (Tier.STANDARD, 0)
+
+
+def test_a_fraction_job_defaults_to_one_gpu() -> None:
+    (req,) = load_job_specs([GOOD / "fraction.yaml"])
+    assert (req.shape.gpus, req.shape.mem_per_gpu) == (1, CardMem.of_fraction(0.5))
+    assert req.command == ()
+
+
+def test_a_whole_card_job_reads_models_priority_group_and_labels() -> None:
+    (req,) = load_job_specs([GOOD / "whole.yaml"])
+    assert req.shape.gpus == 4
+    assert req.shape.mem_per_gpu == CardMem.whole_card()
+    assert req.shape.gpu_models == ("H100", "H200")
+    assert (req.priority, req.group, dict(req.labels)) == (10, "llama", {"team": "nlp"})
+
+
+def test_affinity_becomes_label_requirements_and_job_anti_affinity() -> None:
+    (req,) = load_job_specs([GOOD / "affinity.yaml"])
+    assert req.shape.mem_per_gpu == CardMem.of_mib(38147)  # 40 GB, decimal, rounded up
+    assert req.node_affinity == (LabelRequirement("zone", ("eu-1", "eu-2")),)
+    assert req.node_anti_affinity == (LabelRequirement("maintenance"),)  # "*": any value
+    assert (req.avoid_jobs, req.avoid_groups) == (("train-llama",), ("serving",))
+
+
+def test_a_spot_job_reads_its_tier_and_milli_cores() -> None:
+    (req,) = load_job_specs([GOOD / "spot.yaml"])
+    assert (req.tier, req.priority, req.shape.cpu_milli) == (Tier.SPOT, -5, 500)
+
+
+def test_a_file_may_hold_a_list_of_jobs() -> None:
+    reqs = load_job_specs([GOOD / "list.yaml"])
+    assert [r.name for r in reqs] == ["web-0", "web-1", "etl"]
+    assert reqs[2].shape.gpus == 0
+    assert reqs[2].shape.host_mem_mib == 64 * 1024
+
+
+def test_names_must_be_unique_across_files() -> None:
+    with pytest.raises(JobSpecError) as err:
+        load_job_specs([GOOD / "slice.yaml", GOOD / "slice.yaml"])
+    assert "name: job name 'infer-small' is used twice (first at " in str(err.value)
+
+
+def test_every_example_in_the_docs_is_a_valid_job_spec() -> None:
+    files = sorted(EXAMPLES.glob("*.yaml"))
+    assert len(files) >= 5
+    assert len(load_job_specs(files)) >= 5
+
+
+BAD_CASES = {
+    "unknown-key.yaml": ("3: resources.gpu: unknown key 'gpu'", "did you mean 'gpus'?"),
+    "mem-without-unit.yaml": (
+        "3: resources.mem_per_gpu: 24: a bare number is a fraction of a card in (0, 1]; "
+        "for an amount give a unit (e.g. 24GiB)",
+        None,
+    ),
+    "mem-bad-unit.yaml": (
+        "3: resources.mem_per_gpu: '24 parsecs': unknown unit 'parsecs'; use KiB, MiB, GiB, TiB "
+        "(binary), KB, MB, GB, TB (decimal) or K, M, G, T (binary)",
+        None,
+    ),
+    "host-mem-without-unit.yaml": (
+        "3: resources.host_mem: 64 needs a unit: write e.g. 24GiB, 512MiB or 80GB",
+        None,
+    ),
+    "bad-name.yaml": (f"1: name: {NAME_RULE} (got '-rm')", None),
+    "bad-avoid-job.yaml": (f"4: affinity.avoid_jobs[0]: {NAME_RULE} (got 'bad name')", None),
+    "bad-tier.yaml": ("3: tier: must be 'standard' or 'spot' (got 'premium')", None),
+    "missing-resources.yaml": ("1: missing required key 'resources'", None),
+    "duplicate-names.yaml": (
+        "4: jobs[1].name: job name 'j' is used twice (first at {path}:2)",
+        None,
+    ),
+    "negative-gpus.yaml": (
+        "3: resources.gpus: must be an integer between 0 and 64 (got -1)",
+        None,
+    ),
+    "priority-out-of-range.yaml": (
+        "3: priority: must be an integer between -1000 and 1000 (got 5000)",
+        None,
+    ),
+    "cpu-only-with-mem.yaml": (
+        "4: resources.mem_per_gpu: needs gpus of 1 or more (gpus is 0: CPU only)",
+        None,
+    ),
+    "empty-label-values.yaml": (
+        "4: affinity.nodes: label 'zone': give at least one value, or '*'",
+        None,
+    ),
+    "command-string.yaml": ("2: command: must be a list (got 'python train.py')", None),
+    "empty-list.yaml": ("1: jobs: must not be empty", None),
+    "not-a-mapping.yaml": (
+        "1: expected a mapping of keys at the top of the job spec file, found a list",
+        None,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_CASES))
+def test_a_bad_job_spec_fails_with_one_exact_error(name: str) -> None:
+    path = BAD / name
+    expected, hint = BAD_CASES[name]
+    with pytest.raises(JobSpecError) as err:
+        load_job_specs([path])
+    assert str(err.value) == f"{path}:{expected.replace('{path}', str(path))}"
+    assert err.value.hint == hint
+    assert err.value.exit_code is ExitCode.USAGE
+
+
+def test_every_bad_fixture_has_an_expected_error() -> None:
+    on_disk = {p.name for p in BAD.glob("*.yaml")} - {"bad-yaml.yaml"}
+    assert on_disk == set(BAD_CASES)
+
+
+def test_invalid_yaml_names_the_file_and_line() -> None:
+    with pytest.raises(JobSpecError) as err:
+        load_job_specs([BAD / "bad-yaml.yaml"])
+    assert str(err.value).startswith(f"{BAD / 'bad-yaml.yaml'}:3: invalid YAML")
+
+
+def test_a_missing_file_is_a_job_spec_error() -> None:
+    with pytest.raises(JobSpecError, match="job spec file not found"):
+        load_job_specs([GOOD / "nope.yaml"])
