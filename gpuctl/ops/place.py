@@ -1,0 +1,155 @@
+"""Placement as a service: build the `FleetState` placement reads, from a snapshot (live or saved).
+
+A card's capacity is its memory total; its ghost memory is what NVML shows in use beyond what
+gpuctl's known allocations account for (below `GHOST_FLOOR_MIB`, driver overhead, it is ignored).
+A node takes new work only when it answered, is `ready` and its GPU query worked; otherwise it is
+unschedulable with the reason. Nothing here changes the fleet.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+
+from gpuctl.adapters.protocols import Transport
+from gpuctl.core.model import (
+    FleetSnapshot,
+    GpuSnapshot,
+    Inventory,
+    NodeSnapshot,
+    NodeState,
+    Reach,
+    fleet_from_dict,
+)
+from gpuctl.core.placement.engine import plan
+from gpuctl.core.placement.model import (
+    Allocation,
+    Card,
+    FleetState,
+    JobRequest,
+    PlacementNode,
+    Settings,
+)
+from gpuctl.core.plan import Plan
+from gpuctl.errors import UsageError
+
+GHOST_FLOOR_MIB = 64  # idle cards report a few MiB used (driver, persistence daemon)
+MAX_SNAPSHOT_BYTES = 64 << 20
+
+
+def fleet_state_from_snapshot(
+    snapshot: FleetSnapshot,
+    known: Sequence[Allocation] = (),
+    *,
+    ghost_floor_mib: int = GHOST_FLOOR_MIB,
+) -> FleetState:
+    """The placement view of a snapshot, with gpuctl's `known` allocations (none until the job
+    store exists)."""
+    by_node: dict[str, list[Allocation]] = {}
+    for a in known:
+        by_node.setdefault(a.node, []).append(a)
+    nodes = tuple(_node(n, by_node.get(n.name, ()), ghost_floor_mib) for n in snapshot.nodes)
+    return FleetState(nodes=nodes, allocations=tuple(known), version=snapshot.version)
+
+
+def _unschedulable_reason(node: NodeSnapshot) -> str | None:
+    if node.reach is not Reach.OK:
+        return f"unreachable ({node.reach.value})"
+    if node.state is not NodeState.READY:
+        return "health unknown" if node.state is NodeState.UNKNOWN else node.state.value
+    if node.observation is None or not node.observation.nvml_ok:
+        return "GPU query failed"
+    return None
+
+
+def _node(node: NodeSnapshot, allocs: Iterable[Allocation], floor: int) -> PlacementNode:
+    allocs = tuple(allocs)
+    reason = _unschedulable_reason(node)
+    facts = node.observation.facts if node.observation else None
+    cpu = facts.cpu_count if facts else None
+    return PlacementNode(
+        name=node.name,
+        cards=tuple(_card(g, allocs, floor) for g in sorted(node.gpus, key=lambda g: g.index)),
+        cpu_milli=None if cpu is None else cpu * 1000,
+        cpu_allocated_milli=sum(a.cpu_milli for a in allocs),
+        host_mem_mib=facts.host_mem_total_mib if facts else None,
+        host_mem_allocated_mib=sum(a.host_mem_mib for a in allocs),
+        labels=dict(node.labels),
+        schedulable=reason is None,
+        reason=reason,
+    )
+
+
+def _card(g: GpuSnapshot, allocs: Sequence[Allocation], floor: int) -> Card:
+    capacity = g.mem_total_mib or 0
+    allocated = sum(
+        (capacity if a.whole else a.mib_per_card) for a in allocs for i in a.cards if i == g.index
+    )
+    used = g.mem_used_mib
+    ghost = 0 if used is None else max(0, used - allocated)
+    if ghost < floor:
+        ghost = 0
+    healthy = (
+        g.mem_total_mib is not None
+        and g.mem_total_mib > 0
+        and used is not None  # unknown usage: nothing on the card can be called free
+        and g.remapped_rows_failure is not True
+        and not (g.ecc_volatile_uncorrected or 0) > 0
+    )
+    return Card(
+        index=g.index,
+        capacity_mib=capacity,
+        uuid=g.uuid,
+        model=g.model,
+        allocated_mib=allocated,
+        ghost_mib=ghost,
+        healthy=healthy,
+    )
+
+
+def load_snapshot(path: Path) -> FleetSnapshot:
+    """A saved `gpuctl status -o json` document. Raises UsageError naming the file."""
+    hint = "save one with `gpuctl status -o json > FILE`"
+    try:
+        with path.open("rb") as fh:
+            raw = fh.read(MAX_SNAPSHOT_BYTES + 1)
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read the snapshot: {exc.strerror or exc}") from None
+    if len(raw) > MAX_SNAPSHOT_BYTES:
+        raise UsageError(f"{path}: the snapshot is larger than {MAX_SNAPSHOT_BYTES >> 20} MiB")
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise UsageError(f"{path}: the snapshot is not UTF-8 text", hint=hint) from None
+    except json.JSONDecodeError as exc:
+        raise UsageError(
+            f"{path}:{exc.lineno}: the snapshot is not JSON: {exc.msg}", hint=hint
+        ) from None
+    if not isinstance(data, dict) or not isinstance(data.get("nodes"), list):
+        raise UsageError(f"{path}: not a fleet snapshot (no 'nodes' list)", hint=hint)
+    try:
+        return fleet_from_dict(data)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        detail = f"missing key {exc}" if isinstance(exc, KeyError) else str(exc)
+        raise UsageError(f"{path}: not a fleet snapshot: {detail}", hint=hint) from None
+
+
+def gather_snapshot(
+    inventory: Inventory, *, transport_factory: Callable[[], Transport] | None = None
+) -> FleetSnapshot:
+    """One live poll of the inventory (read-only)."""
+    from gpuctl.ops.gather import gather_fleet
+
+    transport = transport_factory() if transport_factory else None
+    return gather_fleet(inventory, transport=transport)
+
+
+def place(
+    jobs: Sequence[JobRequest],
+    settings: Settings,
+    snapshot: FleetSnapshot,
+    known: Sequence[Allocation] = (),
+) -> Plan:
+    """Where `jobs` would go on the fleet of `snapshot`; changes nothing."""
+    return plan(fleet_state_from_snapshot(snapshot, known), jobs, settings)
