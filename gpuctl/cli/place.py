@@ -1,9 +1,90 @@
-"""`gpuctl place`."""
+"""`gpuctl place`: where jobs would go, on the live fleet or a saved snapshot. Changes nothing."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import typer
+
+from gpuctl.cli import context
+from gpuctl.cli.render import OUTPUT_OPTION, Output, emit_document, safe
+from gpuctl.core.model import FleetSnapshot
+from gpuctl.core.placement.model import Settings
+from gpuctl.core.policies import DEFAULT_POLICY, POLICIES
+from gpuctl.errors import ExitCode, UsageError
+
+UNPLACED_EXIT = ExitCode.PARTIAL  # 3: the plan left some jobs unplaced (documented in docs/jobs.md)
+
+
+def place(
+    ctx: typer.Context,
+    jobs: list[Path] = typer.Argument(..., metavar="JOB.yaml...", help="Job spec files."),
+    policy: str | None = typer.Option(
+        None, "--policy", help="Placement policy (default: the default policy)."
+    ),
+    explain: bool = typer.Option(False, "--explain", help="Say why each job went where it did."),
+    snapshot: Path | None = typer.Option(
+        None, "--snapshot", help="Place on a saved `gpuctl status -o json` instead of polling."
+    ),
+    band_max: float | None = typer.Option(
+        None, "--band-max", help="Standard-tier admission limit as a fraction (default 0.8)."
+    ),
+    whole_card_over: float | None = typer.Option(
+        None,
+        "--whole-card-over",
+        help="A 1-GPU job asking more than this fraction of a card gets a whole card (0.5).",
+    ),
+    output: Output = OUTPUT_OPTION,
+) -> None:
+    """Show where JOB.yaml... would be placed: node, cards, score and runner-up, or why not.
+
+    Exit 0 when every job fits, 3 when some do not, 2 for bad job files or options.
+    """
+    from gpuctl.config.jobspec import load_job_specs
+    from gpuctl.core.plan import plan_to_dict, render_plan_text
+    from gpuctl.ops import place as service
+
+    settings = _settings(policy, band_max, whole_card_over)
+    requests = load_job_specs(jobs)
+    fleet = service.load_snapshot(snapshot) if snapshot else _gather(ctx)
+    result = service.place(requests, settings, fleet)
+    if output in (Output.JSON, Output.YAML):
+        emit_document(plan_to_dict(result), output)
+    else:
+        text = render_plan_text(result, explain, wide=output is Output.WIDE)
+        sys.stdout.write(safe(text))
+    raise typer.Exit(int(ExitCode.OK if result.all_placed else UNPLACED_EXIT))
+
+
+def _settings(
+    policy: str | None, band_max: float | None, whole_card_over: float | None
+) -> Settings:
+    name = policy or DEFAULT_POLICY
+    if name not in POLICIES:
+        raise UsageError(
+            f"--policy: unknown policy {name!r}", hint=f"known: {', '.join(sorted(POLICIES))}"
+        )
+    if band_max is not None and not 0 < band_max <= 1:
+        raise UsageError("--band-max must be a fraction in (0, 1]", hint="0.8 means 80%")
+    if whole_card_over is not None and not 0 < whole_card_over <= 1:
+        raise UsageError("--whole-card-over must be a fraction of a card in (0, 1]")
+    defaults = Settings()
+    return Settings(
+        policy=name,
+        band_max=defaults.band_max if band_max is None else band_max,
+        whole_card_over=defaults.whole_card_over if whole_card_over is None else whole_card_over,
+    )
+
+
+def _gather(ctx: typer.Context) -> FleetSnapshot:
+    from gpuctl.config.inventory import load_inventory
+    from gpuctl.ops.place import gather_snapshot
+
+    app = context.get(ctx)
+    inventory = load_inventory(app.resolve_inventory_path())
+    return gather_snapshot(inventory, transport_factory=app.transport_factory)
 
 
 def register(app: typer.Typer) -> None:
-    pass
+    app.command("place")(place)
