@@ -1,7 +1,183 @@
-"""`gpuctl hosts ...`."""
+"""`gpuctl hosts trust|list`: host key trust is an explicit operator action."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
 import typer
 
-app = typer.Typer(help="hosts commands.", no_args_is_help=True)
+from gpuctl.cli import context
+from gpuctl.cli.render import OUTPUT_OPTION, Output, emit_document, safe
+from gpuctl.core.model import Inventory, NodeSpec
+from gpuctl.errors import ExitCode, UsageError
+
+if TYPE_CHECKING:
+    from gpuctl.adapters.ssh import SshTransport
+
+app = typer.Typer(
+    help="SSH host keys: trust a node's key, list what is trusted.", no_args_is_help=True
+)
+
+NAMES_ARG = typer.Argument(None, help="Nodes of the inventory.", metavar="NODE...")
+KNOWN_HOSTS_OPTION = typer.Option(
+    None,
+    "--known-hosts",
+    help="Record in this file instead of gpuctl's own known_hosts.",
+    show_default=False,
+)
+
+
+def _note(text: str) -> None:
+    sys.stderr.write(safe(text) + "\n")
+
+
+def _confirm(question: str) -> bool:
+    """Ask on stderr, read the answer from stdin; anything but y/yes (or end of input) is no."""
+    sys.stderr.write(f"{question} [y/N]: ")
+    sys.stderr.flush()
+    answer = sys.stdin.readline()
+    if not answer.endswith("\n"):
+        sys.stderr.write("\n")
+    return answer.strip().lower() in ("y", "yes")
+
+
+def _nodes(ctx: typer.Context, names: list[str] | None, all_nodes: bool) -> tuple[NodeSpec, ...]:
+    from gpuctl.config.inventory import load_inventory
+
+    inventory: Inventory = load_inventory(context.get(ctx).resolve_inventory_path())
+    if all_nodes:
+        return tuple(n for n in inventory.nodes if n.transport == "ssh")
+    if not names:
+        raise UsageError("name the nodes to trust", hint="gpuctl hosts trust NODE... (or --all)")
+    by_name = inventory.by_name()
+    unknown = [n for n in names if n not in by_name]
+    if unknown:
+        raise UsageError(
+            f"unknown node {unknown[0]!r}",
+            hint=f"the inventory has {len(by_name)} node(s); see `gpuctl inventory list`",
+        )
+    return tuple(by_name[n] for n in dict.fromkeys(names))
+
+
+def _transport(ctx: typer.Context, known_hosts: Path | None) -> tuple[SshTransport, Path]:
+    from gpuctl.adapters.ssh import SshTransport
+    from gpuctl.config import paths
+
+    env = context.get(ctx).env
+    own = known_hosts or paths.own_known_hosts(env)
+    return SshTransport(own_known_hosts=own, system_known_hosts=paths.system_known_hosts(env)), own
+
+
+@app.command("trust")
+def trust(
+    ctx: typer.Context,
+    names: list[str] = NAMES_ARG,
+    all_nodes: bool = typer.Option(False, "--all", help="Every SSH node of the inventory."),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Record without asking."),
+    replace: bool = typer.Option(
+        False, "--replace", help="Replace a key that changed (after checking the new one)."
+    ),
+    known_hosts: Path | None = KNOWN_HOSTS_OPTION,
+) -> None:
+    """Fetch each node's host key, show its fingerprint, and record it after confirmation.
+
+    Exit 0 when every key is trusted, 1 when one was declined, 5 when a changed key was refused
+    (needs --replace), 3/4 when some/all nodes could not be reached.
+    """
+    from gpuctl.adapters import ssh_known_hosts as kh
+    from gpuctl.adapters.ssh import fetch_host_key, record_host_key
+    from gpuctl.errors import TransportError
+    from gpuctl.ops.fanout import fanout
+
+    nodes = _nodes(ctx, names, all_nodes)
+    transport, target = _transport(ctx, known_hosts)
+    with transport:
+        recorded = {n.name: transport.recorded_keys(n) for n in nodes}
+        offered = fanout(
+            nodes, lambda n: fetch_host_key(n, n.connect_timeout_s, prefer=recorded[n.name])
+        )
+    codes: list[ExitCode] = []
+    for node in nodes:
+        got = offered[node.name]
+        where = kh.node_where(node)
+        if isinstance(got, TransportError):
+            _note(f"error: {got.message}")
+            codes.append(ExitCode.UNREACHABLE)
+            continue
+        if isinstance(got, Exception):
+            raise got
+        key_type, fp, key = got
+        typer.echo(f"{safe(node.name)}\t{kh.host_key_name(node.host, node.port)}\t{key_type}\t{fp}")
+        verdict = kh.verdict(recorded[node.name], key_type, key.asbytes())
+        if verdict.trusted is not None:
+            _note(f"{where}: already trusted ({verdict.trusted.where})")
+            codes.append(ExitCode.OK)
+            continue
+        changed = bool(verdict.recorded)
+        if changed:
+            old = verdict.recorded[0]
+            _note(
+                f"{where}: HOST KEY CHANGED: {old.where} holds {old.key_type} {old.fingerprint}, "
+                f"the node now offers {key_type} {fp}"
+            )
+            if not replace:
+                _note(f"refused: check the new key, then: gpuctl hosts trust --replace {node.name}")
+                codes.append(ExitCode.HOST_KEY)
+                continue
+        question = f"{'Replace the key of' if changed else 'Trust'} {node.name} ({key_type} {fp})?"
+        if not yes and not _confirm(question):
+            _note(f"{where}: not recorded")
+            codes.append(ExitCode.ERROR)
+            continue
+        record_host_key(target, node, key, replace=changed)
+        _note(f"{where}: recorded in {target}")
+        stale = [k for k in verdict.recorded if k.path != str(target)]
+        if stale:
+            _note(f"note: {stale[0].where} still holds the old key; remove it there")
+        codes.append(ExitCode.OK)
+    raise typer.Exit(int(_overall(codes)))
+
+
+def _overall(codes: list[ExitCode]) -> ExitCode:
+    if ExitCode.HOST_KEY in codes:
+        return ExitCode.HOST_KEY
+    unreachable = codes.count(ExitCode.UNREACHABLE)
+    if unreachable:
+        return ExitCode.UNREACHABLE if unreachable == len(codes) else ExitCode.PARTIAL
+    return ExitCode.ERROR if ExitCode.ERROR in codes else ExitCode.OK
+
+
+@app.command("list")
+def list_keys(
+    ctx: typer.Context,
+    names: list[str] = NAMES_ARG,
+    known_hosts: Path | None = KNOWN_HOSTS_OPTION,
+    output: Output = OUTPUT_OPTION,
+) -> None:
+    """The keys recorded for each node and where (no network). Exit 1 when a node has none."""
+    from gpuctl.adapters import ssh_known_hosts as kh
+
+    nodes = _nodes(ctx, names, all_nodes=not names)
+    transport, _ = _transport(ctx, known_hosts)
+    rows: list[dict[str, object]] = []
+    missing = False
+    with transport:
+        for node in nodes:
+            keys = transport.recorded_keys(node)
+            missing = missing or not keys
+            host = kh.host_key_name(node.host, node.port)
+            found = [
+                {"type": k.key_type, "fingerprint": k.fingerprint, "where": k.where} for k in keys
+            ]
+            rows.append({"name": node.name, "host": host, "keys": found})
+            if output not in (Output.JSON, Output.YAML):
+                for k in found or [{"type": "-", "fingerprint": "(none)", "where": "-"}]:
+                    typer.echo(
+                        f"{safe(node.name)}\t{host}\t{k['type']}\t{k['fingerprint']}\t"
+                        f"{safe(k['where'])}"
+                    )
+    if output in (Output.JSON, Output.YAML):
+        emit_document({"nodes": rows}, output)
+    raise typer.Exit(int(ExitCode.ERROR if missing else ExitCode.OK))
