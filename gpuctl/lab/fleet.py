@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
-import importlib
 import json
 import os
 import shutil
@@ -21,9 +20,9 @@ import sys
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
 
 from gpuctl.errors import LabError
+from gpuctl.lab import nodestate
 from gpuctl.lab import sshd as sshd_mod
 
 LAB_HOST = "127.0.0.1"
@@ -151,11 +150,6 @@ def _locked(lab_dir: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def _nodestate() -> Any:
-    # TODO(lab): a plain import once gpuctl.lab.nodestate has landed
-    return importlib.import_module("gpuctl.lab.nodestate")
-
-
 # -- up ----------------------------------------------------------------------------------------
 
 
@@ -205,7 +199,6 @@ def _prepare(
     gpu_mem_gib: int,
     sshd: Path,
 ) -> Lab:
-    nodestate = _nodestate()
 
     client_pub = sshd_mod.generate_ed25519(lab_dir / "id_ed25519", "gpuctl-lab-client")
     (lab_dir / "id_ed25519.pub").write_text(client_pub + "\n")
@@ -443,13 +436,26 @@ def freeze(lab_dir: Path, name: str) -> int:
     node = lab.node(name)
     if node.pid is None:
         raise LabError(f"{name} is not running", hint=f"gpuctl lab revive {name} --dir {lab.dir}")
-    return _signal_node(lab, node, signal.SIGSTOP)
+    count = _signal_node(lab, node, signal.SIGSTOP)
+    _wait_stopped(node.pid, True)
+    return count
 
 
 def thaw(lab_dir: Path, name: str) -> int:
     """Undo `freeze`."""
     lab = load(lab_dir)
-    return _signal_node(lab, lab.node(name), signal.SIGCONT)
+    node = lab.node(name)
+    count = _signal_node(lab, node, signal.SIGCONT)
+    if node.pid is not None:
+        _wait_stopped(node.pid, False)
+    return count
+
+
+def _wait_stopped(pid: int, stopped: bool) -> None:
+    """Signals land asynchronously: wait (briefly) until the sshd shows the wanted state."""
+    deadline = time.monotonic() + 2.0
+    while _stopped(pid) != stopped and sshd_mod.alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.005)
 
 
 def inject(
@@ -466,7 +472,6 @@ def inject(
     clear: bool = False,
 ) -> None:
     """Change a node's simulated GPUs (see `gpuctl.lab.nodestate.inject` for the faults)."""
-    nodestate = _nodestate()
 
     lab = load(lab_dir)
     lab.node(name)

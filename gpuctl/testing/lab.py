@@ -71,11 +71,14 @@ class LabFleet:
     def inject(self, name: str, **faults: Any) -> None:
         fleet.inject(self.dir, name, **faults)
 
-    def processes(self) -> set[int]:
-        """Live processes of this lab: every sshd and every process started on a node."""
+    def processes(self, *names: str) -> set[int]:
+        """Live processes of the named nodes (default: all): their sshd with its sessions, and
+        every process started on them."""
         table = sshd.ProcTable(fleet.STATE_ENV)
         pids: set[int] = set()
         for node in self.lab.nodes:
+            if names and node.name not in names:
+                continue
             if node.pid is not None and sshd.is_sshd_of(node.pid, self.lab.config_path(node.name)):
                 pids |= {node.pid} | table.descendants(node.pid)
             pids |= table.with_env(str(self.lab.state_path(node.name)))
