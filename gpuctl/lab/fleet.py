@@ -185,7 +185,10 @@ def up(
         try:
             lab = _start_all(lab, start_timeout_s)
         except BaseException:
+            if (lab_dir / _LAB_FILE).exists():
+                lab = load(lab_dir)  # what was started: pids are recorded as soon as they exist
             _stop_all(lab)
+            _save(dataclasses.replace(lab, nodes=tuple(_without_pid(n) for n in lab.nodes)))
             raise
     return lab
 

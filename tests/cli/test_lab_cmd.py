@@ -1,5 +1,8 @@
 """`gpuctl lab ...` as an operator sees it, without starting any sshd."""
 
+import json
+import shutil
+import tempfile
 from pathlib import Path
 
 from typer.testing import CliRunner
@@ -47,3 +50,19 @@ def test_lab_inject_without_a_fault_is_a_usage_error(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["lab", "inject", "lab-01", "--dir", str(tmp_path)])
     assert result.exit_code == 2
     assert "nothing to inject" in result.stderr
+
+
+def test_lab_up_that_cannot_start_sshd_fails_cleanly_and_leaves_nothing_running() -> None:
+    lab_dir = Path(tempfile.mkdtemp(prefix="gpuctl-lab-fail-", dir="/tmp"))
+    lab_dir.chmod(0o755)
+    try:
+        result = CliRunner().invoke(
+            app, ["lab", "up", "--nodes", "2", "--dir", str(lab_dir), "--sshd", "/bin/false"]
+        )
+        assert result.exit_code == 1
+        assert "lab-01: sshd did not start: sshd exited" in result.stderr
+        assert "Traceback" not in result.stderr
+        record = json.loads((lab_dir / "lab.json").read_text())
+        assert [n["pid"] for n in record["nodes"]] == [None, None]
+    finally:
+        shutil.rmtree(lab_dir)

@@ -1,0 +1,120 @@
+"""The remote wrapper and the deadline machinery of the SSH transport, run with the local shells."""
+
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from gpuctl.adapters import ssh_exec
+
+SHELLS = [s for s in ("/bin/sh", "/bin/dash", "/bin/bash") if shutil.which(s)]
+
+
+def run_like_sshd(shell: str, command: str) -> subprocess.CompletedProcess[bytes]:
+    """sshd runs `$SHELL -c COMMAND` in a new session; so do we."""
+    return subprocess.run(
+        [shell, "-c", command], capture_output=True, start_new_session=True, timeout=10, check=False
+    )
+
+
+def live_in_group(pgid: int) -> list[int]:
+    """Processes of the group that are still alive (zombies wait for init to reap them)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def split_marker(stdout: bytes) -> tuple[int, bytes]:
+    out = ssh_exec.ReadResult()
+    head = bytearray(stdout)
+    rest = ssh_exec._take_pgid(out, head)
+    assert out.pgid is not None
+    return out.pgid, rest
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_the_wrapper_reports_the_process_group_the_command_runs_in(shell: str) -> None:
+    done = run_like_sshd(shell, ssh_exec.wrap_command("ps -o pgid= -p $$; exit 7", timeout_s=5))
+    pgid, rest = split_marker(done.stdout)
+    assert done.returncode == 7
+    assert int(rest.strip()) == pgid
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_the_wrapper_passes_a_hostile_command_through_unchanged(shell: str) -> None:
+    command = "printf '%s|' 'a;b' \"\\$(x)\" '`y`' \"it's\"; printf '\\n'"
+    direct = run_like_sshd(shell, command)
+    wrapped = run_like_sshd(shell, ssh_exec.wrap_command(command, timeout_s=5))
+    assert split_marker(wrapped.stdout)[1] == direct.stdout == b"a;b|$(x)|`y`|it's|\n"
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_the_kill_command_kills_the_whole_process_group(shell: str) -> None:
+    group = subprocess.Popen(
+        ["/bin/sh", "-c", "sleep 300 & sleep 300 & wait"],
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        killer = subprocess.run([shell, "-c", ssh_exec.kill_command(group.pid)], check=False)
+        assert killer.returncode == 0
+        assert group.wait(timeout=5) == -signal.SIGKILL
+        assert live_in_group(group.pid) == []
+    finally:
+        if group.poll() is None:
+            os.killpg(group.pid, signal.SIGKILL)
+            group.wait()
+
+
+def test_noise_from_the_login_shell_before_the_marker_is_kept() -> None:
+    out = ssh_exec.ReadResult()
+    head = bytearray(b"welcome\n")
+    assert ssh_exec._take_pgid(out, head) == b""  # no marker yet: wait for more
+    head += ssh_exec.PGID_MARK + b"12"
+    assert ssh_exec._take_pgid(out, head) == b""  # marker line not complete yet
+    head += b"34\nresult\n"
+    assert ssh_exec._take_pgid(out, head) == b"welcome\nresult\n"
+    assert out.pgid == 1234
+
+
+def test_without_a_marker_the_output_is_not_held_back_forever() -> None:
+    out = ssh_exec.ReadResult()
+    head = bytearray(b"x" * 5000)
+    assert ssh_exec._take_pgid(out, head) == b"x" * 5000
+    assert out.pgid == -1  # unknown: nothing will be killed by number
+
+
+def test_the_watchdog_runs_an_action_at_its_deadline() -> None:
+    dog = ssh_exec.Watchdog()
+    fired = threading.Event()
+    try:
+        timer = dog.arm(time.monotonic() + 0.05, fired.set)
+        assert fired.wait(timeout=5)
+        assert timer.cancel() is True  # it had fired
+    finally:
+        dog.close()
+
+
+def test_a_cancelled_timer_never_fires_while_later_ones_still_do() -> None:
+    dog = ssh_exec.Watchdog()
+    cancelled = threading.Event()
+    later = threading.Event()
+    try:
+        timer = dog.arm(time.monotonic() + 0.05, cancelled.set)
+        assert timer.cancel() is False
+        dog.arm(time.monotonic() + 0.1, later.set)
+        assert later.wait(timeout=5)
+        assert not cancelled.is_set()
+    finally:
+        dog.close()
