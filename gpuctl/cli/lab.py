@@ -124,14 +124,16 @@ def inject(
     lab_dir: Path = DIR_OPTION,
     gpu: int | None = typer.Option(None, "--gpu", help="GPU index (default: all GPUs)."),
     ecc_uncorrected: int | None = typer.Option(
-        None, "--ecc-uncorrected", help="Volatile uncorrected ECC errors."
+        None, "--ecc-uncorrected", help="Set volatile uncorrected ECC errors."
     ),
-    xid: int | None = typer.Option(None, "--xid", help="Add an XID event."),
-    temp: int | None = typer.Option(None, "--temp", help="Temperature in °C."),
-    missing: bool = typer.Option(False, "--missing", help="nvidia-smi is not found."),
-    garbage: bool = typer.Option(False, "--garbage", help="nvidia-smi prints garbage."),
-    hang: bool = typer.Option(False, "--hang", help="nvidia-smi hangs."),
-    clear: bool = typer.Option(False, "--clear", help="Remove every injected fault."),
+    xid: int | None = typer.Option(None, "--xid", help="Add an XID event to the kernel log."),
+    temp: int | None = typer.Option(None, "--temp", help="Pin the temperature (°C)."),
+    missing: bool = typer.Option(False, "--missing", help="The GPU drops out of nvidia-smi."),
+    garbage: bool = typer.Option(False, "--garbage", help="Every nvidia-smi call prints garbage."),
+    hang: bool = typer.Option(False, "--hang", help="Every nvidia-smi call hangs."),
+    clear: bool = typer.Option(
+        False, "--clear", help="Reset the faults first (the GPU's, or all)."
+    ),
 ) -> None:
     """Inject a GPU fault into a lab node's simulated state."""
     from gpuctl.lab import fleet
