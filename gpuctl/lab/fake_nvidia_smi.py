@@ -128,9 +128,10 @@ def scan_processes(node: str, gpus: list[View]) -> list[Proc]:
 # --- the live view of each GPU ----------------------------------------------------------------
 
 
-def live_gpus(state: dict[str, Any]) -> tuple[list[View], list[Proc]]:
+def live_gpus(state: dict[str, Any], *, scan: bool = True) -> tuple[list[View], list[Proc]]:
     gpus = [g for g in state.get("gpus", []) if not g.get("missing")]
-    procs = scan_processes(str(state.get("node", os.environ.get(NODE_ENV, ""))), gpus)
+    node = str(state.get("node", os.environ.get(NODE_ENV, "")))
+    procs = scan_processes(node, gpus) if scan else []
     views: list[View] = []
     for g in gpus:
         mine = [p for p in procs if p[2] == g["index"]]
@@ -394,9 +395,18 @@ def garbage(state: dict[str, Any]) -> bytes:
     return b"".join(chunks)
 
 
-def smi_main(args: list[str]) -> int:
-    out = sys.stdout
-    state = load_state()
+def smi_main(
+    args: list[str],
+    *,
+    state: dict[str, Any] | None = None,
+    out: IO[str] | None = None,
+    scan: bool = True,
+) -> int:
+    """Answer one invocation. `scan=False` renders the idle answer (no process looked at): the
+    lab pre-renders those so that the node's `nvidia-smi` wrapper can `cat` them (see
+    `gpuctl.lab.nodestate.render_answers`)."""
+    out = sys.stdout if out is None else out
+    state = load_state() if state is None else state
     if state is None:
         out.write(NO_DRIVER)
         return 9
@@ -408,7 +418,7 @@ def smi_main(args: list[str]) -> int:
         sys.stdout.flush()
         os.write(1, garbage(state))
         return 0
-    views, procs = live_gpus(state)
+    views, procs = live_gpus(state, scan=scan)
     for g in views:
         g["count"] = len(views)
         g["driver_version"] = state.get("driver_version", "")
@@ -461,8 +471,11 @@ BOOT_LINES = (
 )
 
 
-def dmesg_main(args: list[str]) -> int:
-    state = load_state() or {}
+def dmesg_main(
+    args: list[str], *, state: dict[str, Any] | None = None, out: IO[str] | None = None
+) -> int:
+    out = sys.stdout if out is None else out
+    state = (load_state() or {}) if state is None else state
     driver = state.get("driver_version", "")
     events = [(t, text.format(driver=driver)) for t, text in BOOT_LINES]
     for x in state.get("xids", []):
@@ -479,14 +492,17 @@ def dmesg_main(args: list[str]) -> int:
     events.sort(key=lambda e: e[0])
     for t, text in events:
         seconds, micros = divmod(round(t * 1e6), 1_000_000)
-        sys.stdout.write(f"[{seconds:5d}.{micros:06d}] {text}\n")
+        out.write(f"[{seconds:5d}.{micros:06d}] {text}\n")
     return 0
 
 
 def main(argv: list[str]) -> int:
-    if Path(argv[0]).name == "dmesg":
-        return dmesg_main(argv[1:])
-    return smi_main(argv[1:])
+    prog, args = Path(argv[0]).name, argv[1:]
+    if prog.startswith(".fake") and args:  # run by the node's sh wrapper: the tool comes first
+        prog, args = args[0], args[1:]
+    if prog == "dmesg":
+        return dmesg_main(args)
+    return smi_main(args)
 
 
 if __name__ == "__main__":

@@ -22,9 +22,11 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import io
 import json
 import os
 import re
+import shlex
 import tempfile
 import time
 from collections.abc import Iterator
@@ -38,6 +40,8 @@ DRIVER_VERSION = "590.48.01"
 CUDA_VERSION = "13.1"
 MAX_XIDS = 1000
 TOOL_NAMES = ("nvidia-smi", "dmesg")
+FAKE_SCRIPT = ".fake_nvidia_smi.py"
+ANSWERS_DIR = "answers"  # beside the state file: pre-rendered idle answers of the fake tools
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _MODEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9 ._()/+-]{0,63}")
@@ -179,6 +183,7 @@ def write_state(path: Path, state: dict[str, Any]) -> None:
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
+    render_answers(path, state)
 
 
 def read_state(path: Path) -> dict[str, Any]:
@@ -298,24 +303,122 @@ def _xid_event(card: dict[str, Any], xid: int) -> dict[str, Any]:
 
 
 def install_node_tools(bin_dir: Path, *, python: str) -> None:
-    """Write the fake `nvidia-smi` and `dmesg` (mode 0755, `#!<python> -IS`) into `bin_dir`."""
+    """Write the fake `nvidia-smi` and `dmesg` into `bin_dir` (mode 0755).
+
+    Each tool is a small `sh` wrapper: an invocation that the lab pre-rendered (the probe's own
+    queries, on a node where no process holds a GPU grant) is answered with `cat` from the
+    node's `answers/` folder, as fast as a real driver; anything else runs the Python fake
+    (`#!<python> -IS`), which reads the state file and `/proc`.
+    """
     if not _PYTHON.fullmatch(python):
         raise LabError(f"python {python!r}: must be an absolute path without spaces")
     source = (Path(__file__).parent / "fake_nvidia_smi.py").read_text(encoding="utf-8")
     lines = source.split("\n")
     if lines and lines[0].startswith("#!"):
         lines = lines[1:]
-    body = f"#!{python} -IS\n" + "\n".join(lines)
+    files = {
+        FAKE_SCRIPT: (f"#!{python} -IS\n" + "\n".join(lines), 0o644),
+        "nvidia-smi": (_wrapper("nvidia-smi", python, check_busy=True), 0o755),
+        "dmesg": (_wrapper("dmesg", python, check_busy=False), 0o755),
+    }
     bin_dir.mkdir(parents=True, exist_ok=True)
-    for tool in TOOL_NAMES:
-        target = bin_dir / tool
-        fd, tmp = tempfile.mkstemp(prefix=f".{tool}.", dir=bin_dir)
+    for name, (body, mode) in files.items():
+        target = bin_dir / name
+        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=bin_dir)
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 f.write(body)
-                os.fchmod(f.fileno(), 0o755)
+                os.fchmod(f.fileno(), mode)
             Path(tmp).replace(target)
         except BaseException:
             with contextlib.suppress(OSError):
                 Path(tmp).unlink()
             raise
+
+
+# --- pre-rendered answers: the fast path of the fake tools -------------------------------------
+
+
+def _probe_invocations() -> dict[str, list[str]]:
+    """The exact argument lists gpuctl's probe passes to `nvidia-smi`, by answer file name."""
+    from gpuctl.adapters.probe import script
+
+    fmt = "--format=csv,nounits"
+    combined = [
+        *script.GPU_FIELDS,
+        *(f for f in script.GPU_HEALTH_FIELDS if f not in script.GPU_FIELDS),
+    ]
+    return {
+        "gpu-all": ["--query-gpu=" + ",".join(combined), fmt],
+        "gpu": ["--query-gpu=" + ",".join(script.GPU_FIELDS), fmt],
+        "gpu-health": ["--query-gpu=" + ",".join(script.GPU_HEALTH_FIELDS), fmt],
+        "apps": ["--query-compute-apps=" + ",".join(script.APP_FIELDS), fmt],
+        "version": ["--version"],
+    }
+
+
+def _wrapper(tool: str, python: str, *, check_busy: bool) -> str:
+    if tool == "dmesg":
+        cases = "  '') k=dmesg ;;\n"
+    else:
+        cases = "".join(
+            f"  {shlex.quote(' '.join(args))}) k={key} ;;\n"
+            for key, args in _probe_invocations().items()
+        )
+    busy = ""
+    if check_busy:  # a process of this node holding a GPU grant changes memory and processes
+        busy = (
+            '  n="GPUCTL_LAB_NODE=$GPUCTL_LAB_NODE"\n'
+            '  for f in $(grep -lzsxF "$n" /proc/[0-9]*/environ); do\n'
+            "    if grep -qzs '^CUDA_VISIBLE_DEVICES=' \"$f\"; then k=; break; fi\n"
+            "  done\n"
+        )
+    return (
+        "#!/bin/sh\n"
+        f"# gpuctl lab: fake {tool}. Pre-rendered idle answers are served from answers/ beside\n"
+        "# the node state; anything else goes to the Python fake (reads the state and /proc).\n"
+        'a="${GPUCTL_LAB_STATE%/*}/' + ANSWERS_DIR + '"\n'
+        'case "$*" in\n' + cases + "  *) k= ;;\n"
+        "esac\n"
+        'if [ -n "$k" ] && [ -f "$a/valid" ] && [ -f "$a/$k" ]; then\n'
+        + busy
+        + '  if [ -n "$k" ]; then exec cat "$a/$k"; fi\n'
+        "fi\n"
+        f'exec {python} -IS "${{0%/*}}/{FAKE_SCRIPT}" {tool} "$@"\n'
+    )
+
+
+def render_answers(state_path: Path, state: dict[str, Any]) -> None:
+    """Pre-render the idle answers of the probe's invocations beside the state file.
+
+    Called after every state write. Faults that make answers dynamic (garbage, hang) leave no
+    answers, so the Python fake handles them. The `valid` marker is removed before and written
+    after the answers, so a reader never serves a mix of old and new.
+    """
+    from gpuctl.lab import fake_nvidia_smi as fake
+
+    folder = state_path.parent / ANSWERS_DIR
+    marker = folder / "valid"
+    with contextlib.suppress(FileNotFoundError):
+        marker.unlink()
+    faults = state.get("faults") or {}
+    if faults.get("garbage") or faults.get("hang"):
+        return
+    answers: dict[str, str] = {}
+    for key, args in _probe_invocations().items():
+        buf = io.StringIO()
+        if fake.smi_main(args, state=state, out=buf, scan=False) != 0:
+            return
+        answers[key] = buf.getvalue()
+    buf = io.StringIO()
+    fake.dmesg_main([], state=state, out=buf)
+    answers["dmesg"] = buf.getvalue()
+    folder.mkdir(mode=0o755, exist_ok=True)
+    for key, text in answers.items():
+        fd, tmp = tempfile.mkstemp(prefix=f".{key}.", dir=folder)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            os.fchmod(f.fileno(), 0o644)
+        Path(tmp).replace(folder / key)
+    marker.write_text("1\n", encoding="utf-8")
+    marker.chmod(0o644)

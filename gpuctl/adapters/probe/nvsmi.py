@@ -82,7 +82,7 @@ def split_sections(text: str, notes: Notes) -> tuple[dict[str, Section], bool] |
                 if current is not None:
                     _cut(current, notes)
                 current = Section(words[1][:32])
-                sections.setdefault(current.name, current)
+                sections[current.name] = current  # a retried section replaces the first try
                 into_stderr = False
             elif words[0] == "stderr" and current is not None:
                 into_stderr = True

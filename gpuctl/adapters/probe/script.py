@@ -45,10 +45,12 @@ GPU_FIELDS: tuple[str, ...] = (
     "retired_pages.pending",
 )
 
-# Newer fields (MIG, row remapping: R450+; the thermal slowdown split). A driver that rejects any
-# one field fails the whole query, so these travel in a second query joined on index: an older
-# driver loses only these, never the GPU list. `clocks_throttle_reasons.*` is the old name, still
-# accepted as an alias of `clocks_event_reasons.*` by current drivers (590, 595 help text).
+# Newer fields (MIG, row remapping: R450+; the thermal slowdown split). They are asked for in the
+# same query (one nvidia-smi run per poll: each run initialises NVML, which is slow on real nodes).
+# A driver that rejects any one field fails the whole query; the script then asks again in two
+# queries joined on index, so an older driver loses only these, never the GPU list.
+# `clocks_throttle_reasons.*` is the old name, still accepted as an alias of
+# `clocks_event_reasons.*` by current drivers (590, 595 help text).
 GPU_HEALTH_FIELDS: tuple[str, ...] = (
     "index",
     "uuid",
@@ -75,7 +77,11 @@ SECTION_XID = "xid"
 SECTION_BANNER = "banner"  # plain `nvidia-smi`, only when `--version` is refused (old drivers)
 
 _TEMPLATE = r"""LC_ALL=C; export LC_ALL
-m=$(od -An -N8 -tx1 /dev/urandom 2>/dev/null | tr -dc 0-9a-f)
+m=
+if read -r u < /proc/sys/kernel/random/uuid 2>/dev/null; then
+  o=$IFS; IFS=-; set -- $u; IFS=$o; m="$1$2$3$4$5"
+fi
+[ -n "$m" ] || m=$(od -An -N8 -tx1 /dev/urandom 2>/dev/null | tr -dc 0-9a-f)
 [ -n "$m" ] || m="p$$x$(date +%s 2>/dev/null)"
 printf '@@gpuctl-probe @VERSION@ %s\n' "$m"
 t=""
@@ -97,10 +103,15 @@ nv() {
   case $rc in 124|137|126|127) skip=1 ;; esac
 }
 facts() {
-  printf 'hostname=%s\n' "$(uname -n 2>/dev/null)"
+  if read -r h < /proc/sys/kernel/hostname 2>/dev/null; then :; else h=$(uname -n 2>/dev/null); fi
+  printf 'hostname=%s\n' "$h"
   printf 'clock_s=%s\n' "$(date +%s 2>/dev/null)"
   printf 'cpu_count=%s\n' "$(getconf _NPROCESSORS_ONLN 2>/dev/null || nproc 2>/dev/null)"
-  grep -E '^(MemTotal|MemAvailable):' /proc/meminfo 2>/dev/null
+  if [ -r /proc/meminfo ]; then
+    while read -r k v rest; do
+      case $k in MemTotal:|MemAvailable:) printf '%s %s %s\n' "$k" "$v" "$rest" ;; esac
+    done < /proc/meminfo
+  fi
   return 0
 }
 xid() {
@@ -112,8 +123,13 @@ xid() {
   return 0
 }
 sec @FACTS@ facts
-nv @GPU@ --query-gpu=@GPUFIELDS@ --format=csv,nounits
-nv @HEALTH@ --query-gpu=@HEALTHFIELDS@ --format=csv,nounits
+nv @GPU@ --query-gpu=@GPUFIELDS@,@HEALTHONLY@ --format=csv,nounits
+case $rc in
+  0|skip|124|137|126|127) ;;
+  *) # an older driver refused a field: ask for the health fields apart (a later section wins)
+    nv @GPU@ --query-gpu=@GPUFIELDS@ --format=csv,nounits
+    nv @HEALTH@ --query-gpu=@HEALTHFIELDS@ --format=csv,nounits ;;
+esac
 nv @APPS@ --query-compute-apps=@APPFIELDS@ --format=csv,nounits
 nv @VERSION_SECTION@ --version
 case $rc in 0|skip) ;; *) nv @BANNER@ ;; esac
@@ -145,6 +161,7 @@ def probe_command(*, step_timeout_s: int = 5) -> str:
         ("@BANNER@", SECTION_BANNER),
         ("@GPUFIELDS@", ",".join(GPU_FIELDS)),
         ("@HEALTHFIELDS@", ",".join(GPU_HEALTH_FIELDS)),
+        ("@HEALTHONLY@", ",".join(f for f in GPU_HEALTH_FIELDS if f not in GPU_FIELDS)),
         ("@APPFIELDS@", ",".join(APP_FIELDS)),
     ):
         script = script.replace(key, value)

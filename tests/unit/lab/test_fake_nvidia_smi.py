@@ -273,7 +273,10 @@ def test_state_files_are_written_atomically_and_validated(tmp_path: Path) -> Non
     nodestate.write_state(path, nodestate.new_node_state("n1", gpus=1, model="X", mem_gib=24,
                                                          node_index=0))  # fmt: skip
     assert path.stat().st_mode & 0o777 == 0o644
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["state.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["answers", "state.json"]
+    assert sorted(p.name for p in (tmp_path / "answers").iterdir()) == [
+        "apps", "dmesg", "gpu", "gpu-all", "gpu-health", "valid", "version"
+    ]  # fmt: skip
     assert nodestate.read_state(path)["gpus"][0]["mem_total_mib"] == 24 * 1024
     path.write_text("{not json")
     with pytest.raises(LabError, match=r"state\.json: lab node state unreadable"):
@@ -288,11 +291,87 @@ def test_state_files_are_written_atomically_and_validated(tmp_path: Path) -> Non
     assert a["gpus"][0]["uuid"] != a["gpus"][1]["uuid"]
 
 
-def test_installed_tools_are_executable_python_scripts(lab: dict[str, Any]) -> None:
+def test_installed_tools_are_sh_wrappers_over_a_stdlib_python_fake(lab: dict[str, Any]) -> None:
     for tool in ("nvidia-smi", "dmesg"):
         path = lab["bin"] / tool
         assert path.stat().st_mode & 0o777 == 0o755
-        assert path.read_text().startswith(f"#!{sys.executable} -IS\n")
-        assert "import gpuctl" not in path.read_text()
+        assert path.read_text().startswith("#!/bin/sh\n")
+        assert f"exec {sys.executable} -IS" in path.read_text()
+    fake = (lab["bin"] / nodestate.FAKE_SCRIPT).read_text()
+    assert fake.startswith(f"#!{sys.executable} -IS\n")
+    assert "import gpuctl" not in fake
     with pytest.raises(LabError, match="absolute path"):
         nodestate.install_node_tools(lab["bin"], python="python3 -c evil")
+
+
+def _tool(lab: dict[str, Any], *argv: str) -> bytes:
+    return subprocess.run(
+        [str(lab["bin"] / argv[0]), *argv[1:]], env=lab["env"], capture_output=True, check=True
+    ).stdout
+
+
+def test_pre_rendered_answers_are_exactly_what_the_python_fake_says(lab: dict[str, Any]) -> None:
+    nodestate.inject(lab["state"], gpu=1, xid=79)
+    invocations = [("nvidia-smi", *args) for args in nodestate._probe_invocations().values()]
+    fast = {inv: _tool(lab, *inv) for inv in [*invocations, ("dmesg",)]}
+    (lab["state"].parent / "answers" / "valid").unlink()  # every call now runs the Python fake
+    slow = {inv: _tool(lab, *inv) for inv in fast}
+    assert fast == slow
+    assert b"NVRM: Xid" in fast[("dmesg",)]
+
+
+def test_a_fault_or_a_granted_process_bypasses_the_pre_rendered_answers(
+    lab: dict[str, Any], spawn: Any
+) -> None:
+    nodestate.inject(lab["state"], garbage=True)
+    assert not (lab["state"].parent / "answers" / "valid").exists()
+    nodestate.inject(lab["state"], clear=True)
+    assert (lab["state"].parent / "answers" / "valid").exists()
+    apps = ("nvidia-smi", *nodestate._probe_invocations()["apps"])
+    assert len(_tool(lab, *apps).splitlines()) == 1  # the header only: no process
+    env = {**lab["env"], "CUDA_VISIBLE_DEVICES": "1", "GPUCTL_LAB_MEM_MIB": "777"}
+    job = spawn(["sleep", "30"], env)
+    rows = _tool(lab, *apps).decode().splitlines()[1:]
+    assert len(rows) == 1 and f", {job.pid}, 777, sleep" in rows[0]
+
+
+def test_a_driver_that_refuses_a_health_field_still_reports_every_gpu(
+    lab: dict[str, Any], tmp_path: Path
+) -> None:
+    old = tmp_path / "old-driver"
+    old.mkdir()
+    (old / "nvidia-smi").write_text(
+        "#!/bin/sh\n"
+        'case "$*" in *remapped_rows*)\n'
+        "  echo 'Field \"remapped_rows.correctable\" is not a valid field to query.'; exit 2 ;;\n"
+        "esac\n"
+        f'exec {lab["bin"] / "nvidia-smi"} "$@"\n'
+    )
+    (old / "nvidia-smi").chmod(0o755)
+    env = {**lab["env"], "PATH": f"{old}:{lab['env']['PATH']}"}
+    obs = probe({**lab, "env": env})
+    assert obs.nvml_ok
+    assert [g.index for g in obs.gpus] == [0, 1]
+    assert obs.gpus[0].mem_total_mib == 81559
+    assert obs.gpus[0].remapped_rows_pending is None
+    assert any("health query" in n and "not a valid field" in n for n in obs.notes)
+
+
+def test_a_current_driver_answers_gpu_and_health_fields_in_one_query(
+    lab: dict[str, Any], tmp_path: Path
+) -> None:
+    spy = tmp_path / "spy"
+    spy.mkdir()
+    calls = tmp_path / "calls.log"
+    (spy / "nvidia-smi").write_text(
+        f'#!/bin/sh\necho "$1" >> {calls}\nexec {lab["bin"] / "nvidia-smi"} "$@"\n'
+    )
+    (spy / "nvidia-smi").chmod(0o755)
+    obs = probe({**lab, "env": {**lab["env"], "PATH": f"{spy}:{lab['env']['PATH']}"}})
+    assert obs.notes == ()
+    assert obs.gpus[0].remapped_rows_pending is False
+    assert obs.gpus[0].mig_mode is False
+    assert obs.gpus[0].thermal_slowdown_hw is False
+    called = calls.read_text().split()
+    assert len(called) == 3  # GPU and health fields, compute apps, versions
+    assert called[0].startswith("--query-gpu=") and "remapped_rows.pending" in called[0]

@@ -1,0 +1,143 @@
+"""Gather benchmark: a lab fleet of real sshd on loopback, polled by gpuctl cold and warm, side by
+side in the same run with a naive loop of OpenSSH `ssh node nvidia-smi ...` calls.
+
+    python benchmarks/gather.py --nodes 50 [--rounds 10] [-o json]
+
+Cold = a new transport (TCP connect, key exchange, auth) and one full probe per node. Warm = the same
+transport polling again over its open connections. Naive = one `ssh` process per node, one after the
+other, each running a single `nvidia-smi --query-gpu` (less work per node than gpuctl's probe, which
+also reads health fields, processes, versions, host facts and XIDs).
+
+Goals (issue 2): warm round <= 0.5 s and cold <= 2 s for 50 nodes; >= 5x faster than the naive loop.
+Every node of the lab runs on this machine, so the nodes' own work (sshd sessions, the fake
+nvidia-smi) shares its cores with gpuctl: CPU time of both sides is reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from gpuctl.adapters.ssh import SshTransport
+from gpuctl.core.model import Reach
+from gpuctl.ops.gather import Gatherer
+from gpuctl.testing.lab import LabFleet, lab_fleet
+
+NAIVE_QUERY = "nvidia-smi --query-gpu=index,uuid,name,memory.total,memory.used,utilization.gpu,temperature.gpu --format=csv,noheader,nounits"
+
+
+def machine_cpu_s() -> float:
+    """CPU seconds used by the whole machine so far (all processes, user + system)."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    user, nice, system = (int(x) for x in fields[:3])
+    irq, softirq = int(fields[5]), int(fields[6])
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu_s() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+def timed(fn):  # type: ignore[no-untyped-def]
+    m0, o0, w0 = machine_cpu_s(), own_cpu_s(), time.perf_counter()
+    value = fn()
+    wall = time.perf_counter() - w0
+    return value, {"wall_s": wall, "cpu_all_s": machine_cpu_s() - m0, "cpu_gpuctl_s": own_cpu_s() - o0}
+
+
+def naive_loop(lab: LabFleet) -> int:
+    ok = 0
+    for spec in lab.specs():
+        argv = [
+            "ssh", "-F", "/dev/null", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+            "-o", f"UserKnownHostsFile={spec.known_hosts[0]}", "-i", str(spec.key_file),
+            "-p", str(spec.port), f"{spec.user}@{spec.host}", NAIVE_QUERY,
+        ]
+        done = subprocess.run(argv, capture_output=True, timeout=30, check=False)
+        ok += done.returncode == 0 and bool(done.stdout.strip())
+    return ok
+
+
+def answered(fleet) -> int:  # type: ignore[no-untyped-def]
+    return sum(1 for n in fleet.nodes if n.reach is Reach.OK and n.gpus)
+
+
+def run(nodes: int, gpus: int, rounds: int) -> dict[str, object]:
+    with lab_fleet(nodes=nodes, gpus=gpus) as lab, tempfile.TemporaryDirectory() as tmp:
+        specs = lab.specs()
+        transport = SshTransport(own_known_hosts=Path(tmp) / "known_hosts", system_known_hosts=())
+        with Gatherer(transport) as gatherer:
+            cold_fleet, cold = timed(lambda: gatherer.gather(specs))
+            if answered(cold_fleet) != nodes:
+                bad = [(n.name, n.reach.value, n.error) for n in cold_fleet.nodes if n.reach is not Reach.OK]
+                raise SystemExit(f"cold gather: only {answered(cold_fleet)}/{nodes} answered: {bad[:3]}")
+            warm = []
+            for _ in range(rounds):
+                fleet, t = timed(lambda: gatherer.gather(specs))
+                if answered(fleet) != nodes:
+                    raise SystemExit(f"warm gather: only {answered(fleet)}/{nodes} answered")
+                warm.append(t)
+            connects = transport.connects
+        naive_ok, naive = timed(lambda: naive_loop(lab))
+        if naive_ok != nodes:
+            raise SystemExit(f"naive loop: only {naive_ok}/{nodes} answered")
+    warm_walls = [w["wall_s"] for w in warm]
+    warm_median = statistics.median(warm_walls)
+    return {
+        "nodes": nodes,
+        "gpus_per_node": gpus,
+        "rounds": rounds,
+        "connections_opened": connects,
+        "cold": cold,
+        "warm": {
+            "median_wall_s": warm_median,
+            "min_wall_s": min(warm_walls),
+            "max_wall_s": max(warm_walls),
+            "median_cpu_all_s": statistics.median(w["cpu_all_s"] for w in warm),
+            "median_cpu_gpuctl_s": statistics.median(w["cpu_gpuctl_s"] for w in warm),
+        },
+        "naive": naive,
+        "speedup_warm_vs_naive": naive["wall_s"] / warm_median,
+        "speedup_cold_vs_naive": naive["wall_s"] / cold["wall_s"],
+        "goals": {
+            "warm_le_0_5_s": warm_median <= 0.5,
+            "cold_le_2_s": cold["wall_s"] <= 2.0,
+            "warm_ge_5x_naive": naive["wall_s"] / warm_median >= 5.0,
+        },
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, default=50)
+    parser.add_argument("--gpus", type=int, default=8, help="simulated GPUs per node")
+    parser.add_argument("--rounds", type=int, default=10, help="warm rounds")
+    parser.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    args = parser.parse_args(argv)
+    result = run(args.nodes, args.gpus, args.rounds)
+    if args.output == "json":
+        print(json.dumps(result, indent=2))
+        return 0
+    cold, warm, naive = result["cold"], result["warm"], result["naive"]
+    print(f"gather of a {args.nodes}-node lab ({args.gpus} GPUs each), {args.rounds} warm rounds")
+    print(f"{'':18}{'wall s':>9}{'cpu all s':>11}{'cpu gpuctl s':>14}")
+    print(f"{'cold (connect)':18}{cold['wall_s']:9.3f}{cold['cpu_all_s']:11.2f}{cold['cpu_gpuctl_s']:14.2f}")  # type: ignore[index]
+    print(f"{'warm (median)':18}{warm['median_wall_s']:9.3f}{warm['median_cpu_all_s']:11.2f}{warm['median_cpu_gpuctl_s']:14.2f}")  # type: ignore[index]
+    print(f"{'naive ssh loop':18}{naive['wall_s']:9.3f}{naive['cpu_all_s']:11.2f}{'-':>14}")  # type: ignore[index]
+    print(f"warm min/max {warm['min_wall_s']:.3f}/{warm['max_wall_s']:.3f} s; connections opened: {result['connections_opened']}")  # type: ignore[index]
+    print(f"speed-up vs naive: warm {result['speedup_warm_vs_naive']:.1f}x, cold {result['speedup_cold_vs_naive']:.1f}x")
+    print("goals: " + ", ".join(f"{k}={'yes' if v else 'NO'}" for k, v in result["goals"].items()))  # type: ignore[union-attr]
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
