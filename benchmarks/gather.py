@@ -3,10 +3,10 @@ side in the same run with a naive loop of OpenSSH `ssh node nvidia-smi ...` call
 
     python benchmarks/gather.py --nodes 50 [--rounds 10] [-o json]
 
-Cold = a new transport (TCP connect, key exchange, auth) and one full probe per node. Warm = the same
-transport polling again over its open connections. Naive = one `ssh` process per node, one after the
-other, each running a single `nvidia-smi --query-gpu` (less work per node than gpuctl's probe, which
-also reads health fields, processes, versions, host facts and XIDs).
+Cold = a new transport (TCP connect, key exchange, auth) and one full probe per node. Warm = the
+same transport polling again over its open connections. Naive = one `ssh` process per node, one
+after the other, each running a single `nvidia-smi --query-gpu` (less work per node than gpuctl's
+probe, which also reads health fields, processes, versions, host facts and XIDs).
 
 Goals (issue 2): warm round <= 0.5 s and cold <= 2 s for 50 nodes; >= 5x faster than the naive loop.
 Every node of the lab runs on this machine, so the nodes' own work (sshd sessions, the fake
@@ -18,20 +18,26 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 from gpuctl.adapters.ssh import SshTransport
-from gpuctl.core.model import Reach
+from gpuctl.core.model import FleetSnapshot, Reach
 from gpuctl.ops.gather import Gatherer
 from gpuctl.testing.lab import LabFleet, lab_fleet
 
-NAIVE_QUERY = "nvidia-smi --query-gpu=index,uuid,name,memory.total,memory.used,utilization.gpu,temperature.gpu --format=csv,noheader,nounits"
+T = TypeVar("T")
+
+NAIVE_QUERY = (
+    "nvidia-smi --query-gpu=index,uuid,name,memory.total,memory.used,utilization.gpu,"
+    "temperature.gpu --format=csv,noheader,nounits"
+)
 
 
 def machine_cpu_s() -> float:
@@ -47,39 +53,61 @@ def own_cpu_s() -> float:
     return t.user + t.system
 
 
-def timed(fn):  # type: ignore[no-untyped-def]
+def timed(fn: Callable[[], T]) -> tuple[T, dict[str, float]]:
     m0, o0, w0 = machine_cpu_s(), own_cpu_s(), time.perf_counter()
     value = fn()
     wall = time.perf_counter() - w0
-    return value, {"wall_s": wall, "cpu_all_s": machine_cpu_s() - m0, "cpu_gpuctl_s": own_cpu_s() - o0}
+    return value, {
+        "wall_s": wall,
+        "cpu_all_s": machine_cpu_s() - m0,
+        "cpu_gpuctl_s": own_cpu_s() - o0,
+    }
 
 
 def naive_loop(lab: LabFleet) -> int:
     ok = 0
     for spec in lab.specs():
         argv = [
-            "ssh", "-F", "/dev/null", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
-            "-o", f"UserKnownHostsFile={spec.known_hosts[0]}", "-i", str(spec.key_file),
-            "-p", str(spec.port), f"{spec.user}@{spec.host}", NAIVE_QUERY,
+            "ssh",
+            "-F",
+            "/dev/null",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "StrictHostKeyChecking=yes",
+            "-o",
+            f"UserKnownHostsFile={spec.known_hosts[0]}",
+            "-i",
+            str(spec.key_file),
+            "-p",
+            str(spec.port),
+            f"{spec.user}@{spec.host}",
+            NAIVE_QUERY,
         ]
         done = subprocess.run(argv, capture_output=True, timeout=30, check=False)
         ok += done.returncode == 0 and bool(done.stdout.strip())
     return ok
 
 
-def answered(fleet) -> int:  # type: ignore[no-untyped-def]
+def answered(fleet: FleetSnapshot) -> int:
     return sum(1 for n in fleet.nodes if n.reach is Reach.OK and n.gpus)
 
 
-def run(nodes: int, gpus: int, rounds: int) -> dict[str, object]:
+def run(nodes: int, gpus: int, rounds: int) -> dict[str, Any]:
     with lab_fleet(nodes=nodes, gpus=gpus) as lab, tempfile.TemporaryDirectory() as tmp:
         specs = lab.specs()
         transport = SshTransport(own_known_hosts=Path(tmp) / "known_hosts", system_known_hosts=())
         with Gatherer(transport) as gatherer:
             cold_fleet, cold = timed(lambda: gatherer.gather(specs))
             if answered(cold_fleet) != nodes:
-                bad = [(n.name, n.reach.value, n.error) for n in cold_fleet.nodes if n.reach is not Reach.OK]
-                raise SystemExit(f"cold gather: only {answered(cold_fleet)}/{nodes} answered: {bad[:3]}")
+                bad = [
+                    (n.name, n.reach.value, n.error)
+                    for n in cold_fleet.nodes
+                    if n.reach is not Reach.OK
+                ]
+                raise SystemExit(
+                    f"cold gather: only {answered(cold_fleet)}/{nodes} answered: {bad[:3]}"
+                )
             warm = []
             for _ in range(rounds):
                 fleet, t = timed(lambda: gatherer.gather(specs))
@@ -116,8 +144,29 @@ def run(nodes: int, gpus: int, rounds: int) -> dict[str, object]:
     }
 
 
+def report(result: dict[str, Any], nodes: int, gpus: int, rounds: int) -> str:
+    cold, warm, naive = result["cold"], result["warm"], result["naive"]
+    rows = [
+        ("cold (connect)", cold["wall_s"], cold["cpu_all_s"], f"{cold['cpu_gpuctl_s']:.2f}"),
+        ("warm (median)", warm["median_wall_s"], warm["median_cpu_all_s"],
+         f"{warm['median_cpu_gpuctl_s']:.2f}"),
+        ("naive ssh loop", naive["wall_s"], naive["cpu_all_s"], "-"),
+    ]  # fmt: skip
+    lines = [
+        f"gather of a {nodes}-node lab ({gpus} GPUs each), {rounds} warm rounds",
+        f"{'':18}{'wall s':>9}{'cpu all s':>11}{'cpu gpuctl s':>14}",
+        *(f"{name:18}{wall:9.3f}{cpu:11.2f}{own:>14}" for name, wall, cpu, own in rows),
+        f"warm min/max {warm['min_wall_s']:.3f}/{warm['max_wall_s']:.3f} s; "
+        f"connections opened: {result['connections_opened']}",
+        f"speed-up vs naive: warm {result['speedup_warm_vs_naive']:.1f}x, "
+        f"cold {result['speedup_cold_vs_naive']:.1f}x",
+        "goals: " + ", ".join(f"{k}={'yes' if v else 'NO'}" for k, v in result["goals"].items()),
+    ]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--nodes", type=int, default=50)
     parser.add_argument("--gpus", type=int, default=8, help="simulated GPUs per node")
     parser.add_argument("--rounds", type=int, default=10, help="warm rounds")
@@ -126,16 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     result = run(args.nodes, args.gpus, args.rounds)
     if args.output == "json":
         print(json.dumps(result, indent=2))
-        return 0
-    cold, warm, naive = result["cold"], result["warm"], result["naive"]
-    print(f"gather of a {args.nodes}-node lab ({args.gpus} GPUs each), {args.rounds} warm rounds")
-    print(f"{'':18}{'wall s':>9}{'cpu all s':>11}{'cpu gpuctl s':>14}")
-    print(f"{'cold (connect)':18}{cold['wall_s']:9.3f}{cold['cpu_all_s']:11.2f}{cold['cpu_gpuctl_s']:14.2f}")  # type: ignore[index]
-    print(f"{'warm (median)':18}{warm['median_wall_s']:9.3f}{warm['median_cpu_all_s']:11.2f}{warm['median_cpu_gpuctl_s']:14.2f}")  # type: ignore[index]
-    print(f"{'naive ssh loop':18}{naive['wall_s']:9.3f}{naive['cpu_all_s']:11.2f}{'-':>14}")  # type: ignore[index]
-    print(f"warm min/max {warm['min_wall_s']:.3f}/{warm['max_wall_s']:.3f} s; connections opened: {result['connections_opened']}")  # type: ignore[index]
-    print(f"speed-up vs naive: warm {result['speedup_warm_vs_naive']:.1f}x, cold {result['speedup_cold_vs_naive']:.1f}x")
-    print("goals: " + ", ".join(f"{k}={'yes' if v else 'NO'}" for k, v in result["goals"].items()))  # type: ignore[union-attr]
+    else:
+        print(report(result, args.nodes, args.gpus, args.rounds))
     return 0
 
 
