@@ -19,9 +19,12 @@ UNPLACED_EXIT = ExitCode.PARTIAL  # 3: the plan left some jobs unplaced (documen
 
 def place(
     ctx: typer.Context,
-    jobs: list[Path] = typer.Argument(..., metavar="JOB.yaml...", help="Job spec files."),
+    jobs: list[Path] = typer.Argument(..., metavar="JOB.yaml", help="Job spec files."),
     policy: str | None = typer.Option(
-        None, "--policy", help="Placement policy (default: the default policy)."
+        None,
+        "--policy",
+        help=f"Placement policy: {', '.join(sorted(POLICIES))}.",
+        show_default=DEFAULT_POLICY,
     ),
     explain: bool = typer.Option(False, "--explain", help="Say why each job went where it did."),
     snapshot: Path | None = typer.Option(

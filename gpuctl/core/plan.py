@@ -92,7 +92,7 @@ class NodeUsage:
 class Plan:
     version: str  # the fleet-state version it was computed from
     settings: Settings
-    jobs: tuple[Outcome, ...]  # in placement order: priority (high first), then name
+    jobs: tuple[Outcome, ...]  # placement order: priority desc, standard before spot, name
     utilization_before: float | None
     utilization_after: float | None
     predicted: tuple[NodeUsage, ...]  # nodes the plan changes, by name

@@ -18,21 +18,19 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from fractions import Fraction
 
 from gpuctl.core.fit import Choice, Demand, NodeFree, Workload
+from gpuctl.core.placement.constraints import Reject, clash, fewer, usable_cards
 from gpuctl.core.placement.model import (
     Allocation,
-    Card,
     FleetState,
     JobRequest,
     JobShape,
     PlacementNode,
     Settings,
     Tier,
-    model_matches,
 )
-from gpuctl.core.placement.shape import decide_shape, request_text, within_limit
+from gpuctl.core.placement.shape import added_mib, decide_shape, demand_on, limit_mib, request_text
 from gpuctl.core.plan import (
     NodeUsage,
     Outcome,
@@ -69,16 +67,44 @@ class _NodeWork:
     """Mutable per-node bookkeeping while one plan is computed."""
 
     node: PlacementNode
+    caps: tuple[int, ...]  # capacity per card position
     free: list[int]  # per card position; unhealthy cards 0
     allocated: list[int]  # per card position
     cpu_allocated: int
     mem_allocated: int
     jobs: list[Allocation]
+    static_key: tuple[object, ...]
+    key: tuple[object, ...] = ()
+
+    def rekey(self, anti_affinity: bool) -> None:
+        """Nodes with equal keys answer every constraint and policy alike for a given job."""
+        jobs: tuple[object, ...] = ()
+        if anti_affinity:
+            jobs = (
+                frozenset(a.job for a in self.jobs),
+                frozenset(a.group for a in self.jobs if a.group is not None),
+                frozenset(x for a in self.jobs for x in a.avoid_jobs),
+                frozenset(x for a in self.jobs for x in a.avoid_groups),
+            )
+        dynamic = (tuple(self.free), self.cpu_allocated, self.mem_allocated, jobs)
+        self.key = (self.static_key, dynamic)
+
+
+def _static_key(n: PlacementNode) -> tuple[object, ...]:
+    return (
+        n.schedulable,
+        n.reason,
+        frozenset(n.labels.items()),
+        tuple((c.capacity_mib, c.model, c.healthy) for c in n.cards),
+        n.cpu_milli,
+        n.host_mem_mib,
+    )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class _Candidate:
-    node: str
+class _Fit:
+    """A node can take the job: the policy's choice and what it adds to the fleet."""
+
     choice: Choice
     demand: Demand
     cap_ref: int
@@ -97,21 +123,32 @@ class _Engine:
         for n in sorted(state.nodes, key=lambda n: n.name):
             self.work[n.name] = _NodeWork(
                 node=n,
+                caps=tuple(c.capacity_mib for c in n.cards),
                 free=[c.free_mib for c in n.cards],
                 allocated=[c.allocated_mib for c in n.cards],
                 cpu_allocated=n.cpu_allocated_milli,
                 mem_allocated=n.host_mem_allocated_mib,
                 jobs=[],
+                static_key=_static_key(n),
             )
         for a in state.allocations:
             if a.node in self.work:
                 self.work[a.node].jobs.append(a)
+        self.anti_affinity = any(a.avoid_jobs or a.avoid_groups for a in state.allocations)
         self.known = {a.job: a.node for a in state.allocations}
         self.total_mib = state.capacity_mib()
         self.allocated_mib = state.allocated_mib()
         self.touched: set[str] = set()
         self._workloads: dict[tuple[int, ...], Workload] = {}
+        self._demands: dict[tuple[JobShape, int], Demand] = {}
+        self.limit_mib = {t: limit_mib(self.total_mib, settings.limit_for(t)) for t in Tier}
         self.jobs: Sequence[JobRequest] = ()
+
+    def start(self, jobs: Sequence[JobRequest]) -> None:
+        self.jobs = tuple(jobs)
+        self.anti_affinity = self.anti_affinity or any(j.avoid_jobs or j.avoid_groups for j in jobs)
+        for w in self.work.values():
+            w.rekey(self.anti_affinity)
 
     # --- one job ---------------------------------------------------------------------------
 
@@ -128,17 +165,20 @@ class _Engine:
                 rejections=(),
             )
         rejected: dict[tuple[str, str], list[str]] = {}
-        candidates: list[_Candidate] = []
+        candidates: list[tuple[str, _Fit]] = []
         band_need: int | None = None
+        seen: dict[tuple[object, ...], _Fit | Reject] = {}
         for name, w in self.work.items():
-            result = self._check(job, w)
-            if isinstance(result, _Candidate):
-                candidates.append(result)
-            else:
-                rejected.setdefault(result, []).append(name)
-                if result[0] == "band" and result[1].startswith("would"):
-                    need = self._need(job, w)
-                    band_need = need if band_need is None else min(band_need, need)
+            result = seen.get(w.key)
+            if result is None:
+                result = seen[w.key] = self._check(job, w)
+            if isinstance(result, _Fit):
+                candidates.append((name, result))
+                continue
+            rejected.setdefault((result.constraint, result.summary), []).append(name)
+            if result.constraint == "band":
+                need = result.need_mib
+                band_need = need if band_need is None else min(band_need, need)
         rejections = _rejections(rejected)
         if not candidates:
             return Unplaced(
@@ -149,103 +189,67 @@ class _Engine:
                 reason=self._reason(job, rejections, band_need),
                 rejections=rejections,
             )
-        candidates.sort(key=lambda c: (-c.choice.score, c.node))
-        best = candidates[0]
+        candidates.sort(key=lambda nc: (-nc[1].choice.score, nc[0]))
+        best_node, best = candidates[0]
         runner = candidates[1] if len(candidates) > 1 else None
-        allocation = self._commit(job, best)
-        node = self.work[best.node].node
-        positions = best.choice.cards
+        allocation = self._commit(job, best_node, best)
+        node = self.work[best_node].node
         return Placed(
             job=job.name,
             allocation=allocation,
-            card_uuids=tuple(node.cards[p].uuid for p in positions),
+            card_uuids=tuple(node.cards[p].uuid for p in best.choice.cards),
             score=best.choice.score,
-            runner_up=None if runner is None else RunnerUp(runner.node, runner.choice.score),
+            runner_up=None if runner is None else RunnerUp(runner[0], runner[1].choice.score),
             feasible_nodes=len(candidates),
             shape=decide_shape(shape, best.demand, best.cap_ref, self.settings),
             priority=job.priority,
             rejections=rejections,
         )
 
-    def _check(self, job: JobRequest, w: _NodeWork) -> _Candidate | tuple[str, str]:
+    def _check(self, job: JobRequest, w: _NodeWork) -> _Fit | Reject:
         node, shape = w.node, job.shape
         if not node.schedulable:
-            return ("unschedulable", node.reason or "not schedulable")
+            return Reject("unschedulable", node.reason or "not schedulable")
         for req in job.node_affinity:
             if not req.matches(node.labels):
-                return ("node_affinity", f"lacks label {req.text()}")
+                return Reject("node_affinity", f"lacks label {req.text()}")
         for req in job.node_anti_affinity:
             if req.matches(node.labels):
-                return ("node_anti_affinity", f"has label {req.text()}")
+                return Reject("node_anti_affinity", f"has label {req.text()}")
         for a in w.jobs:
-            clash = _clash(job, a)
-            if clash:
-                return ("job_anti_affinity", clash)
-        usable = self._usable(job, node)
-        if isinstance(usable, tuple):
+            why = clash(job, a)
+            if why:
+                return Reject("job_anti_affinity", why)
+        usable = usable_cards(job, node)
+        if isinstance(usable, Reject):
             return usable
         cpu_free = None if node.cpu_milli is None else node.cpu_milli - w.cpu_allocated
         if cpu_free is not None and cpu_free < shape.cpu_milli:
-            return ("cpu", f"less than {shape.cpu_milli / 1000:g} CPU cores free")
+            return Reject("cpu", f"less than {shape.cpu_milli / 1000:g} CPU cores free")
         mem_free = None if node.host_mem_mib is None else node.host_mem_mib - w.mem_allocated
         if mem_free is not None and mem_free < shape.host_mem_mib:
-            return ("host_memory", f"less than {format_mib(shape.host_mem_mib)} host memory free")
-        caps = tuple(c.capacity_mib for c in node.cards)
+            return Reject(
+                "host_memory", f"less than {format_mib(shape.host_mem_mib)} host memory free"
+            )
+        caps = w.caps
         ok = set(usable)
-        nf = NodeFree(
-            name=node.name,
-            free=tuple(f if i in ok else 0 for i, f in enumerate(w.free)),
-            capacity=caps,
-            cpu_free_milli=cpu_free,
-            mem_free_mib=mem_free,
-        )
+        free = tuple(f if i in ok else 0 for i, f in enumerate(w.free))
         cap_ref = max((caps[i] for i in usable), default=0)
-        demand = _demand(shape, cap_ref, self.settings)
+        demand = self._demand(shape, cap_ref)
         if demand.gpus and (demand.whole or demand.gpus > 1):
-            empty = sum(1 for i in usable if nf.free[i] == caps[i])
-            if empty < demand.gpus:
-                return ("empty_cards", _fewer(demand.gpus, "empty usable card"))
-        elif demand.gpus and not any(nf.free[i] >= demand.per_gpu for i in usable):
-            return ("card_memory", f"no card with {format_mib(demand.per_gpu)} free")
+            if sum(1 for i in usable if free[i] == caps[i]) < demand.gpus:
+                return Reject("empty_cards", fewer(demand.gpus, "empty usable card"))
+        elif demand.gpus and not any(free[i] >= demand.per_gpu for i in usable):
+            return Reject("card_memory", f"no card with {format_mib(demand.per_gpu)} free")
+        nf = NodeFree(node.name, free, caps, cpu_free_milli=cpu_free, mem_free_mib=mem_free)
         choice = self.policy.choose(nf, demand, self._workload_for(caps))
         if choice is None:
-            return ("policy", f"{self.policy.name} found no cards")
-        added = _added(demand, caps, choice.cards)
-        limit = self.settings.limit_for(job.tier)
-        if added and not within_limit(self.allocated_mib + added, self.total_mib, limit):
-            return ("band", f"would take fleet utilization over {_pct(limit)}")
-        return _Candidate(node.name, choice, demand, cap_ref, added)
-
-    def _usable(self, job: JobRequest, node: PlacementNode) -> list[int] | tuple[str, str]:
-        """Card positions this job may use on `node`, or the rejection."""
-        shape = job.shape
-        if shape.gpus == 0:
-            return []
-        healthy = [i for i, c in enumerate(node.cards) if c.healthy]
-        if not healthy:
-            return ("gpu_count", "no healthy GPU" if node.cards else "no GPU")
-        usable = healthy
-        if shape.gpu_models:
-            usable = [i for i in healthy if _model_ok(shape, node.cards[i])]
-            if not usable:
-                return ("gpu_model", f"no card of model {' or '.join(shape.gpu_models)}")
-        mib = shape.mem_per_gpu.mib
-        if mib is not None:
-            usable = [i for i in usable if node.cards[i].capacity_mib >= mib]
-            if not usable:
-                return ("card_size", f"cards smaller than {format_mib(mib)}")
-        if len(usable) < shape.gpus:
-            return ("gpu_count", _fewer(shape.gpus, "usable card"))
-        return usable
-
-    def _need(self, job: JobRequest, w: _NodeWork) -> int:
-        usable = self._usable(job, w.node)
-        if isinstance(usable, tuple) or not usable:
-            return 0
-        caps = tuple(c.capacity_mib for c in w.node.cards)
-        demand = _demand(job.shape, max(caps[i] for i in usable), self.settings)
-        cards = tuple(sorted(usable, key=lambda i: caps[i])[: demand.gpus])
-        return _added(demand, caps, cards)
+            return Reject("policy", f"{self.policy.name} found no cards")
+        added = added_mib(demand, caps, choice.cards)
+        if added and self.allocated_mib + added > self.limit_mib[job.tier]:
+            limit = self.settings.limit_for(job.tier)
+            return Reject("band", f"would take fleet utilization over {_pct(limit)}", added)
+        return _Fit(choice, demand, cap_ref, added)
 
     def _reason(
         self, job: JobRequest, rejections: tuple[Rejection, ...], band_need: int | None
@@ -271,9 +275,9 @@ class _Engine:
         )
         return f"{band}; other nodes: {parts}" if parts else band
 
-    def _commit(self, job: JobRequest, c: _Candidate) -> Allocation:
-        w = self.work[c.node]
-        caps = [card.capacity_mib for card in w.node.cards]
+    def _commit(self, job: JobRequest, name: str, c: _Fit) -> Allocation:
+        w = self.work[name]
+        caps = w.caps
         whole = c.demand.gpus > 0 and (c.demand.whole or c.demand.gpus > 1)
         for p in c.choice.cards:
             used = caps[p] if whole else c.demand.per_gpu
@@ -287,7 +291,7 @@ class _Engine:
             mib_per_card = max(caps[p] for p in c.choice.cards) if whole else c.demand.per_gpu
         allocation = Allocation(
             job=job.name,
-            node=c.node,
+            node=name,
             cards=tuple(w.node.cards[p].index for p in c.choice.cards),
             mib_per_card=mib_per_card,
             whole=whole,
@@ -299,9 +303,17 @@ class _Engine:
             avoid_groups=job.avoid_groups,
         )
         w.jobs.append(allocation)
-        self.known[job.name] = c.node
-        self.touched.add(c.node)
+        w.rekey(self.anti_affinity)
+        self.known[job.name] = name
+        self.touched.add(name)
         return allocation
+
+    def _demand(self, shape: JobShape, cap_ref: int) -> Demand:
+        key = (shape, cap_ref)
+        found = self._demands.get(key)
+        if found is None:
+            found = self._demands[key] = demand_on(shape, cap_ref, self.settings)
+        return found
 
     def _workload_for(self, caps: tuple[int, ...]) -> Workload:
         """The target workload for FGD-like policies: the shapes of this request, by frequency,
@@ -314,7 +326,7 @@ class _Engine:
             cap_ref = max(caps, default=0)
             for j in self.jobs:
                 if j.shape.gpus and cap_ref:
-                    d = _demand(j.shape, cap_ref, self.settings)
+                    d = self._demand(j.shape, cap_ref)
                     counts[d] = counts.get(d, 0) + 1
             total = sum(counts.values())
             ordered = sorted(counts.items(), key=lambda dc: (-dc[1], _demand_key(dc[0])))
@@ -342,7 +354,7 @@ def plan(
     if dupes:
         raise PlanError(f"job names must be unique; repeated: {', '.join(dupes)}")
     engine = _Engine(state, settings, workload)
-    engine.jobs = tuple(jobs)
+    engine.start(jobs)
     before = state.utilization()
     outcomes = tuple(engine.place(j) for j in sorted(jobs, key=placement_order))
     predicted = tuple(
@@ -378,51 +390,8 @@ def placement_order(job: JobRequest) -> tuple[int, int, str]:
 # --- helpers ---------------------------------------------------------------------------------
 
 
-def _demand(shape: JobShape, cap_ref: int, settings: Settings) -> Demand:
-    if shape.gpus == 0:
-        return Demand(gpus=0, per_gpu=0, cpu_milli=shape.cpu_milli, mem_mib=shape.host_mem_mib)
-    mem = shape.mem_per_gpu
-    per = mem.mib_on(cap_ref)
-    threshold = Fraction(repr(settings.whole_card_over))
-    if mem.fraction is not None:  # compare the share itself: rounding up must not tip it over
-        over = Fraction(repr(mem.fraction)) > threshold
-    else:
-        over = Fraction(per) > threshold * cap_ref
-    whole = mem.whole or shape.gpus > 1 or over
-    return Demand(
-        gpus=shape.gpus,
-        per_gpu=cap_ref if whole else per,
-        whole=whole,
-        cpu_milli=shape.cpu_milli,
-        mem_mib=shape.host_mem_mib,
-    )
-
-
 def _demand_key(d: Demand) -> tuple[int, int, bool, int, int]:
     return (d.gpus, d.per_gpu, d.whole, d.cpu_milli, d.mem_mib)
-
-
-def _added(demand: Demand, caps: Sequence[int], cards: Sequence[int]) -> int:
-    if demand.gpus == 0:
-        return 0
-    if demand.whole or demand.gpus > 1:
-        return sum(caps[i] for i in cards)
-    return demand.per_gpu * len(cards)
-
-
-def _model_ok(shape: JobShape, card: Card) -> bool:
-    return any(model_matches(m, card.model) for m in shape.gpu_models)
-
-
-def _clash(job: JobRequest, a: Allocation) -> str | None:
-    """Why `job` may not share a node with allocation `a` (anti-affinity is symmetric)."""
-    if a.job in job.avoid_jobs or job.name in a.avoid_jobs:
-        return f"runs job {a.job}"
-    if a.group is not None and a.group in job.avoid_groups:
-        return f"runs a job of group {a.group}"
-    if job.group is not None and job.group in a.avoid_groups:
-        return f"runs job {a.job}, which avoids group {job.group}"
-    return None
 
 
 def _rejections(rejected: dict[tuple[str, str], list[str]]) -> tuple[Rejection, ...]:
@@ -430,10 +399,6 @@ def _rejections(rejected: dict[tuple[str, str], list[str]]) -> tuple[Rejection, 
     items = [Rejection(c, s, tuple(sorted(nodes))) for (c, s), nodes in rejected.items()]
     items.sort(key=lambda r: (-r.count, order.get(r.constraint, len(order)), r.summary))
     return tuple(items)
-
-
-def _fewer(n: int, what: str) -> str:
-    return f"no {what}" if n == 1 else f"fewer than {n} {what}s"
 
 
 def _nodes(n: int) -> str:

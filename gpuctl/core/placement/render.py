@@ -59,7 +59,8 @@ def _explain(plan: Plan) -> list[str]:
     s = plan.settings
     out = [
         f"policy {s.policy}; nodes: {plan.nodes_total} ({plan.nodes_schedulable} schedulable); "
-        "jobs go by priority (highest first), then name; equal scores go to the node named first",
+        "jobs go by priority (highest first), standard before spot, then name; "
+        "equal scores go to the node named first",
         f"shape policy: a 1-GPU job asking more than {s.whole_card_over:g} of a card, and every "
         "multi-GPU job, takes whole cards",
         f"band: standard-tier work is admitted while allocated/total GPU memory stays at or below "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from fractions import Fraction
 
 from gpuctl.core.fit import Demand
@@ -44,12 +46,43 @@ def decide_shape(shape: JobShape, demand: Demand, cap_ref: int, settings: Settin
     return f"1 × {asked} slice{share}"
 
 
-def within_limit(allocated_mib: int, total_mib: int, limit: float) -> bool:
-    """`allocated / total <= limit`, exactly (no float rounding at the edge)."""
-    if total_mib == 0:
-        return allocated_mib == 0
-    return Fraction(allocated_mib) <= Fraction(repr(limit)) * total_mib
+def limit_mib(total_mib: int, limit: float) -> int:
+    """The most MiB that may be allocated under `limit` of `total_mib`, exactly: allocated/total
+    <= limit holds for an integer allocation iff it is at most this (no float rounding at the
+    edge: 0.8 is 4/5, not 0.8000000000000000444)."""
+    return math.floor(Fraction(repr(limit)) * total_mib)
 
 
 def _cards(n: int) -> str:
     return "1 whole card" if n == 1 else f"{n} whole cards"
+
+
+def demand_on(shape: JobShape, cap_ref: int, settings: Settings) -> Demand:
+    """The job-shape policy: what `shape` asks of a node whose (largest usable) cards hold
+    `cap_ref` MiB. More than one GPU, `whole`, or more than `whole_card_over` of a card: whole
+    cards; otherwise a slice."""
+    if shape.gpus == 0:
+        return Demand(gpus=0, per_gpu=0, cpu_milli=shape.cpu_milli, mem_mib=shape.host_mem_mib)
+    mem = shape.mem_per_gpu
+    per = mem.mib_on(cap_ref)
+    threshold = Fraction(repr(settings.whole_card_over))
+    if mem.fraction is not None:  # compare the share itself: rounding up must not tip it over
+        over = Fraction(repr(mem.fraction)) > threshold
+    else:
+        over = Fraction(per) > threshold * cap_ref
+    whole = mem.whole or shape.gpus > 1 or over
+    return Demand(
+        gpus=shape.gpus,
+        per_gpu=cap_ref if whole else per,
+        whole=whole,
+        cpu_milli=shape.cpu_milli,
+        mem_mib=shape.host_mem_mib,
+    )
+
+
+def added_mib(demand: Demand, caps: Sequence[int], cards: Sequence[int]) -> int:
+    if demand.gpus == 0:
+        return 0
+    if demand.whole or demand.gpus > 1:
+        return sum(caps[i] for i in cards)
+    return demand.per_gpu * len(cards)

@@ -439,3 +439,15 @@ def test_a_fraction_at_the_threshold_stays_a_slice_despite_rounding_up() -> None
     assert (got.allocation.whole, got.allocation.mib_per_card) == (False, 40780)
     over = placed(plan(state, [job("more", mem=CardMem.of_fraction(0.6))], OPEN), "more")
     assert over.allocation.whole
+
+
+def test_identical_nodes_are_told_apart_by_the_jobs_they_run() -> None:
+    etl = Allocation(job="etl", node="a", cards=(), mib_per_card=0, cpu_milli=1000)
+    state = fleet(
+        node("a", cpu_milli=8000, cpu_allocated_milli=1000),
+        node("b", cpu_milli=8000, cpu_allocated_milli=1000),
+        allocations=(etl,),
+    )
+    p = plan(state, [job("web", avoid_jobs=("etl",))], Settings(policy="first-fit"))
+    assert placed(p, "web").node == "b"
+    assert constraints(placed(p, "web")) == {"job_anti_affinity": 1}
