@@ -7,6 +7,7 @@ Partial failure is a value: a node that refuses, times out or fails auth becomes
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Iterable, Sequence
 
 from gpuctl.adapters.clock import SystemClock
@@ -21,7 +22,7 @@ from gpuctl.core.model import (
     Observation,
     Reach,
 )
-from gpuctl.errors import TransportError
+from gpuctl.errors import TransportError, TransportTimeout
 from gpuctl.ops.fanout import Fanout
 
 log = logging.getLogger(__name__)
@@ -56,7 +57,7 @@ class Gatherer:
         labels = dict(spec.labels)
         try:
             if spec.transport == "local":
-                observation = self._probe_local()
+                observation = self._probe_local(spec.command_timeout_s)
             else:
                 result = self._transport.run(
                     spec,
@@ -100,12 +101,34 @@ class Gatherer:
             labels=dict(spec.labels),
         )
 
-    def _probe_local(self) -> Observation:
-        if self._local_probe is None:
+    def _probe_local(self, timeout_s: float) -> Observation:
+        """NVML on this machine, under a deadline: a hung driver must not hang the scan.
+
+        The probe runs in a daemon thread of its own; past the deadline it is abandoned (NVML
+        calls cannot be interrupted) and the node reports a timeout.
+        """
+        probe = self._local_probe
+        if probe is None:
             from gpuctl.adapters.probe.local import probe_local
 
-            return probe_local()
-        return self._local_probe()
+            probe = probe_local
+        box: list[Observation | BaseException] = []
+
+        def work() -> None:
+            try:
+                box.append(probe())
+            except BaseException as exc:  # handed to the caller's thread
+                box.append(exc)
+
+        worker = threading.Thread(target=work, name="gpuctl-local-probe", daemon=True)
+        worker.start()
+        worker.join(timeout_s)
+        if not box:
+            raise TransportTimeout(f"local NVML probe did not answer within {timeout_s:g}s")
+        result = box[0]
+        if isinstance(result, BaseException):
+            raise result
+        return result
 
     def gather(
         self, nodes: Inventory | Iterable[NodeSpec], *, progress: Progress | None = None

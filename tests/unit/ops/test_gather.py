@@ -125,3 +125,21 @@ def test_a_local_node_is_probed_without_the_transport() -> None:
     assert fake.calls == []
     assert node.state is NodeState.UNKNOWN
     assert node.error == "no driver"
+
+
+def test_a_hung_local_nvml_probe_times_out_instead_of_hanging_the_scan() -> None:
+    import threading
+
+    release = threading.Event()
+
+    def hung() -> "Observation":
+        release.wait(30)
+        raise RuntimeError("released")
+
+    from gpuctl.core.model import Observation
+
+    with Gatherer(FakeTransport({}), local_probe=hung) as g:
+        (node,) = g.gather([_node("here", transport="local", command_timeout_s=0.2)]).nodes
+    release.set()
+    assert node.reach is Reach.TIMEOUT
+    assert node.error == "local NVML probe did not answer within 0.2s"
