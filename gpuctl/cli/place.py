@@ -33,6 +33,11 @@ def place(
     band_max: float | None = typer.Option(
         None, "--band-max", help="Standard-tier admission limit as a fraction (default 0.8)."
     ),
+    headroom: float | None = typer.Option(
+        None,
+        "--headroom",
+        help="Failover headroom kept free of standard work, 0.10-0.20 (default 0.15).",
+    ),
     whole_card_over: float | None = typer.Option(
         None,
         "--whole-card-over",
@@ -48,7 +53,7 @@ def place(
     from gpuctl.core.plan import plan_to_dict, render_plan_text
     from gpuctl.ops import place as service
 
-    settings = _settings(policy, band_max, whole_card_over)
+    settings = _settings(policy, band_max, headroom, whole_card_over)
     requests = load_job_specs(jobs)
     fleet = service.load_snapshot(snapshot) if snapshot else _gather(ctx)
     result = service.place(requests, settings, fleet)
@@ -61,7 +66,10 @@ def place(
 
 
 def _settings(
-    policy: str | None, band_max: float | None, whole_card_over: float | None
+    policy: str | None,
+    band_max: float | None,
+    headroom: float | None,
+    whole_card_over: float | None,
 ) -> Settings:
     name = policy or DEFAULT_POLICY
     if name not in POLICIES:
@@ -70,12 +78,15 @@ def _settings(
         )
     if band_max is not None and not 0 < band_max <= 1:
         raise UsageError("--band-max must be a fraction in (0, 1]", hint="0.8 means 80%")
+    if headroom is not None and not 0.10 <= headroom <= 0.20:
+        raise UsageError("--headroom must be a fraction from 0.10 to 0.20", hint="0.15 means 15%")
     if whole_card_over is not None and not 0 < whole_card_over <= 1:
         raise UsageError("--whole-card-over must be a fraction of a card in (0, 1]")
     defaults = Settings()
     return Settings(
         policy=name,
         band_max=defaults.band_max if band_max is None else band_max,
+        headroom=defaults.headroom if headroom is None else headroom,
         whole_card_over=defaults.whole_card_over if whole_card_over is None else whole_card_over,
     )
 

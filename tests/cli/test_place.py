@@ -7,8 +7,12 @@ import pytest
 import yaml
 from typer.testing import CliRunner, Result
 
+from gpuctl.cli.context import AppContext
 from gpuctl.cli.main import app
 from gpuctl.core.model import fleet_from_dict
+from gpuctl.errors import ConnectRefused
+from gpuctl.lab import nodestate
+from gpuctl.testing.fakes import FakeTransport, ShellTransport
 
 ROOT = Path(__file__).parents[2]
 SNAPSHOT = ROOT / "tests" / "fixtures" / "snapshots" / "fleet-5-nodes.json"
@@ -108,6 +112,13 @@ def test_band_max_stops_standard_work_at_the_given_edge(tmp_path: Path) -> None:
     ) in result.stdout
 
 
+def test_the_standard_limit_is_the_lower_of_band_max_and_one_minus_headroom() -> None:
+    job = str(EXAMPLES / "infer-slice.yaml")
+    args = ["--snapshot", str(SNAPSHOT), "-o", "json", "--band-max", "1.0", "--headroom", "0.1"]
+    settings = json.loads(run(job, *args).stdout)["settings"]
+    assert (settings["standard_limit"], settings["spot_limit"]) == (0.9, 1.0)
+
+
 def test_whole_card_over_decides_whole_card_or_slice(tmp_path: Path) -> None:
     job = str(job_file(tmp_path, "name: mid\nresources: {mem_per_gpu: 48GiB}\n"))
     whole = run(job, "--snapshot", str(SNAPSHOT), "-o", "json")
@@ -128,7 +139,8 @@ def test_policy_changes_the_choice_and_an_unknown_one_is_a_usage_error() -> None
 
 
 @pytest.mark.parametrize(
-    ("option", "value"), [("--band-max", "1.5"), ("--band-max", "0"), ("--whole-card-over", "2")]
+    ("option", "value"),
+    [("--band-max", "1.5"), ("--band-max", "0"), ("--whole-card-over", "2"), ("--headroom", "0.3")],
 )
 def test_fractions_outside_0_to_1_are_usage_errors(option: str, value: str) -> None:
     result = run(str(EXAMPLES / "infer-slice.yaml"), "--snapshot", str(SNAPSHOT), option, value)
@@ -180,3 +192,45 @@ def test_node_names_from_a_snapshot_cannot_smuggle_escape_sequences(tmp_path: Pa
     assert result.exit_code == 0
     assert "\x1b" not in result.stdout
     assert "gpu-01red" in result.stdout
+
+
+def test_on_the_live_fleet_place_polls_once_and_skips_nodes_that_do_not_answer(
+    tmp_path: Path,
+) -> None:
+    state = tmp_path / "state.json"
+    nodestate.write_state(
+        state,
+        nodestate.new_node_state(
+            "gpu01", gpus=2, model="NVIDIA H100 80GB HBM3", mem_gib=80, node_index=0
+        ),
+    )
+    nodestate.install_node_tools(tmp_path / "bin", python="/usr/bin/python3")
+    env = {
+        "PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin",
+        "GPUCTL_LAB_STATE": str(state),
+        "GPUCTL_LAB_NODE": "gpu01",
+    }
+    shell = ShellTransport({"gpu01": env})
+    transport = FakeTransport(
+        {
+            "gpu01": lambda n, c: shell.run(n, c, timeout_s=10),
+            "gpu02": ConnectRefused("connection refused"),
+        }
+    )
+    inventory = tmp_path / "fleet.yaml"
+    inventory.write_text(
+        "nodes:\n"
+        "  - {name: gpu01, host: 127.0.0.1, port: 2201}\n"
+        "  - {name: gpu02, host: 127.0.0.1, port: 2202}\n"
+    )
+    job = job_file(tmp_path, "name: one\nresources: {gpus: 1, gpu_models: [H100]}\n")
+    ctx = AppContext(transport_factory=lambda: transport)
+    result = CliRunner().invoke(
+        app, ["-i", str(inventory), "place", str(job), "-o", "json"], obj=ctx
+    )
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert (doc["jobs"][0]["node"], doc["jobs"][0]["cards"]) == ("gpu01", [0])
+    assert doc["summary"]["schedulable_nodes"] == 1
+    assert [r["summary"] for r in doc["jobs"][0]["rejections"]] == ["unreachable (refused)"]
+    assert sorted({name for name, _ in transport.calls}) == ["gpu01", "gpu02"]
