@@ -1,11 +1,12 @@
 """Gather: one probe per node, a snapshot per node whatever happens to the others."""
 
+import threading
 from pathlib import Path
 
 import pytest
 
 from gpuctl.adapters.protocols import ExecResult
-from gpuctl.core.model import NodeSpec, NodeState, Reach
+from gpuctl.core.model import NodeSpec, NodeState, Observation, Reach
 from gpuctl.errors import (
     AuthFailed,
     ConnectRefused,
@@ -117,8 +118,6 @@ def test_progress_is_reported_once_per_node(fake_node: dict[str, str]) -> None:
 
 
 def test_a_local_node_is_probed_without_the_transport() -> None:
-    from gpuctl.core.model import Observation
-
     fake = FakeTransport({})
     with Gatherer(fake, local_probe=lambda: Observation(nvml_ok=False, notes=("no driver",))) as g:
         (node,) = g.gather([_node("here", transport="local")]).nodes
@@ -128,15 +127,12 @@ def test_a_local_node_is_probed_without_the_transport() -> None:
 
 
 def test_a_hung_local_nvml_probe_times_out_instead_of_hanging_the_scan() -> None:
-    import threading
 
     release = threading.Event()
 
     def hung() -> "Observation":
         release.wait(30)
         raise RuntimeError("released")
-
-    from gpuctl.core.model import Observation
 
     with Gatherer(FakeTransport({}), local_probe=hung) as g:
         (node,) = g.gather([_node("here", transport="local", command_timeout_s=0.2)]).nodes
