@@ -130,7 +130,7 @@ def test_a_hung_local_nvml_probe_times_out_instead_of_hanging_the_scan() -> None
 
     release = threading.Event()
 
-    def hung() -> "Observation":
+    def hung() -> Observation:
         release.wait(30)
         raise RuntimeError("released")
 
