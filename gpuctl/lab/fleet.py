@@ -134,9 +134,16 @@ def _write_atomic(path: Path, text: str, mode: int) -> None:
     with contextlib.suppress(FileNotFoundError):
         tmp.unlink()
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    os.fchmod(fd, mode)  # whatever the umask: the lab user must read these
     with os.fdopen(fd, "w") as fh:
         fh.write(text)
     tmp.replace(path)
+
+
+def _mkdir(path: Path, *, parents: bool = False, exist_ok: bool = False) -> None:
+    """A folder the lab user can enter, whatever the umask."""
+    path.mkdir(parents=parents, exist_ok=exist_ok)
+    path.chmod(0o755)
 
 
 @contextlib.contextmanager
@@ -175,11 +182,12 @@ def up(
             f"{lab_dir}: a lab is already running here",
             hint=f"stop it first: gpuctl lab down --dir {lab_dir}",
         )
-    lab_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
+    if not lab_dir.exists():
+        _mkdir(lab_dir, parents=True)
     user = sshd_mod.lab_user()
     sshd_mod.check_traversable(lab_dir, user)
     if os.geteuid() == 0:
-        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation dir
+        _mkdir(Path("/run/sshd"), exist_ok=True)  # sshd's privilege separation dir
     with _locked(lab_dir):
         lab = _prepare(lab_dir, user, nodes, gpus, gpu_model, gpu_mem_gib, sshd)
         try:
@@ -204,10 +212,9 @@ def _prepare(
 ) -> Lab:
 
     client_pub = sshd_mod.generate_ed25519(lab_dir / "id_ed25519", "gpuctl-lab-client")
-    (lab_dir / "id_ed25519.pub").write_text(client_pub + "\n")
     _write_atomic(lab_dir / "authorized_keys", client_pub + "\n", 0o644)
     shutil.rmtree(lab_dir / "nodes", ignore_errors=True)
-    (lab_dir / "nodes").mkdir(mode=0o755)
+    _mkdir(lab_dir / "nodes")
     width = max(2, len(str(count)))
     python = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else sys.executable
     lab_nodes = []
@@ -215,8 +222,8 @@ def _prepare(
     for index in range(1, count + 1):
         name = f"lab-{index:0{width}d}"
         node_dir = lab.node_dir(name)
-        (node_dir / "bin").mkdir(mode=0o755, parents=True)
-        (node_dir / "home").mkdir(mode=0o755)
+        for folder in (node_dir, node_dir / "bin", node_dir / "home"):
+            _mkdir(folder)
         state = nodestate.new_node_state(
             name, gpus=gpus, model=gpu_model, mem_gib=gpu_mem_gib, node_index=index
         )

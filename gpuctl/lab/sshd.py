@@ -40,7 +40,9 @@ def generate_ed25519(private_path: Path, comment: str) -> str:
     )
     write_private(private_path, private)
     line = f"{public.decode('ascii')} {comment}"
-    private_path.with_name(private_path.name + ".pub").write_text(line + "\n")
+    public_path = private_path.with_name(private_path.name + ".pub")
+    public_path.write_text(line + "\n")
+    public_path.chmod(0o644)
     return line
 
 

@@ -257,3 +257,28 @@ def test_status_gives_each_broken_node_its_own_outcome_without_a_traceback(
     assert "authentication failed" in nodes["lab-04"]["error"]
     assert "host key unknown: ssh-ed25519 SHA256:" in nodes["lab-05"]["error"]
     assert elapsed < 8  # the frozen node costs one connect deadline, not the whole scan
+
+
+def test_up_under_a_strict_umask_still_gives_the_lab_user_what_it_needs(tmp_path: Path) -> None:
+    lab_dir = Path(tempfile.mkdtemp(prefix="gpuctl-lab-umask-", dir="/tmp"))
+    lab_dir.chmod(0o755)
+    code = "import os; os.umask(0o077); from gpuctl.cli.main import run; run()"
+    try:
+        argv = ["lab", "up", "--nodes", "1", "--gpus", "1", "--dir", str(lab_dir)]
+        up = subprocess.run(
+            [sys.executable, "-c", code, *argv],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert up.returncode == 0, up.stderr
+        node = fleet.load(lab_dir).nodes[0]
+        spec = load_inventory(lab_dir / "inventory.yaml").nodes[0]
+        assert spec.port == node.port
+        with SshTransport(own_known_hosts=tmp_path / "kh", system_known_hosts=()) as transport:
+            result = transport.run(spec, QUERY, timeout_s=10)
+        assert (result.exit_code, result.stdout.decode().split(",")[0]) == (0, "0"), result.stderr
+    finally:
+        fleet.down(lab_dir)
+        shutil.rmtree(lab_dir)
