@@ -9,85 +9,44 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import fcntl
 import json
 import os
 import shutil
 import signal
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 
 from gpuctl.errors import LabError
-from gpuctl.lab import nodestate
+from gpuctl.lab import nodestate, record
 from gpuctl.lab import sshd as sshd_mod
+from gpuctl.lab.record import Lab, LabNode, load
+
+__all__ = [
+    "DEFAULT_GPU_MODEL",
+    "LAB_HOST",
+    "NODE_ENV",
+    "STATE_ENV",
+    "Lab",
+    "LabNode",
+    "NodeStatus",
+    "down",
+    "freeze",
+    "inject",
+    "kill",
+    "load",
+    "revive",
+    "status",
+    "thaw",
+    "up",
+]
 
 LAB_HOST = "127.0.0.1"
 DEFAULT_GPU_MODEL = "NVIDIA H100 80GB HBM3"
 NODE_ENV = "GPUCTL_LAB_NODE"
 STATE_ENV = "GPUCTL_LAB_STATE"
-_LAB_FILE = "lab.json"
-_FORMAT = 1
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class LabNode:
-    name: str
-    index: int
-    host: str
-    port: int
-    pid: int | None  # the node's sshd; None while killed or stopped
-    gpus: int
-    gpu_model: str
-    gpu_mem_gib: int
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Lab:
-    """What `lab.json` records. Paths derive from `dir`."""
-
-    dir: Path
-    user: str
-    sshd: str
-    nodes: tuple[LabNode, ...]
-
-    @property
-    def inventory_path(self) -> Path:
-        return self.dir / "inventory.yaml"
-
-    @property
-    def known_hosts_path(self) -> Path:
-        return self.dir / "known_hosts"
-
-    @property
-    def key_path(self) -> Path:
-        return self.dir / "id_ed25519"
-
-    def node_dir(self, name: str) -> Path:
-        return self.dir / "nodes" / name
-
-    def config_path(self, name: str) -> Path:
-        return self.node_dir(name) / "sshd_config"
-
-    def state_path(self, name: str) -> Path:
-        return self.node_dir(name) / "state.json"
-
-    def log_path(self, name: str) -> Path:
-        return self.node_dir(name) / "sshd.log"
-
-    def node(self, name: str) -> LabNode:
-        for node in self.nodes:
-            if node.name == name:
-                return node
-        known = ", ".join(n.name for n in self.nodes) or "none"
-        raise LabError(f"{self.dir / _LAB_FILE}: no node {name!r} (nodes: {known})")
-
-    def with_node(self, node: LabNode) -> Lab:
-        nodes = tuple(node if n.name == node.name else n for n in self.nodes)
-        return dataclasses.replace(self, nodes=nodes)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -95,66 +54,6 @@ class NodeStatus:
     node: LabNode
     running: bool
     frozen: bool
-
-
-# -- lab.json ----------------------------------------------------------------------------------
-
-
-def load(lab_dir: Path) -> Lab:
-    lab_dir = lab_dir.absolute()
-    path = lab_dir / _LAB_FILE
-    try:
-        data = json.loads(path.read_text())
-        return Lab(
-            dir=lab_dir,
-            user=str(data["user"]),
-            sshd=str(data["sshd"]),
-            nodes=tuple(LabNode(**n) for n in data["nodes"]),
-        )
-    except FileNotFoundError:
-        raise LabError(
-            f"{path}: no lab here", hint=f"start one with: gpuctl lab up --dir {lab_dir}"
-        ) from None
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise LabError(f"{path}: unreadable lab record: {exc}") from None
-
-
-def _save(lab: Lab) -> None:
-    doc = {
-        "format": _FORMAT,
-        "user": lab.user,
-        "sshd": lab.sshd,
-        "nodes": [dataclasses.asdict(n) for n in lab.nodes],
-    }
-    _write_atomic(lab.dir / _LAB_FILE, json.dumps(doc, indent=2) + "\n", 0o644)
-
-
-def _write_atomic(path: Path, text: str, mode: int) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with contextlib.suppress(FileNotFoundError):
-        tmp.unlink()
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-    os.fchmod(fd, mode)  # whatever the umask: the lab user must read these
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)
-    tmp.replace(path)
-
-
-def _mkdir(path: Path, *, parents: bool = False, exist_ok: bool = False) -> None:
-    """A folder the lab user can enter, whatever the umask."""
-    path.mkdir(parents=parents, exist_ok=exist_ok)
-    path.chmod(0o755)
-
-
-@contextlib.contextmanager
-def _locked(lab_dir: Path) -> Iterator[None]:
-    """One lab-changing command at a time per folder."""
-    fd = os.open(lab_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
 
 
 # -- up ----------------------------------------------------------------------------------------
@@ -177,26 +76,26 @@ def up(
         raise LabError("--gpus must be 0 or more and --gpu-mem-gib more than 0")
     sshd_mod.check_sshd(sshd)
     lab_dir = lab_dir.absolute()
-    if (lab_dir / _LAB_FILE).exists() and any(s.running for s in status(lab_dir)):
+    if (lab_dir / record.LAB_FILE).exists() and any(s.running for s in status(lab_dir)):
         raise LabError(
             f"{lab_dir}: a lab is already running here",
             hint=f"stop it first: gpuctl lab down --dir {lab_dir}",
         )
     if not lab_dir.exists():
-        _mkdir(lab_dir, parents=True)
+        record.mkdir(lab_dir, parents=True)
     user = sshd_mod.lab_user()
     sshd_mod.check_traversable(lab_dir, user)
     if os.geteuid() == 0:
-        _mkdir(Path("/run/sshd"), exist_ok=True)  # sshd's privilege separation dir
-    with _locked(lab_dir):
+        record.mkdir(Path("/run/sshd"), exist_ok=True)  # sshd's privilege separation dir
+    with record.locked(lab_dir):
         lab = _prepare(lab_dir, user, nodes, gpus, gpu_model, gpu_mem_gib, sshd)
         try:
             lab = _start_all(lab, start_timeout_s)
         except BaseException:
-            if (lab_dir / _LAB_FILE).exists():
+            if (lab_dir / record.LAB_FILE).exists():
                 lab = load(lab_dir)  # what was started: pids are recorded as soon as they exist
             _stop_all(lab)
-            _save(dataclasses.replace(lab, nodes=tuple(_without_pid(n) for n in lab.nodes)))
+            record.save(dataclasses.replace(lab, nodes=tuple(_without_pid(n) for n in lab.nodes)))
             raise
     return lab
 
@@ -212,9 +111,9 @@ def _prepare(
 ) -> Lab:
 
     client_pub = sshd_mod.generate_ed25519(lab_dir / "id_ed25519", "gpuctl-lab-client")
-    _write_atomic(lab_dir / "authorized_keys", client_pub + "\n", 0o644)
+    record.write_atomic(lab_dir / "authorized_keys", client_pub + "\n", 0o644)
     shutil.rmtree(lab_dir / "nodes", ignore_errors=True)
-    _mkdir(lab_dir / "nodes")
+    record.mkdir(lab_dir / "nodes")
     width = max(2, len(str(count)))
     python = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else sys.executable
     lab_nodes = []
@@ -223,7 +122,7 @@ def _prepare(
         name = f"lab-{index:0{width}d}"
         node_dir = lab.node_dir(name)
         for folder in (node_dir, node_dir / "bin", node_dir / "home"):
-            _mkdir(folder)
+            record.mkdir(folder)
         state = nodestate.new_node_state(
             name, gpus=gpus, model=gpu_model, mem_gib=gpu_mem_gib, node_index=index
         )
@@ -256,7 +155,7 @@ def _write_config(lab: Lab, node: LabNode, version: tuple[int, int] | None) -> N
         env=env,
         sshd_version=version,
     )
-    _write_atomic(lab.config_path(node.name), text, 0o644)
+    record.write_atomic(lab.config_path(node.name), text, 0o644)
 
 
 def _start_all(lab: Lab, timeout_s: float) -> Lab:
@@ -274,7 +173,7 @@ def _start_all(lab: Lab, timeout_s: float) -> Lab:
             node = dataclasses.replace(node, pid=pid)
             lab = lab.with_node(node)
             started.append(node)
-        _save(lab)  # so that `down` can clean up even if this process dies now
+        record.save(lab)  # so that `down` can clean up even if this process dies now
         deadline = time.monotonic() + timeout_s
         pending = []
         for node in started:
@@ -292,7 +191,7 @@ def _start_all(lab: Lab, timeout_s: float) -> Lab:
             break
     else:
         raise LabError("could not find free ports for the lab nodes")
-    _save(lab)
+    record.save(lab)
     _write_known_hosts(lab)
     _write_inventory(lab)
     return lab
@@ -304,7 +203,7 @@ def _write_known_hosts(lab: Lab) -> None:
         public = lab.node_dir(node.name) / "ssh_host_ed25519_key.pub"
         key_type, blob = public.read_text().split()[:2]
         lines.append(f"[{node.host}]:{node.port} {key_type} {blob}\n")
-    _write_atomic(lab.known_hosts_path, "".join(lines), 0o644)
+    record.write_atomic(lab.known_hosts_path, "".join(lines), 0o644)
 
 
 def _write_inventory(lab: Lab) -> None:
@@ -321,7 +220,7 @@ def _write_inventory(lab: Lab) -> None:
             f"  - {{name: {n.name}, host: {n.host}, port: {n.port}, gpus: {n.gpus}, "
             f'gpu_model: {json.dumps(n.gpu_model)}, labels: {{lab: "true"}}}}'
         )
-    _write_atomic(lab.inventory_path, "\n".join(lines) + "\n", 0o644)
+    record.write_atomic(lab.inventory_path, "\n".join(lines) + "\n", 0o644)
 
 
 # -- status, kill, revive, freeze, thaw, down --------------------------------------------------
@@ -386,12 +285,12 @@ def _stop_all(lab: Lab) -> int:
 def down(lab_dir: Path) -> int:
     """Stop every sshd and node process of the lab; how many processes were stopped. Idempotent."""
     lab_dir = lab_dir.absolute()
-    if not (lab_dir / _LAB_FILE).exists():
+    if not (lab_dir / record.LAB_FILE).exists():
         return 0
-    with _locked(lab_dir):
+    with record.locked(lab_dir):
         lab = load(lab_dir)
         stopped = _stop_all(lab)
-        _save(dataclasses.replace(lab, nodes=tuple(_without_pid(n) for n in lab.nodes)))
+        record.save(dataclasses.replace(lab, nodes=tuple(_without_pid(n) for n in lab.nodes)))
     return stopped
 
 
@@ -402,18 +301,18 @@ def _without_pid(node: LabNode) -> LabNode:
 def kill(lab_dir: Path, name: str) -> int:
     """Simulate node death: SIGKILL its sshd and every process of the node."""
     lab_dir = lab_dir.absolute()
-    with _locked(lab_dir):
+    with record.locked(lab_dir):
         lab = load(lab_dir)
         node = lab.node(name)
         stopped = _stop_node(lab, node)
-        _save(lab.with_node(_without_pid(node)))
+        record.save(lab.with_node(_without_pid(node)))
     return stopped
 
 
 def revive(lab_dir: Path, name: str, *, timeout_s: float = 10.0) -> LabNode:
     """Start a killed node's sshd again: same host key, same port."""
     lab_dir = lab_dir.absolute()
-    with _locked(lab_dir):
+    with record.locked(lab_dir):
         lab = load(lab_dir)
         node = lab.node(name)
         if node.pid is not None and sshd_mod.is_sshd_of(node.pid, lab.config_path(name)):
@@ -425,11 +324,11 @@ def revive(lab_dir: Path, name: str, *, timeout_s: float = 10.0) -> LabNode:
         offset = sshd_mod.log_size(log)
         pid = sshd_mod.spawn_sshd(Path(lab.sshd), lab.config_path(name), log)
         node = dataclasses.replace(node, pid=pid)
-        _save(lab.with_node(node))
+        record.save(lab.with_node(node))
         why = sshd_mod.wait_listening(pid, log, time.monotonic() + timeout_s, offset=offset)
         if why is not None:
             _stop_node(lab, node)
-            _save(lab.with_node(_without_pid(node)))
+            record.save(lab.with_node(_without_pid(node)))
             raise LabError(f"{name}: sshd did not start again: {why}")
     return node
 
