@@ -42,6 +42,9 @@ class _Boundary(TyperGroup):
         except KeyboardInterrupt:
             sys.stderr.write("interrupted\n")
             ctx.exit(int(ExitCode.INTERRUPTED))
+        except BrokenPipeError:  # `gpuctl status | head`: the reader left, nothing to report
+            _silence_stdout()
+            ctx.exit(int(ExitCode.OK))
         except (typer.Exit, typer.Abort, typer.TyperException):
             raise
         except Exception as exc:
@@ -52,6 +55,15 @@ class _Boundary(TyperGroup):
                 "hint: run again with --debug for a traceback, and report it\n"
             )
             ctx.exit(int(ExitCode.ERROR))
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush raises nothing."""
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def _debug(ctx: ClickContext) -> bool:
@@ -116,4 +128,8 @@ app.add_typer(bench.app, name="bench")
 
 
 def run() -> None:
-    app()
+    try:
+        app()
+    except BrokenPipeError:  # raised outside a command too, e.g. `gpuctl --help | head -1`
+        _silence_stdout()
+        sys.exit(int(ExitCode.OK))

@@ -415,10 +415,24 @@ def convert_validation_error(
     error: type[ConfigError] = ConfigError,
 ) -> ConfigError:
     errors = exc.errors(include_url=False)
-    first = min(
-        enumerate(errors),
-        key=lambda ie: (_err_line(ie[1], lines) or 0, ie[0]),
-    )[1]
+
+    def rank(item: tuple[int, Any]) -> tuple[float, int]:
+        i, err = item
+        line = float(_err_line(err, lines) or 0)
+        if err["type"] == "missing":
+            # `resource:` for `resources:` is both an unknown and a missing key: the unknown key,
+            # with its "did you mean", is the better explanation, so it comes first.
+            parent = tuple(err["loc"][:-1])
+            typos = [
+                _err_line(e, lines) or 0
+                for e in errors
+                if e["type"] == "extra_forbidden" and tuple(e["loc"][:-1]) == parent
+            ]
+            if typos:
+                line = min(typos) + 0.5
+        return line, i
+
+    first = min(enumerate(errors), key=rank)[1]
     loc: Loc = tuple(first["loc"])
     message, hint = describe_error(first, model)
     if first["type"] == "missing":

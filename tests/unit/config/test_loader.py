@@ -124,7 +124,13 @@ def test_missing_key_points_at_its_parent_mapping() -> None:
     assert _line("nodes:\n  - name: a\n  - host: b\n") == (
         "fleet.yaml:3: nodes[1]: missing required key 'name'"
     )
-    assert _line("# nothing\nother: 1\n") == "fleet.yaml:2: missing required key 'nodes'"
+
+
+def test_an_unknown_key_beside_a_missing_one_is_reported_first_with_its_hint() -> None:
+    # `other:` for `nodes:`: the typo explains the missing key, so it is the error shown.
+    assert _line("# nothing\nother: 1\n") == (
+        "fleet.yaml:2: other: unknown key 'other' | hint: valid keys: nodes"
+    )
 
 
 @pytest.mark.parametrize(
