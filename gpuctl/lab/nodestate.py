@@ -414,6 +414,7 @@ def render_answers(state_path: Path, state: dict[str, Any]) -> None:
     fake.dmesg_main([], state=state, out=buf)
     answers["dmesg"] = buf.getvalue()
     folder.mkdir(mode=0o755, exist_ok=True)
+    folder.chmod(0o755)  # the lab user reads it, whatever the umask
     for key, text in answers.items():
         fd, tmp = tempfile.mkstemp(prefix=f".{key}.", dir=folder)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
