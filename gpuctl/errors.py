@@ -122,6 +122,10 @@ class StateError(GpuctlError):
     exit_code = ExitCode.STATE
 
 
+class StoreConflict(StateError):
+    """A compare-and-set lost: the row changed under us (another control loop, another operator)."""
+
+
 class PlanError(GpuctlError):
     pass
 

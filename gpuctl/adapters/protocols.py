@@ -3,8 +3,23 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Protocol
+from collections.abc import Iterable, Mapping
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
 
+from gpuctl.core.jobs import (
+    Checkpoint,
+    CheckpointMarker,
+    Cordon,
+    Event,
+    Incarnation,
+    IncarnationState,
+    Job,
+    JobState,
+    LaunchRequest,
+    NodeLiveness,
+    RunStatus,
+)
 from gpuctl.core.model import NodeSpec
 
 
@@ -40,3 +55,109 @@ class Clock(Protocol):
     def now(self) -> float: ...
 
     def monotonic(self) -> float: ...
+
+
+# --- the state store -------------------------------------------------------------------------
+
+
+class Store(Protocol):
+    """Jobs, incarnations (and the cards they hold), checkpoints, cordons, liveness and the audit
+    log. Implementations: SQLite (`gpuctl.adapters.store.sqlite`); PostgreSQL later.
+
+    Every mutating method is one transaction. Compare-and-set methods raise
+    `gpuctl.errors.StoreConflict` when the row is not in the expected state, so two control loops
+    never both act on one job, and `begin_launch` never double-books a card. A store that cannot be
+    trusted (corrupt, missing where one existed, newer schema) raises `gpuctl.errors.StateError`
+    with the hint `gpuctl db check` when opened for writing.
+    """
+
+    def close(self) -> None: ...
+
+    # jobs
+    def add_job(self, job: Job, event: Event) -> None: ...
+    def job(self, ref: str) -> Job | None: ...  # by id, or by name (the newest job of that name)
+    def jobs(self, states: Iterable[JobState] | None = None) -> list[Job]: ...
+    def update_job(
+        self,
+        job_id: str,
+        *,
+        expect: JobState | None = None,
+        event: Event | None = None,
+        **changes: Any,
+    ) -> Job: ...
+
+    # incarnations and the cards they hold
+    def begin_launch(
+        self, inc: Incarnation, *, capacity_mib: Mapping[tuple[str, int], int], event: Event
+    ) -> Job: ...
+    def update_incarnation(
+        self,
+        job_id: str,
+        n: int,
+        *,
+        expect: IncarnationState | None = None,
+        event: Event | None = None,
+        **changes: Any,
+    ) -> Incarnation: ...
+    def incarnations(
+        self, job_id: str | None = None, *, node: str | None = None, holding: bool | None = None
+    ) -> list[Incarnation]: ...
+
+    # checkpoints (newest step first)
+    def add_checkpoint(self, checkpoint: Checkpoint) -> None: ...
+    def checkpoints(self, job_id: str) -> list[Checkpoint]: ...
+
+    # the audit log (append-only)
+    def append_event(self, event: Event) -> int: ...
+    def events(
+        self,
+        *,
+        since: float | None = None,
+        job_id: str | None = None,
+        kinds: Iterable[str] | None = None,
+        limit: int | None = None,
+    ) -> list[Event]: ...
+
+    # cordons and node liveness
+    def cordon(self, cordon: Cordon, event: Event) -> None: ...
+    def uncordon(self, node: str, event: Event) -> Cordon | None: ...
+    def cordons(self) -> list[Cordon]: ...
+    def liveness(self) -> dict[str, NodeLiveness]: ...
+    def set_liveness(self, liveness: NodeLiveness) -> None: ...
+
+    # integrity: problems found (empty: healthy); never raises for a damaged database
+    def check(self) -> list[str]: ...
+
+    # one control loop at a time (an exclusive, cross-process lock; raises StoreConflict when
+    # `wait_s` passes)
+    def loop_lock(self, wait_s: float = 0.0) -> AbstractContextManager[None]: ...
+
+
+# --- jobs on nodes -------------------------------------------------------------------------------
+
+
+class JobRunner(Protocol):
+    """Starts, watches, signals and reads jobs on nodes, over a `Transport`. Raises
+    `gpuctl.errors.TransportError` subclasses when a node cannot be reached."""
+
+    def launch(self, node: NodeSpec, request: LaunchRequest) -> RunStatus: ...
+
+    def observe(self, node: NodeSpec) -> list[RunStatus]: ...  # every incarnation on the node
+
+    def signal(self, node: NodeSpec, job_id: str, incarnation: int, signal: str) -> bool: ...
+
+    def logs(
+        self,
+        node: NodeSpec,
+        job_id: str,
+        incarnation: int,
+        *,
+        offset: int = 0,
+        limit: int = 1 << 20,
+    ) -> tuple[bytes, int]: ...  # (the log's bytes from `offset`, the next offset)
+
+    def checkpoints(self, node: NodeSpec, checkpoint_dir: str) -> list[CheckpointMarker]: ...
+
+    def pull_checkpoint(self, node: NodeSpec, remote_path: str, local_dir: str) -> None: ...
+
+    def push_checkpoint(self, node: NodeSpec, local_dir: str, remote_path: str) -> None: ...

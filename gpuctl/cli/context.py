@@ -16,6 +16,7 @@ from gpuctl.errors import UsageError
 @dataclasses.dataclass
 class AppContext:
     inventory_path: Path | None = None
+    state_dir: Path | None = None  # --state-dir; else GPUCTL_STATE_DIR, else the XDG state dir
     debug: bool = False
     env: Mapping[str, str] = dataclasses.field(default_factory=lambda: dict(os.environ))
     # Tests inject a transport here; commands otherwise build the SSH transport lazily.

@@ -98,6 +98,12 @@ def _root(
         help="Inventory file or folder (default: $GPUCTL_INVENTORY).",
         show_default=False,
     ),
+    state_dir: Path | None = typer.Option(
+        None,
+        "--state-dir",
+        help="gpuctl's state folder (default: $GPUCTL_STATE_DIR, then $XDG_STATE_HOME/gpuctl).",
+        show_default=False,
+    ),
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks and debug logs."),
     version: bool = typer.Option(
         False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
@@ -105,9 +111,10 @@ def _root(
 ) -> None:
     if isinstance(ctx.obj, AppContext):  # tests pass a prepared context (injected transport)
         ctx.obj.inventory_path = inventory or ctx.obj.inventory_path
+        ctx.obj.state_dir = state_dir or ctx.obj.state_dir
         ctx.obj.debug = debug or ctx.obj.debug
     else:
-        ctx.obj = AppContext(inventory_path=inventory, debug=debug)
+        ctx.obj = AppContext(inventory_path=inventory, state_dir=state_dir, debug=debug)
     _configure_logging(debug)
 
 
