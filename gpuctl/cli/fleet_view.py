@@ -10,7 +10,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from gpuctl.cli.render import safe
+from gpuctl.cli.render import Output, emit_document, safe
 from gpuctl.core.hints import gpu_hints, node_hints
 from gpuctl.core.model import FleetSnapshot, NodeSnapshot, NodeSpec, Reach, fleet_to_dict
 
@@ -36,6 +36,18 @@ def _mib_gib(mib: int | None) -> str:
 
 def _na(value: object, suffix: str = "") -> str:
     return "-" if value is None else f"{value}{suffix}"
+
+
+def render_fleet(fleet: FleetSnapshot, specs: Mapping[str, NodeSpec], output: Output) -> None:
+    """The fleet on stdout: one document for json/yaml, the node table (and for wide the GPU
+    table) otherwise."""
+    if output in (Output.JSON, Output.YAML):
+        emit_document(fleet_document(fleet, specs), output)
+        return
+    print_table(fleet_table(fleet, specs))
+    if output is Output.WIDE:
+        sys.stdout.write("\n")
+        print_table(gpu_table(fleet))
 
 
 def summary(fleet: FleetSnapshot) -> dict[str, Any]:

@@ -2,18 +2,10 @@
 
 from __future__ import annotations
 
-import sys
-
 import typer
 
 from gpuctl.cli import fleet
-from gpuctl.cli.fleet_view import (
-    fleet_document,
-    fleet_table,
-    gpu_table,
-    print_table,
-    stdout_console,
-)
+from gpuctl.cli.fleet_view import fleet_document, render_fleet, stdout_console
 from gpuctl.cli.node_view import node_detail
 from gpuctl.cli.render import OUTPUT_OPTION, Output, emit_document
 
@@ -32,13 +24,7 @@ def list_nodes(
     inventory = fleet.load_inventory(ctx)
     snapshot = fleet.gather(ctx, fleet.select(inventory, names or []))
     specs = inventory.by_name()
-    if output in (Output.JSON, Output.YAML):
-        emit_document(fleet_document(snapshot, specs), output)
-    else:
-        print_table(fleet_table(snapshot, specs))
-        if output is Output.WIDE:
-            sys.stdout.write("\n")
-            print_table(gpu_table(snapshot))
+    render_fleet(snapshot, specs, output)
     raise typer.Exit(int(fleet.exit_code_for(snapshot)))
 
 

@@ -2,18 +2,11 @@
 
 from __future__ import annotations
 
-import sys
-
 import typer
 
 from gpuctl.cli import fleet
-from gpuctl.cli.fleet_view import (
-    fleet_document,
-    fleet_table,
-    gpu_table,
-    print_table,
-)
-from gpuctl.cli.render import OUTPUT_OPTION, Output, emit_document
+from gpuctl.cli.fleet_view import render_fleet
+from gpuctl.cli.render import OUTPUT_OPTION, Output
 
 
 def status(ctx: typer.Context, output: Output = OUTPUT_OPTION) -> None:
@@ -24,13 +17,7 @@ def status(ctx: typer.Context, output: Output = OUTPUT_OPTION) -> None:
     inventory = fleet.load_inventory(ctx)
     snapshot = fleet.gather(ctx, inventory.nodes)
     specs = inventory.by_name()
-    if output in (Output.JSON, Output.YAML):
-        emit_document(fleet_document(snapshot, specs), output)
-    else:
-        print_table(fleet_table(snapshot, specs))
-        if output is Output.WIDE:
-            sys.stdout.write("\n")
-            print_table(gpu_table(snapshot))
+    render_fleet(snapshot, specs, output)
     raise typer.Exit(int(fleet.exit_code_for(snapshot)))
 
 
