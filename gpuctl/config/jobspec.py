@@ -18,13 +18,27 @@ affinity:
   avoid_nodes: {maintenance: "*"}             # the node must carry none of these ("*": any value)
   avoid_jobs: [eval-llama]                    # never on a node with these jobs (symmetric)
   avoid_groups: [serving]                     # ... nor with jobs of these groups
+workdir: .                   # on the node; relative: against this file's folder (shared storage)
+env: {EPOCHS: 3}             # plain values, put in the job's environment
+secret_env:                  # values never stored, logged or put on a command line
+  - WANDB_API_KEY            # from the operator's environment variable of that name
+  - HF_TOKEN: {file: ~/.hf_token}   # from a file on the operator's machine
+checkpoint: {dir: "/shared/ckpt/{job_id}", sync: shared}   # sync: shared | pull (default pull)
+restart_budget: 3            # restarts after the job's own failures before it is held
+grace_s: 30                  # SIGTERM -> SIGKILL grace
+slice_enforcement: observe   # observe | stop: what happens when the job uses more than its slice
 ```
 
-Every problem is one `JobSpecError` naming the file, the line and the field.
+Every problem is one `JobSpecError` naming the file, the line and the field. `load_specs` keeps
+the validated `JobSpec`s (with `workdir`, `checkpoint.dir` and secret files resolved against the
+spec file's folder); `load_job_specs` gives the placement requests.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -38,6 +52,15 @@ from gpuctl.core.units import UnitError, parse_card_mem, parse_cpu_milli, parse_
 from gpuctl.errors import JobSpecError
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
+# Set by gpuctl at launch (the checkpoint contract); a spec may not set them itself.
+RESERVED_ENV_PREFIX = "GPUCTL_"
+RESERVED_ENV = frozenset(
+    {"CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"}
+)
+JOB_ID_PLACEHOLDER = "{job_id}"
+DEFAULT_RESTART_BUDGET = 3
+DEFAULT_GRACE_S = 30.0
 LABEL_KEY_PATTERN = r"^[A-Za-z0-9]([A-Za-z0-9._/-]{0,126}[A-Za-z0-9])?$"
 ANY_VALUE = "*"
 KIND = "job spec"
@@ -85,6 +108,56 @@ def _one_or_many(value: Any) -> Any:
     return [value] if isinstance(value, str) else value
 
 
+def _check_env_name(name: str) -> None:
+    if not re.match(ENV_NAME_PATTERN, name):
+        raise ValueError(f"{name!r} is not an environment variable name ({ENV_NAME_PATTERN})")
+    if name.startswith(RESERVED_ENV_PREFIX) or name in RESERVED_ENV:
+        raise ValueError(f"{name} is set by gpuctl at launch; a job spec cannot set it")
+
+
+def _env_name(value: Any) -> Any:
+    if isinstance(value, str):
+        _check_env_name(value)
+    return value
+
+
+def _env_value(value: Any) -> Any:
+    if isinstance(value, bool):
+        raise ValueError("true/false is ambiguous in an environment: quote it ('true' or '1')")
+    if isinstance(value, int | float):
+        return str(value)
+    if isinstance(value, str) and "\0" in value:
+        raise ValueError("an environment value cannot hold a NUL character")
+    return value
+
+
+def _secret_item(value: Any) -> Any:
+    """`NAME` (from the operator's environment) or `NAME: {file: PATH}` (from a file)."""
+    shape = "must be a NAME, or NAME: {file: PATH}"
+    if isinstance(value, str):
+        _check_env_name(value)
+        return value
+    if not isinstance(value, dict) or len(value) != 1:
+        raise ValueError(shape)
+    ((name, source),) = value.items()
+    _check_env_name(name)
+    if not isinstance(source, dict):
+        raise ValueError(f"{name}: {shape}")
+    if set(source) != {"file"}:
+        got = ", ".join(sorted(map(str, source))) or "none"
+        raise ValueError(f"{name}: a secret's source is {{file: PATH}} (got keys: {got})")
+    path = source["file"]
+    if not isinstance(path, str) or not path or "\0" in path:
+        raise ValueError(f"{name}: file must be a path")
+    return value
+
+
+def _node_path(value: Any) -> Any:
+    if isinstance(value, str) and ("\0" in value or "\n" in value):
+        raise ValueError("a path cannot hold a NUL or newline character")
+    return value
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=False)
 
@@ -125,6 +198,21 @@ class Affinity(_Strict):
         return value
 
 
+NodePath = Annotated[
+    str, Field(min_length=1, max_length=4096), pydantic.BeforeValidator(_node_path)
+]
+EnvName = Annotated[str, pydantic.BeforeValidator(_env_name)]
+EnvValue = Annotated[str, Field(max_length=32768), pydantic.BeforeValidator(_env_value)]
+SecretItem = Annotated[str | dict[str, dict[str, str]], pydantic.BeforeValidator(_secret_item)]
+
+
+class CheckpointSpec(_Strict):
+    """Where the job writes checkpoints on its node, and how they survive the node."""
+
+    dir: NodePath | None = None  # default: ~/.gpuctl/checkpoints/{job_id} on the node
+    sync: Literal["shared", "pull"] = "pull"
+
+
 class JobSpec(_Strict):
     name: Name
     command: Annotated[list[str], Field(min_length=1)] | None = None
@@ -134,6 +222,32 @@ class JobSpec(_Strict):
     group: Name | None = None
     labels: dict[LabelKey, LabelValue] = {}
     affinity: Affinity = Affinity()
+    workdir: NodePath | None = None
+    env: dict[EnvName, EnvValue] = {}
+    secret_env: list[SecretItem] = []
+    checkpoint: CheckpointSpec = CheckpointSpec()
+    restart_budget: int = Field(DEFAULT_RESTART_BUDGET, ge=0, le=100)
+    grace_s: float = Field(DEFAULT_GRACE_S, gt=0, le=3600)
+    slice_enforcement: Literal["observe", "stop"] = "observe"
+
+    def secret_sources(self) -> dict[str, str | None]:
+        """Secret name -> the file its value comes from (None: the environment variable)."""
+        out: dict[str, str | None] = {}
+        for item in self.secret_env:
+            if isinstance(item, str):
+                out[item] = None
+            else:
+                ((name, source),) = item.items()
+                out[name] = source["file"]
+        return out
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LoadedSpec:
+    """A validated job spec and where it was written (`path:line`)."""
+
+    spec: JobSpec
+    source: str
 
 
 class JobListFile(_Strict):
@@ -174,10 +288,19 @@ def to_request(spec: JobSpec) -> JobRequest:
 
 
 def load_job_specs(paths: Sequence[Path]) -> tuple[JobRequest, ...]:
-    """Read job spec files, in order; names must be unique across all of them."""
+    """Read job spec files, in order, into placement requests (`gpuctl place`)."""
+    return tuple(to_request(loaded.spec) for loaded in load_specs(paths))
+
+
+def load_specs(paths: Sequence[Path], *, require_command: bool = False) -> tuple[LoadedSpec, ...]:
+    """Read job spec files, in order; names must be unique across all of them.
+
+    Relative `workdir`, `checkpoint.dir` and secret files are resolved against the folder of the
+    file that names them. `require_command`: every job must have a `command` (`gpuctl submit`).
+    """
     if not paths:
         raise JobSpecError("no job spec file given")
-    requests: list[JobRequest] = []
+    out: list[LoadedSpec] = []
     seen: dict[str, str] = {}
     for path in paths:
         doc = load_document(path, kind=KIND, error=JobSpecError)
@@ -189,8 +312,55 @@ def load_job_specs(paths: Sequence[Path]) -> tuple[JobRequest, ...]:
                     error=JobSpecError,
                 )
             seen[spec.name] = doc.where((*loc, "name"))
-            requests.append(to_request(spec))
-    return tuple(requests)
+            _check(doc, loc, spec, require_command)
+            out.append(LoadedSpec(_resolved(spec, path), doc.where(loc)))
+    return tuple(out)
+
+
+def _check(doc: Document, loc: tuple[str | int, ...], spec: JobSpec, need_command: bool) -> None:
+    """What one field's validator cannot see: a command for submit, names given twice."""
+    if need_command and spec.command is None:
+        raise doc.error(
+            loc,
+            "missing required key 'command' (the argv to run, e.g. [python, train.py])",
+            hint="`gpuctl submit` runs the command; only `gpuctl place` works without one",
+            error=JobSpecError,
+        )
+    secrets: dict[str, int] = {}
+    for i, item in enumerate(spec.secret_env):
+        name = item if isinstance(item, str) else next(iter(item))
+        if name in secrets:
+            message = f"secret {name} is listed twice (first at secret_env[{secrets[name]}])"
+            raise doc.error((*loc, "secret_env", i), message, error=JobSpecError)
+        if name in spec.env:
+            message = f"{name} is both in env and in secret_env: keep it in one"
+            raise doc.error((*loc, "secret_env", i), message, error=JobSpecError)
+        secrets[name] = i
+
+
+def _local(path: str, base: Path) -> str:
+    """A path on this machine: `~` kept (expanded where it is used), relative made absolute."""
+    if path.startswith("~") or Path(path).is_absolute():
+        return path
+    return os.path.normpath(base.absolute() / path)
+
+
+def _resolved(spec: JobSpec, path: Path) -> JobSpec:
+    base = path.parent
+    changes: dict[str, Any] = {}
+    if spec.workdir is not None:
+        changes["workdir"] = _local(spec.workdir, base)
+    if spec.checkpoint.dir is not None:
+        ckpt = spec.checkpoint.model_copy(update={"dir": _local(spec.checkpoint.dir, base)})
+        changes["checkpoint"] = ckpt
+    if any(not isinstance(item, str) for item in spec.secret_env):
+        changes["secret_env"] = [
+            item
+            if isinstance(item, str)
+            else {name: {"file": _local(src["file"], base)} for name, src in item.items()}
+            for item in spec.secret_env
+        ]
+    return spec.model_copy(update=changes) if changes else spec
 
 
 def _specs(doc: Document) -> list[tuple[tuple[str | int, ...], JobSpec]]:

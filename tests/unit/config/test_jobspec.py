@@ -1,11 +1,12 @@
 """Job spec files: every good fixture loads into the expected request; every bad one fails with
 one exact error naming the file, the line and the field."""
 
+import json
 from pathlib import Path
 
 import pytest
 
-from gpuctl.config.jobspec import load_job_specs
+from gpuctl.config.jobspec import JobSpec, load_job_specs, load_specs
 from gpuctl.core.placement import LabelRequirement, Tier
 from gpuctl.core.units import CardMem
 from gpuctl.errors import ExitCode, JobSpecError
@@ -119,7 +120,44 @@ BAD_CASES = {
         "1: expected a mapping of keys at the top of the job spec file, found a list",
         None,
     ),
+    "env-reserved.yaml": (
+        "4: env.CUDA_VISIBLE_DEVICES: key CUDA_VISIBLE_DEVICES is set by gpuctl at launch; "
+        "a job spec cannot set it",
+        None,
+    ),
+    "env-bool.yaml": (
+        "4: env.DEBUG: true/false is ambiguous in an environment: quote it ('true' or '1')",
+        None,
+    ),
+    "secret-shape.yaml": (
+        "4: secret_env[0]: TOKEN: a secret's source is {file: PATH} (got keys: path)",
+        None,
+    ),
+    "secret-twice.yaml": (
+        "5: secret_env[1]: secret TOKEN is listed twice (first at secret_env[0])",
+        None,
+    ),
+    "secret-and-env.yaml": (
+        "4: secret_env[0]: TOKEN is both in env and in secret_env: keep it in one",
+        None,
+    ),
+    "checkpoint-sync.yaml": ("4: checkpoint.sync: must be 'shared' or 'pull' (got 'rsync')", None),
+    "checkpoint-typo.yaml": ("5: checkpoint.synk: unknown key 'synk'", "did you mean 'sync'?"),
+    "grace-zero.yaml": (
+        "3: grace_s: must be a number greater than 0 and of 3600 or less (got 0)",
+        None,
+    ),
+    "restart-budget-negative.yaml": (
+        "3: restart_budget: must be an integer between 0 and 100 (got -1)",
+        None,
+    ),
+    "slice-enforcement.yaml": (
+        "3: slice_enforcement: must be 'observe' or 'stop' (got 'kill')",
+        None,
+    ),
+    "workdir-typo.yaml": ("3: work_dir: unknown key 'work_dir'", "did you mean 'workdir'?"),
 }
+NEEDS_COMMAND = "no-command.yaml"  # valid for `gpuctl place`, refused by `gpuctl submit`
 
 
 @pytest.mark.parametrize("name", sorted(BAD_CASES))
@@ -134,7 +172,7 @@ def test_a_bad_job_spec_fails_with_one_exact_error(name: str) -> None:
 
 
 def test_every_bad_fixture_has_an_expected_error() -> None:
-    on_disk = {p.name for p in BAD.glob("*.yaml")} - {"bad-yaml.yaml"}
+    on_disk = {p.name for p in BAD.glob("*.yaml")} - {"bad-yaml.yaml", NEEDS_COMMAND}
     assert on_disk == set(BAD_CASES)
 
 
@@ -147,3 +185,56 @@ def test_invalid_yaml_names_the_file_and_line() -> None:
 def test_a_missing_file_is_a_job_spec_error() -> None:
     with pytest.raises(JobSpecError, match="job spec file not found"):
         load_job_specs([GOOD / "nope.yaml"])
+
+
+def test_submit_needs_a_command_and_says_so_with_the_file_and_line() -> None:
+    path = BAD / NEEDS_COMMAND
+    assert [r.name for r in load_job_specs([path])] == ["j"]  # fine for `gpuctl place`
+    with pytest.raises(JobSpecError) as err:
+        load_specs([path], require_command=True)
+    assert str(err.value) == (
+        f"{path}:1: missing required key 'command' (the argv to run, e.g. [python, train.py])"
+    )
+    assert err.value.exit_code is ExitCode.USAGE
+
+
+def test_running_keys_are_read_and_relative_paths_resolve_against_the_spec_folder() -> None:
+    (loaded,) = load_specs([GOOD / "run.yaml"], require_command=True)
+    spec = loaded.spec
+    assert loaded.source == f"{GOOD / 'run.yaml'}:2"
+    assert spec.command == ["python", "train.py", "--steps", "1000"]
+    assert spec.workdir == str((GOOD.parent / "work").absolute())
+    assert spec.env == {"EPOCHS": "3", "LR": "0.001", "MODE": "fast"}
+    assert spec.secret_sources() == {
+        "WANDB_API_KEY": None,
+        "HF_TOKEN": str((GOOD / "secrets" / "hf.token").absolute()),
+    }
+    assert spec.checkpoint.dir == str(GOOD / "ckpt" / "{job_id}")
+    assert spec.checkpoint.sync == "shared"
+    assert (spec.restart_budget, spec.grace_s, spec.slice_enforcement) == (5, 45.0, "stop")
+
+
+def test_running_keys_have_documented_defaults(tmp_path: Path) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text("name: j\ncommand: [sleep, '10']\nresources: {}\nworkdir: ~/work\n")
+    (loaded,) = load_specs([path], require_command=True)
+    spec = loaded.spec
+    assert spec.workdir == "~/work"  # the node's home: left for the node to expand
+    assert (spec.env, spec.secret_env) == ({}, [])
+    assert (spec.checkpoint.dir, spec.checkpoint.sync) == (None, "pull")
+    assert (spec.restart_budget, spec.grace_s, spec.slice_enforcement) == (3, 30.0, "observe")
+
+
+def test_a_loaded_spec_round_trips_through_plain_data() -> None:
+    (loaded,) = load_specs([GOOD / "run.yaml"])
+    data = loaded.spec.model_dump(mode="json")
+    assert JobSpec.model_validate(json.loads(json.dumps(data))) == loaded.spec
+
+
+def test_a_secret_value_never_enters_the_loaded_spec(monkeypatch: pytest.MonkeyPatch) -> None:
+    value = "s3cr3t-value-7f1e"
+    monkeypatch.setenv("WANDB_API_KEY", value)
+    (loaded,) = load_specs([GOOD / "run.yaml"])
+    assert value not in repr(loaded)
+    assert value not in loaded.spec.model_dump_json()
+    assert "WANDB_API_KEY" in loaded.spec.model_dump_json()  # the name is kept, not the value
