@@ -1,0 +1,271 @@
+"""An in-memory `Store` with the same compare-and-set rules as the SQLite one, for tests.
+
+Thread-safe (one re-entrant lock around every method); `loop_lock` is a real lock shared by
+everyone holding this object, so two control loops in two threads exclude each other.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from gpuctl.core.jobs import (
+    Checkpoint,
+    Cordon,
+    Event,
+    Incarnation,
+    IncarnationState,
+    Job,
+    JobState,
+    NodeLiveness,
+)
+from gpuctl.errors import StoreConflict
+
+_JOB_FIELDS = frozenset(f.name for f in dataclasses.fields(Job)) - {"id"}
+_INC_FIELDS = frozenset(f.name for f in dataclasses.fields(Incarnation)) - {"job_id", "n"}
+
+
+class MemoryStore:
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._loop = threading.Lock()
+        self._jobs: dict[str, Job] = {}
+        self._incs: dict[tuple[str, int], Incarnation] = {}
+        self._checkpoints: dict[tuple[str, int, int, str], Checkpoint] = {}
+        self._events: list[Event] = []
+        self._cordons: dict[str, Cordon] = {}
+        self._liveness: dict[str, NodeLiveness] = {}
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+    # --- jobs --------------------------------------------------------------------------------
+
+    def add_job(self, job: Job, event: Event) -> None:
+        with self._lock:
+            if job.id in self._jobs:
+                raise StoreConflict(f"job {job.id} exists already")
+            self._jobs[job.id] = job
+            self._append(event)
+
+    def job(self, ref: str) -> Job | None:
+        with self._lock:
+            if ref in self._jobs:
+                return self._jobs[ref]
+            named = [j for j in self._jobs.values() if j.name == ref]
+            return max(named, key=lambda j: (j.submitted_at, j.id)) if named else None
+
+    def jobs(self, states: Iterable[JobState] | None = None) -> list[Job]:
+        with self._lock:
+            wanted = None if states is None else set(states)
+            found = [j for j in self._jobs.values() if wanted is None or j.state in wanted]
+            return sorted(found, key=lambda j: (j.submitted_at, j.id))
+
+    def update_job(
+        self,
+        job_id: str,
+        *,
+        expect: JobState | None = None,
+        event: Event | None = None,
+        **changes: Any,
+    ) -> Job:
+        unknown = set(changes) - _JOB_FIELDS
+        if unknown:
+            raise TypeError(f"unknown job fields: {', '.join(sorted(unknown))}")
+        with self._lock:
+            job = self._jobs.get(job_id)
+            if job is None:
+                raise StoreConflict(f"job {job_id} does not exist")
+            if expect is not None and job.state is not expect:
+                raise StoreConflict(f"job {job_id} is {job.state.value}, not {expect.value}")
+            job = dataclasses.replace(job, **changes)
+            self._jobs[job_id] = job
+            if event is not None:
+                self._append(event)
+            return job
+
+    # --- incarnations ------------------------------------------------------------------------
+
+    def begin_launch(
+        self, inc: Incarnation, *, capacity_mib: Mapping[tuple[str, int], int], event: Event
+    ) -> Job:
+        with self._lock:
+            job = self._jobs.get(inc.job_id)
+            if job is None:
+                raise StoreConflict(f"job {inc.job_id} does not exist")
+            if job.state is not JobState.QUEUED:
+                raise StoreConflict(f"job {job.id} is {job.state.value}, not queued")
+            if inc.n != job.incarnation + 1 or (inc.job_id, inc.n) in self._incs:
+                have = job.incarnation
+                raise StoreConflict(f"job {job.id} is at incarnation {have}, not {inc.n - 1}")
+            if any(i.job_id == job.id and i.state.holds_cards for i in self._incs.values()):
+                raise StoreConflict(f"job {job.id} has a live incarnation already")
+            for card in inc.cards:
+                key = (inc.node, card)
+                if key not in capacity_mib:
+                    raise StoreConflict(f"{inc.node} card {card}: capacity unknown")
+                held = [
+                    i
+                    for i in self._incs.values()
+                    if i.state.holds_cards and i.node == inc.node and card in i.cards
+                ]
+                if inc.whole and held:
+                    raise StoreConflict(f"{inc.node} card {card} is not free for a whole card")
+                if any(i.whole for i in held):
+                    raise StoreConflict(f"{inc.node} card {card} is held whole by another job")
+                used = sum(i.mib_per_card for i in held)
+                if used + inc.mib_per_card > capacity_mib[key]:
+                    raise StoreConflict(f"{inc.node} card {card} would be double-booked")
+            self._incs[(inc.job_id, inc.n)] = inc
+            job = dataclasses.replace(
+                job,
+                state=JobState.RUNNING,
+                incarnation=inc.n,
+                reason=None,
+                first_started_at=(
+                    job.first_started_at if job.first_started_at is not None else inc.started_at
+                ),
+                updated_at=inc.started_at,
+            )
+            self._jobs[job.id] = job
+            self._append(event)
+            return job
+
+    def update_incarnation(
+        self,
+        job_id: str,
+        n: int,
+        *,
+        expect: IncarnationState | None = None,
+        event: Event | None = None,
+        **changes: Any,
+    ) -> Incarnation:
+        unknown = set(changes) - _INC_FIELDS
+        if unknown:
+            raise TypeError(f"unknown incarnation fields: {', '.join(sorted(unknown))}")
+        with self._lock:
+            inc = self._incs.get((job_id, n))
+            if inc is None:
+                raise StoreConflict(f"incarnation {n} of job {job_id} does not exist")
+            if expect is not None and inc.state is not expect:
+                raise StoreConflict(
+                    f"incarnation {n} of job {job_id} is {inc.state.value}, not {expect.value}"
+                )
+            inc = dataclasses.replace(inc, **changes)
+            self._incs[(job_id, n)] = inc
+            if event is not None:
+                self._append(event)
+            return inc
+
+    def incarnations(
+        self, job_id: str | None = None, *, node: str | None = None, holding: bool | None = None
+    ) -> list[Incarnation]:
+        with self._lock:
+            out = [
+                i
+                for i in self._incs.values()
+                if (job_id is None or i.job_id == job_id)
+                and (node is None or i.node == node)
+                and (holding is None or i.state.holds_cards == holding)
+            ]
+            return sorted(out, key=lambda i: (i.job_id, i.n))
+
+    # --- checkpoints -------------------------------------------------------------------------
+
+    def add_checkpoint(self, checkpoint: Checkpoint) -> None:
+        with self._lock:
+            c = checkpoint
+            self._checkpoints[(c.job_id, c.incarnation, c.step, c.location)] = c
+
+    def checkpoints(self, job_id: str) -> list[Checkpoint]:
+        with self._lock:
+            mine = [c for c in self._checkpoints.values() if c.job_id == job_id]
+            return sorted(mine, key=lambda c: (c.step, c.incarnation, c.location), reverse=True)
+
+    # --- events ------------------------------------------------------------------------------
+
+    def _append(self, event: Event) -> int:
+        n = len(self._events) + 1
+        self._events.append(dataclasses.replace(event, id=n))
+        return n
+
+    def append_event(self, event: Event) -> int:
+        with self._lock:
+            return self._append(event)
+
+    def events(
+        self,
+        *,
+        since: float | None = None,
+        job_id: str | None = None,
+        kinds: Iterable[str] | None = None,
+        limit: int | None = None,
+    ) -> list[Event]:
+        with self._lock:
+            wanted = None if kinds is None else set(kinds)
+            out = [
+                e
+                for e in self._events
+                if (since is None or e.at >= since)
+                and (job_id is None or e.job_id == job_id)
+                and (wanted is None or e.kind in wanted)
+            ]
+            return out[-limit:] if limit else out
+
+    # --- cordons and liveness ----------------------------------------------------------------
+
+    def cordon(self, cordon: Cordon, event: Event) -> None:
+        with self._lock:
+            self._cordons[cordon.node] = cordon
+            self._append(event)
+
+    def uncordon(self, node: str, event: Event) -> Cordon | None:
+        with self._lock:
+            gone = self._cordons.pop(node, None)
+            self._append(event)
+            return gone
+
+    def cordons(self) -> list[Cordon]:
+        with self._lock:
+            return sorted(self._cordons.values(), key=lambda c: c.node)
+
+    def liveness(self) -> dict[str, NodeLiveness]:
+        with self._lock:
+            return dict(self._liveness)
+
+    def set_liveness(self, liveness: NodeLiveness) -> None:
+        with self._lock:
+            self._liveness[liveness.node] = liveness
+
+    def check(self) -> list[str]:
+        """The cheap invariants: at most one live incarnation per job, no double-booked card."""
+        with self._lock:
+            problems = []
+            live: dict[str, int] = {}
+            for i in self._incs.values():
+                if i.state.holds_cards:
+                    live[i.job_id] = live.get(i.job_id, 0) + 1
+            problems += [f"job {j} has {n} live incarnations" for j, n in live.items() if n > 1]
+            whole: dict[tuple[str, int], int] = {}
+            for i in self._incs.values():
+                if i.state.holds_cards and i.whole:
+                    for c in i.cards:
+                        whole[(i.node, c)] = whole.get((i.node, c), 0) + 1
+            problems += [
+                f"{n} card {c} is held whole twice" for (n, c), k in whole.items() if k > 1
+            ]
+            return sorted(problems)
+
+    @contextmanager
+    def loop_lock(self, wait_s: float = 0.0) -> Iterator[None]:
+        got = self._loop.acquire(timeout=wait_s) if wait_s > 0 else self._loop.acquire(False)
+        if not got:
+            raise StoreConflict("another control loop holds the lock")
+        try:
+            yield
+        finally:
+            self._loop.release()
