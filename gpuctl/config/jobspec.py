@@ -132,7 +132,8 @@ def _env_value(value: Any) -> Any:
 
 
 def _secret_item(value: Any) -> Any:
-    """`NAME` (from the operator's environment) or `NAME: {file: PATH}` (from a file)."""
+    """A secret's name. `NAME: {file: PATH}` items were split off into `secret_files` before
+    this runs (`JobSpec._split_secret_files`); one still here is malformed: say how."""
     shape = "must be a NAME, or NAME: {file: PATH}"
     if isinstance(value, str):
         _check_env_name(value)
@@ -140,16 +141,30 @@ def _secret_item(value: Any) -> Any:
     if not isinstance(value, dict) or len(value) != 1:
         raise ValueError(shape)
     ((name, source),) = value.items()
-    _check_env_name(name)
+    _check_env_name(str(name))
     if not isinstance(source, dict):
         raise ValueError(f"{name}: {shape}")
     if set(source) != {"file"}:
         got = ", ".join(sorted(map(str, source))) or "none"
         raise ValueError(f"{name}: a secret's source is {{file: PATH}} (got keys: {got})")
+    raise ValueError(f"{name}: file must be a path")
+
+
+def _file_source(item: Any) -> tuple[str, str] | None:
+    """`NAME: {file: PATH}`, well formed: (NAME, PATH); anything else: None."""
+    if not isinstance(item, dict) or len(item) != 1:
+        return None
+    ((name, source),) = item.items()
+    if not isinstance(name, str) or not isinstance(source, dict) or set(source) != {"file"}:
+        return None
+    try:
+        _check_env_name(name)
+    except ValueError:
+        return None
     path = source["file"]
-    if not isinstance(path, str) or not path or "\0" in path:
-        raise ValueError(f"{name}: file must be a path")
-    return value
+    if not isinstance(path, str) or not path or "\0" in path or "\n" in path:
+        return None
+    return name, path
 
 
 def _node_path(value: Any) -> Any:
@@ -203,7 +218,7 @@ NodePath = Annotated[
 ]
 EnvName = Annotated[str, pydantic.BeforeValidator(_env_name)]
 EnvValue = Annotated[str, Field(max_length=32768), pydantic.BeforeValidator(_env_value)]
-SecretItem = Annotated[str | dict[str, dict[str, str]], pydantic.BeforeValidator(_secret_item)]
+SecretName = Annotated[str, pydantic.BeforeValidator(_secret_item)]
 
 
 class CheckpointSpec(_Strict):
@@ -224,22 +239,44 @@ class JobSpec(_Strict):
     affinity: Affinity = Affinity()
     workdir: NodePath | None = None
     env: dict[EnvName, EnvValue] = {}
-    secret_env: list[SecretItem] = []
+    secret_env: list[SecretName] = []
+    # Filled from the `NAME: {file: PATH}` items of secret_env, which keeps the names only: the
+    # form the store keeps (its secret_env is names, never values). Not written in spec files.
+    secret_files: dict[EnvName, NodePath] = {}
     checkpoint: CheckpointSpec = CheckpointSpec()
     restart_budget: int = Field(DEFAULT_RESTART_BUDGET, ge=0, le=100)
     grace_s: float = Field(DEFAULT_GRACE_S, gt=0, le=3600)
     slice_enforcement: Literal["observe", "stop"] = "observe"
 
+    @pydantic.model_validator(mode="before")
+    @classmethod
+    def _split_secret_files(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or not isinstance(data.get("secret_env"), list):
+            return data
+        files = data.get("secret_files", {})
+        if not isinstance(files, dict):
+            return data
+        files = dict(files)
+        names: list[Any] = []
+        for item in data["secret_env"]:
+            found = _file_source(item)
+            if found is None:
+                names.append(item)
+            else:
+                names.append(found[0])
+                files[found[0]] = found[1]
+        return {**data, "secret_env": names, "secret_files": files}
+
+    @pydantic.model_validator(mode="after")
+    def _files_are_of_listed_secrets(self) -> JobSpec:
+        unlisted = sorted(set(self.secret_files) - set(self.secret_env))
+        if unlisted:
+            raise ValueError(f"secret_files names secrets not in secret_env: {unlisted}")
+        return self
+
     def secret_sources(self) -> dict[str, str | None]:
         """Secret name -> the file its value comes from (None: the environment variable)."""
-        out: dict[str, str | None] = {}
-        for item in self.secret_env:
-            if isinstance(item, str):
-                out[item] = None
-            else:
-                ((name, source),) = item.items()
-                out[name] = source["file"]
-        return out
+        return {name: self.secret_files.get(name) for name in self.secret_env}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -326,9 +363,15 @@ def _check(doc: Document, loc: tuple[str | int, ...], spec: JobSpec, need_comman
             hint="`gpuctl submit` runs the command; only `gpuctl place` works without one",
             error=JobSpecError,
         )
+    if "secret_files" in _raw_at(doc.data, loc):
+        raise doc.error(
+            (*loc, "secret_files"),
+            "unknown key 'secret_files'",
+            hint="list files under secret_env: - NAME: {file: PATH}",
+            error=JobSpecError,
+        )
     secrets: dict[str, int] = {}
-    for i, item in enumerate(spec.secret_env):
-        name = item if isinstance(item, str) else next(iter(item))
+    for i, name in enumerate(spec.secret_env):
         if name in secrets:
             message = f"secret {name} is listed twice (first at secret_env[{secrets[name]}])"
             raise doc.error((*loc, "secret_env", i), message, error=JobSpecError)
@@ -336,6 +379,12 @@ def _check(doc: Document, loc: tuple[str | int, ...], spec: JobSpec, need_comman
             message = f"{name} is both in env and in secret_env: keep it in one"
             raise doc.error((*loc, "secret_env", i), message, error=JobSpecError)
         secrets[name] = i
+
+
+def _raw_at(data: Any, loc: tuple[str | int, ...]) -> Any:
+    for part in loc:
+        data = data[part]
+    return data
 
 
 def _local(path: str, base: Path) -> str:
@@ -353,13 +402,8 @@ def _resolved(spec: JobSpec, path: Path) -> JobSpec:
     if spec.checkpoint.dir is not None:
         ckpt = spec.checkpoint.model_copy(update={"dir": _local(spec.checkpoint.dir, base)})
         changes["checkpoint"] = ckpt
-    if any(not isinstance(item, str) for item in spec.secret_env):
-        changes["secret_env"] = [
-            item
-            if isinstance(item, str)
-            else {name: {"file": _local(src["file"], base)} for name, src in item.items()}
-            for item in spec.secret_env
-        ]
+    if spec.secret_files:
+        changes["secret_files"] = {k: _local(v, base) for k, v in spec.secret_files.items()}
     return spec.model_copy(update=changes) if changes else spec
 
 

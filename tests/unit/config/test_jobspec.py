@@ -141,6 +141,15 @@ BAD_CASES = {
         "4: secret_env[0]: TOKEN is both in env and in secret_env: keep it in one",
         None,
     ),
+    "secret-files-key.yaml": (
+        "4: secret_files: unknown key 'secret_files'",
+        "list files under secret_env: - NAME: {file: PATH}",
+    ),
+    "secret-file-bad-name.yaml": (
+        "5: secret_env[1]: '1TOKEN' is not an environment variable name "
+        "(^[A-Za-z_][A-Za-z0-9_]{0,127}$)",
+        None,
+    ),
     "checkpoint-sync.yaml": ("4: checkpoint.sync: must be 'shared' or 'pull' (got 'rsync')", None),
     "checkpoint-typo.yaml": ("5: checkpoint.synk: unknown key 'synk'", "did you mean 'sync'?"),
     "grace-zero.yaml": (
@@ -205,6 +214,7 @@ def test_running_keys_are_read_and_relative_paths_resolve_against_the_spec_folde
     assert spec.command == ["python", "train.py", "--steps", "1000"]
     assert spec.workdir == str((GOOD.parent / "work").absolute())
     assert spec.env == {"EPOCHS": "3", "LR": "0.001", "MODE": "fast"}
+    assert spec.secret_env == ["WANDB_API_KEY", "HF_TOKEN"]  # names only: what the store keeps
     assert spec.secret_sources() == {
         "WANDB_API_KEY": None,
         "HF_TOKEN": str((GOOD / "secrets" / "hf.token").absolute()),
