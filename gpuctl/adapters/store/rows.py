@@ -1,0 +1,276 @@
+"""Rows <-> the frozen job vocabulary, and the checks on what may be written."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from gpuctl.core.jobs import (
+    Checkpoint,
+    Cordon,
+    EndReason,
+    Event,
+    Incarnation,
+    IncarnationState,
+    Job,
+    JobState,
+    NodeLiveness,
+)
+
+JOB_COLS = (
+    "id, name, spec, state, priority, tier, submitted_at, reason, incarnation, restarts, "
+    "first_started_at, cancel_requested, updated_at"
+)
+INC_COLS = (
+    "job_id, n, node, cards, gpu_uuids, mib_per_card, whole, state, started_at, run_dir, pid, "
+    "ended_at, exit_code, end_reason, resume_step, cpu_milli, host_mem_mib"
+)
+CHECKPOINT_COLS = "job_id, incarnation, step, path, committed_at, location"
+EVENT_COLS = "id, at, actor, kind, message, job_id, node, outcome, data"
+CORDON_COLS = "node, reason, operator, source, at"
+
+HOLDING = tuple(s.value for s in IncarnationState if s.holds_cards)
+LIVE = (
+    IncarnationState.LAUNCHING.value,
+    IncarnationState.RUNNING.value,
+    IncarnationState.STOPPING.value,
+)
+
+# Fields a compare-and-set may change. The others are fixed when the row is written: a job's
+# identity and spec at submit, its incarnation number and an incarnation's cards at begin_launch
+# (changing them would bypass the capacity check).
+JOB_FIELDS = frozenset(
+    {
+        "state",
+        "priority",
+        "tier",
+        "reason",
+        "restarts",
+        "first_started_at",
+        "cancel_requested",
+        "updated_at",
+    }
+)
+JOB_FIXED = frozenset({"id", "name", "spec", "submitted_at", "incarnation"})
+INC_FIELDS = frozenset(
+    {"state", "pid", "ended_at", "exit_code", "end_reason", "resume_step", "run_dir", "started_at"}
+)
+INC_FIXED = frozenset(
+    {"job_id", "n", "node", "cards", "gpu_uuids", "mib_per_card", "whole", "cpu_milli"}
+    | {"host_mem_mib"}
+)
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def dumps(value: Any, what: str) -> str:
+    try:
+        return json.dumps(value, sort_keys=True, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{what}: not plain JSON data: {exc}") from exc
+
+
+def check_spec(spec: Mapping[str, Any], job_id: str) -> None:
+    """Secrets never reach the store: every `secret_env` in the spec is a list of names."""
+    for path, value in _find_key(spec, "secret_env", "spec"):
+        if value is None:
+            continue
+        if not isinstance(value, list | tuple) or not all(
+            isinstance(v, str) and _ENV_NAME.match(v) for v in value
+        ):
+            raise ValueError(
+                f"job {job_id}: {path}: must be a list of variable names; "
+                "secret values are never stored"
+            )
+
+
+def _find_key(value: Any, key: str, path: str) -> list[tuple[str, Any]]:
+    found: list[tuple[str, Any]] = []
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            here = f"{path}.{k}"
+            if k == key:
+                found.append((here, v))
+            found.extend(_find_key(v, key, here))
+    elif isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            found.extend(_find_key(v, key, f"{path}[{i}]"))
+    return found
+
+
+def job_values(job: Job) -> tuple[Any, ...]:
+    return (
+        job.id,
+        job.name,
+        dumps(dict(job.spec), f"job {job.id}: spec"),
+        JobState(job.state).value,
+        job.priority,
+        job.tier,
+        job.submitted_at,
+        job.reason,
+        job.incarnation,
+        job.restarts,
+        job.first_started_at,
+        int(job.cancel_requested),
+        job.updated_at,
+    )
+
+
+def job_from(row: tuple[Any, ...]) -> Job:
+    return Job(
+        id=row[0],
+        name=row[1],
+        spec=json.loads(row[2]),
+        state=JobState(row[3]),
+        priority=row[4],
+        tier=row[5],
+        submitted_at=row[6],
+        reason=row[7],
+        incarnation=row[8],
+        restarts=row[9],
+        first_started_at=row[10],
+        cancel_requested=bool(row[11]),
+        updated_at=row[12],
+    )
+
+
+def inc_values(inc: Incarnation) -> tuple[Any, ...]:
+    return (
+        inc.job_id,
+        inc.n,
+        inc.node,
+        dumps(list(inc.cards), "cards"),
+        dumps(list(inc.gpu_uuids), "gpu_uuids"),
+        inc.mib_per_card,
+        int(inc.whole),
+        IncarnationState(inc.state).value,
+        inc.started_at,
+        inc.run_dir,
+        inc.pid,
+        inc.ended_at,
+        inc.exit_code,
+        None if inc.end_reason is None else EndReason(inc.end_reason).value,
+        inc.resume_step,
+        inc.cpu_milli,
+        inc.host_mem_mib,
+    )
+
+
+def inc_from(row: tuple[Any, ...]) -> Incarnation:
+    return Incarnation(
+        job_id=row[0],
+        n=row[1],
+        node=row[2],
+        cards=tuple(json.loads(row[3])),
+        gpu_uuids=tuple(json.loads(row[4])),
+        mib_per_card=row[5],
+        whole=bool(row[6]),
+        state=IncarnationState(row[7]),
+        started_at=row[8],
+        run_dir=row[9],
+        pid=row[10],
+        ended_at=row[11],
+        exit_code=row[12],
+        end_reason=None if row[13] is None else EndReason(row[13]),
+        resume_step=row[14],
+        cpu_milli=row[15],
+        host_mem_mib=row[16],
+    )
+
+
+def checkpoint_from(row: tuple[Any, ...]) -> Checkpoint:
+    return Checkpoint(
+        job_id=row[0],
+        incarnation=row[1],
+        step=row[2],
+        path=row[3],
+        committed_at=row[4],
+        location=row[5],
+    )
+
+
+def event_values(event: Event) -> tuple[Any, ...]:
+    return (
+        event.at,
+        event.actor,
+        event.kind,
+        event.message,
+        event.job_id,
+        event.node,
+        event.outcome,
+        dumps(dict(event.data), f"event {event.kind}: data"),
+    )
+
+
+def event_from(row: tuple[Any, ...]) -> Event:
+    return Event(
+        id=row[0],
+        at=row[1],
+        actor=row[2],
+        kind=row[3],
+        message=row[4],
+        job_id=row[5],
+        node=row[6],
+        outcome=row[7],
+        data=json.loads(row[8]),
+    )
+
+
+def cordon_from(row: tuple[Any, ...]) -> Cordon:
+    return Cordon(node=row[0], reason=row[1], operator=row[2], source=row[3], at=row[4])
+
+
+def liveness_from(row: tuple[Any, ...]) -> NodeLiveness:
+    return NodeLiveness(node=row[0], last_ok_at=row[1], failing_since=row[2], down=bool(row[3]))
+
+
+def job_changes(changes: Mapping[str, Any]) -> dict[str, Any]:
+    """Column values for a job update; ValueError for a field that is unknown or fixed."""
+    out: dict[str, Any] = {}
+    for name, value in changes.items():
+        if name in JOB_FIXED:
+            raise ValueError(f"job field {name!r} cannot be changed once written")
+        if name not in JOB_FIELDS:
+            raise ValueError(f"unknown job field {name!r} (known: {', '.join(sorted(JOB_FIELDS))})")
+        if name == "state":
+            value = JobState(value).value
+        elif name == "cancel_requested":
+            value = int(bool(value))
+        out[name] = value
+    return out
+
+
+def inc_changes(changes: Mapping[str, Any]) -> dict[str, Any]:
+    """Column values for an incarnation update; ValueError for a field unknown or fixed."""
+    out: dict[str, Any] = {}
+    for name, value in changes.items():
+        if name in INC_FIXED:
+            raise ValueError(
+                f"incarnation field {name!r} cannot be changed (cards are granted by begin_launch)"
+            )
+        if name not in INC_FIELDS:
+            known = ", ".join(sorted(INC_FIELDS))
+            raise ValueError(f"unknown incarnation field {name!r} (known: {known})")
+        if name == "state":
+            value = IncarnationState(value).value
+        elif name == "end_reason" and value is not None:
+            value = EndReason(value).value
+        out[name] = value
+    return out
+
+
+def check_launch(inc: Incarnation) -> None:
+    """What begin_launch accepts as an incarnation to start (ValueError otherwise)."""
+    where = f"job {inc.job_id} incarnation {inc.n}"
+    if inc.state is not IncarnationState.LAUNCHING:
+        raise ValueError(f"{where}: begin_launch writes a launching incarnation, not {inc.state}")
+    if inc.n < 1:
+        raise ValueError(f"{where}: incarnations are numbered from 1")
+    if not inc.cards or len(set(inc.cards)) != len(inc.cards):
+        raise ValueError(f"{where}: cards must be distinct and at least one, got {inc.cards}")
+    if inc.gpu_uuids and len(inc.gpu_uuids) != len(inc.cards):
+        raise ValueError(f"{where}: {len(inc.gpu_uuids)} gpu_uuids for {len(inc.cards)} cards")
+    if inc.mib_per_card <= 0:
+        raise ValueError(f"{where}: mib_per_card must be positive, got {inc.mib_per_card}")

@@ -1,0 +1,170 @@
+"""The SQLite schema, versioned: ordered migrations, each applied in the transaction recording it.
+
+`SCHEMA_VERSION` is the newest version this gpuctl knows. A database whose `meta.schema_version`
+is newer is refused (an older gpuctl must not write a newer gpuctl's state); an older one is
+migrated forward when opened for writing, after a backup copy is taken beside it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sqlite3
+from collections.abc import Callable
+
+V1 = """
+CREATE TABLE meta (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+
+CREATE TABLE jobs (
+    id TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    spec TEXT NOT NULL,               -- the validated job spec as JSON (secret names only)
+    state TEXT NOT NULL,
+    priority INTEGER NOT NULL,
+    tier TEXT NOT NULL,
+    submitted_at REAL NOT NULL,
+    reason TEXT,
+    incarnation INTEGER NOT NULL DEFAULT 0,
+    restarts INTEGER NOT NULL DEFAULT 0,
+    first_started_at REAL,
+    cancel_requested INTEGER NOT NULL DEFAULT 0,
+    updated_at REAL NOT NULL DEFAULT 0
+);
+CREATE INDEX jobs_by_name ON jobs (name, submitted_at);
+CREATE INDEX jobs_by_state ON jobs (state);
+
+CREATE TABLE incarnations (
+    job_id TEXT NOT NULL REFERENCES jobs (id),
+    n INTEGER NOT NULL,
+    node TEXT NOT NULL,
+    cards TEXT NOT NULL,              -- JSON list of card indexes, in CUDA_VISIBLE_DEVICES order
+    gpu_uuids TEXT NOT NULL,          -- JSON list
+    mib_per_card INTEGER NOT NULL,
+    whole INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    started_at REAL NOT NULL,
+    run_dir TEXT NOT NULL,
+    pid INTEGER,
+    ended_at REAL,
+    exit_code INTEGER,
+    end_reason TEXT,
+    resume_step INTEGER,
+    cpu_milli INTEGER NOT NULL DEFAULT 0,
+    host_mem_mib INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (job_id, n)
+);
+CREATE INDEX incarnations_by_node ON incarnations (node, state);
+
+-- One row per card an incarnation was granted (written by begin_launch, never changed): the card
+-- is held while its incarnation's state holds cards (launching, running, stopping, lost).
+CREATE TABLE allocations (
+    job_id TEXT NOT NULL,
+    n INTEGER NOT NULL,
+    node TEXT NOT NULL,
+    card INTEGER NOT NULL,
+    mib INTEGER NOT NULL,
+    whole INTEGER NOT NULL,
+    PRIMARY KEY (job_id, n, card),
+    FOREIGN KEY (job_id, n) REFERENCES incarnations (job_id, n)
+);
+CREATE INDEX allocations_by_card ON allocations (node, card);
+
+CREATE TABLE checkpoints (
+    job_id TEXT NOT NULL REFERENCES jobs (id),
+    incarnation INTEGER NOT NULL,
+    step INTEGER NOT NULL,
+    path TEXT NOT NULL,
+    committed_at REAL NOT NULL,
+    location TEXT NOT NULL,
+    PRIMARY KEY (job_id, incarnation, step, location)
+);
+
+-- The audit log: append-only. No code path updates or deletes a row, and these triggers refuse
+-- anyone who tries.
+CREATE TABLE events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    at REAL NOT NULL,
+    actor TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    message TEXT NOT NULL,
+    job_id TEXT,
+    node TEXT,
+    outcome TEXT,
+    data TEXT NOT NULL DEFAULT '{}'
+);
+CREATE INDEX events_by_job ON events (job_id, id);
+CREATE INDEX events_by_time ON events (at);
+CREATE TRIGGER events_no_update BEFORE UPDATE ON events
+BEGIN SELECT RAISE(ABORT, 'the events table is append-only'); END;
+CREATE TRIGGER events_no_delete BEFORE DELETE ON events
+BEGIN SELECT RAISE(ABORT, 'the events table is append-only'); END;
+
+CREATE TABLE cordons (
+    node TEXT PRIMARY KEY,
+    reason TEXT NOT NULL,
+    operator TEXT NOT NULL,
+    source TEXT NOT NULL,
+    at REAL NOT NULL
+);
+
+CREATE TABLE liveness (
+    node TEXT PRIMARY KEY,
+    last_ok_at REAL,
+    failing_since REAL,
+    down INTEGER NOT NULL DEFAULT 0
+);
+"""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Migration:
+    """Brings a database from `version - 1` to `version`."""
+
+    version: int
+    description: str
+    apply: Callable[[sqlite3.Connection], None]
+
+
+def _v1(conn: sqlite3.Connection) -> None:
+    for statement in _statements(V1):
+        conn.execute(statement)
+
+
+def _statements(script: str) -> list[str]:
+    """Split a script into statements (`executescript` would commit the open transaction)."""
+    out: list[str] = []
+    buf = ""
+    for line in script.splitlines(keepends=True):
+        code = line.split("--", 1)[0]
+        buf += code
+        if sqlite3.complete_statement(buf):
+            if buf.strip():
+                out.append(buf.strip())
+            buf = ""
+    if buf.strip():
+        out.append(buf.strip())
+    return out
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(1, "jobs, incarnations, cards, events, cordons", _v1),
+)
+
+
+def latest_version(migrations: tuple[Migration, ...] | None = None) -> int:
+    chain = MIGRATIONS if migrations is None else migrations
+    return chain[-1].version if chain else 0
+
+
+def pending(current: int, migrations: tuple[Migration, ...] | None = None) -> list[Migration]:
+    """The migrations to apply, in order, to a database at `current`."""
+    chain = MIGRATIONS if migrations is None else migrations
+    versions = [m.version for m in chain]
+    if versions != list(range(1, len(chain) + 1)):
+        raise ValueError(f"migrations must be numbered 1..n in order, got {versions}")
+    return [m for m in chain if m.version > current]
+
+
+SCHEMA_VERSION = latest_version()

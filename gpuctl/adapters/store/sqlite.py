@@ -1,0 +1,401 @@
+"""The SQLite implementation of `gpuctl.adapters.protocols.Store`.
+
+Every mutating method is one `BEGIN IMMEDIATE` transaction (the write lock is taken before anything
+is read, so two control loops in two processes serialize instead of both acting on what they read).
+The connection is shared by threads behind one lock. Opening (fail-closed checks, modes, WAL,
+migrations) is in `opening.py`.
+
+SQL text is built only from constants (column lists, `?` placeholders) and from field names
+checked against a fixed set (`rows.job_changes`, `rows.inc_changes`); values are always bound.
+"""
+# ruff: noqa: S608  (see the paragraph above: no value is ever formatted into SQL)
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import threading
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import AbstractContextManager
+from typing import Any
+
+from gpuctl.adapters.store import launch, lock, rows
+from gpuctl.adapters.store.opening import HINT, LOCK_NAME, MARKER_NAME, Opened, read_marker
+from gpuctl.core.jobs import (
+    Checkpoint,
+    Cordon,
+    Event,
+    Incarnation,
+    IncarnationState,
+    Job,
+    JobState,
+    NodeLiveness,
+)
+from gpuctl.errors import StateError, StoreConflict
+
+
+class SqliteStore:
+    def __init__(self, opened: Opened) -> None:
+        self._conn = opened.conn
+        self.state_dir = opened.state_dir
+        self.path = opened.db_path
+        self.database_id = opened.database_id
+        self.schema_version = opened.schema_version
+        self.known_version = opened.known_version
+        self.writable = opened.writable
+        self.ephemeral = opened.ephemeral  # nothing stored yet; an empty, read-only view
+        self._lock = threading.RLock()
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    def __enter__(self) -> SqliteStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- plumbing ----------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        if not self.writable:
+            raise StateError(f"{self.path}: the state store was opened read-only")
+        with self._lock, self._errors():
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._conn
+            except BaseException:
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
+                raise
+            self._conn.execute("COMMIT")
+
+    def _read(self, sql: str, params: Iterable[Any] = ()) -> list[tuple[Any, ...]]:
+        with self._lock, self._errors():
+            return list(self._conn.execute(sql, tuple(params)).fetchall())
+
+    @contextlib.contextmanager
+    def _errors(self) -> Iterator[None]:
+        try:
+            yield
+        except sqlite3.OperationalError as exc:
+            if "locked" in str(exc) or "busy" in str(exc):
+                raise StateError(
+                    f"{self.path}: the state store stayed busy (another gpuctl is writing): {exc}",
+                    hint="try again",
+                ) from exc
+            raise StateError(f"{self.path}: {exc}", hint=HINT) from exc
+        except sqlite3.Error as exc:
+            raise StateError(f"{self.path}: {exc}", hint=HINT) from exc
+
+    @staticmethod
+    def _append(conn: sqlite3.Connection, event: Event) -> int:
+        cur = conn.execute(
+            "INSERT INTO events (at, actor, kind, message, job_id, node, outcome, data) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            rows.event_values(event),
+        )
+        return int(cur.lastrowid or 0)
+
+    @staticmethod
+    def _job_row(conn: sqlite3.Connection, job_id: str) -> Job | None:
+        row = conn.execute(f"SELECT {rows.JOB_COLS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        return None if row is None else rows.job_from(row)
+
+    @staticmethod
+    def _inc_row(conn: sqlite3.Connection, job_id: str, n: int) -> Incarnation | None:
+        row = conn.execute(
+            f"SELECT {rows.INC_COLS} FROM incarnations WHERE job_id = ? AND n = ?", (job_id, n)
+        ).fetchone()
+        return None if row is None else rows.inc_from(row)
+
+    # --- jobs --------------------------------------------------------------------------------
+
+    def add_job(self, job: Job, event: Event) -> None:
+        rows.check_spec(job.spec, job.id)
+        values = rows.job_values(job)
+        with self._tx() as c:
+            if self._job_row(c, job.id) is not None:
+                raise StoreConflict(f"job {job.id} already exists")
+            c.execute(f"INSERT INTO jobs ({rows.JOB_COLS}) VALUES ({_marks(13)})", values)
+            self._append(c, event)
+
+    def job(self, ref: str) -> Job | None:
+        """By id; else the newest job of that name."""
+        found = self._read(f"SELECT {rows.JOB_COLS} FROM jobs WHERE id = ?", (ref,))
+        if not found:
+            found = self._read(
+                f"SELECT {rows.JOB_COLS} FROM jobs WHERE name = ? "
+                "ORDER BY submitted_at DESC, rowid DESC LIMIT 1",
+                (ref,),
+            )
+        return rows.job_from(found[0]) if found else None
+
+    def jobs(self, states: Iterable[JobState] | None = None) -> list[Job]:
+        """Oldest submission first."""
+        sql = f"SELECT {rows.JOB_COLS} FROM jobs"
+        params: list[str] = []
+        if states is not None:
+            params = [JobState(s).value for s in states]
+            sql += f" WHERE state IN ({_marks(len(params))})"
+        return [rows.job_from(r) for r in self._read(sql + " ORDER BY submitted_at, id", params)]
+
+    def update_job(
+        self,
+        job_id: str,
+        *,
+        expect: JobState | None = None,
+        event: Event | None = None,
+        **changes: Any,
+    ) -> Job:
+        """Compare-and-set. `updated_at` defaults to the event's time when an event is given."""
+        values = rows.job_changes(changes)
+        if event is not None:
+            values.setdefault("updated_at", event.at)
+        with self._tx() as c:
+            job = self._job_row(c, job_id)
+            if job is None:
+                raise StoreConflict(f"job {job_id} does not exist")
+            if expect is not None and job.state is not JobState(expect):
+                raise StoreConflict(f"job {job_id} is {job.state}, not {JobState(expect)}")
+            if values:
+                sets = ", ".join(f"{k} = ?" for k in values)
+                c.execute(f"UPDATE jobs SET {sets} WHERE id = ?", (*values.values(), job_id))
+            if event is not None:
+                self._append(c, event)
+            updated = self._job_row(c, job_id)
+        assert updated is not None
+        return updated
+
+    # --- incarnations ------------------------------------------------------------------------
+
+    def begin_launch(
+        self, inc: Incarnation, *, capacity_mib: Mapping[tuple[str, int], int], event: Event
+    ) -> Job:
+        """Write the intent to launch `inc` and grant its cards, or raise StoreConflict."""
+        rows.check_launch(inc)
+        values = rows.inc_values(inc)
+        with self._tx() as c:
+            launch.check_allowed(c, inc, capacity_mib)
+            c.execute(f"INSERT INTO incarnations ({rows.INC_COLS}) VALUES ({_marks(17)})", values)
+            c.executemany(
+                "INSERT INTO allocations (job_id, n, node, card, mib, whole) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                [
+                    (inc.job_id, inc.n, inc.node, card, inc.mib_per_card, int(inc.whole))
+                    for card in inc.cards
+                ],
+            )
+            c.execute(
+                "UPDATE jobs SET state = ?, incarnation = ?, reason = NULL, updated_at = ?, "
+                "first_started_at = COALESCE(first_started_at, ?) WHERE id = ?",
+                (JobState.RUNNING.value, inc.n, event.at, inc.started_at, inc.job_id),
+            )
+            self._append(c, event)
+            updated = self._job_row(c, inc.job_id)
+        assert updated is not None
+        return updated
+
+    def update_incarnation(
+        self,
+        job_id: str,
+        n: int,
+        *,
+        expect: IncarnationState | None = None,
+        event: Event | None = None,
+        **changes: Any,
+    ) -> Incarnation:
+        """Compare-and-set. An incarnation that released its cards cannot take them back."""
+        values = rows.inc_changes(changes)
+        with self._tx() as c:
+            inc = self._inc_row(c, job_id, n)
+            if inc is None:
+                raise StoreConflict(f"job {job_id} has no incarnation {n}")
+            if expect is not None and inc.state is not IncarnationState(expect):
+                raise StoreConflict(
+                    f"job {job_id} incarnation {n} is {inc.state}, not {IncarnationState(expect)}"
+                )
+            new_state = IncarnationState(values.get("state", inc.state))
+            if new_state.holds_cards and not inc.state.holds_cards:
+                raise StoreConflict(
+                    f"job {job_id} incarnation {n} is {inc.state} and released its cards; "
+                    f"it cannot become {new_state} (start a new incarnation)"
+                )
+            if values:
+                sets = ", ".join(f"{k} = ?" for k in values)
+                c.execute(
+                    f"UPDATE incarnations SET {sets} WHERE job_id = ? AND n = ?",
+                    (*values.values(), job_id, n),
+                )
+            if event is not None:
+                self._append(c, event)
+            updated = self._inc_row(c, job_id, n)
+        assert updated is not None
+        return updated
+
+    def incarnations(
+        self, job_id: str | None = None, *, node: str | None = None, holding: bool | None = None
+    ) -> list[Incarnation]:
+        """By job id, then incarnation number."""
+        where: list[str] = []
+        params: list[Any] = []
+        if job_id is not None:
+            where.append("job_id = ?")
+            params.append(job_id)
+        if node is not None:
+            where.append("node = ?")
+            params.append(node)
+        if holding is not None:
+            where.append(f"state {'' if holding else 'NOT '}IN ({_marks(len(rows.HOLDING))})")
+            params.extend(rows.HOLDING)
+        sql = f"SELECT {rows.INC_COLS} FROM incarnations"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        return [rows.inc_from(r) for r in self._read(sql + " ORDER BY job_id, n", params)]
+
+    # --- checkpoints -------------------------------------------------------------------------
+
+    def add_checkpoint(self, checkpoint: Checkpoint) -> None:
+        """Idempotent: the same (job, incarnation, step, location) again updates path and time."""
+        cp = checkpoint
+        with self._tx() as c:
+            if self._job_row(c, cp.job_id) is None:
+                raise StoreConflict(f"checkpoint of job {cp.job_id}: the job does not exist")
+            c.execute(
+                f"INSERT INTO checkpoints ({rows.CHECKPOINT_COLS}) VALUES ({_marks(6)}) "
+                "ON CONFLICT (job_id, incarnation, step, location) "
+                "DO UPDATE SET path = excluded.path, committed_at = excluded.committed_at",
+                (cp.job_id, cp.incarnation, cp.step, cp.path, cp.committed_at, cp.location),
+            )
+
+    def checkpoints(self, job_id: str) -> list[Checkpoint]:
+        """Newest step first."""
+        found = self._read(
+            f"SELECT {rows.CHECKPOINT_COLS} FROM checkpoints WHERE job_id = ? "
+            "ORDER BY step DESC, incarnation DESC, committed_at DESC, location",
+            (job_id,),
+        )
+        return [rows.checkpoint_from(r) for r in found]
+
+    # --- the audit log -----------------------------------------------------------------------
+
+    def append_event(self, event: Event) -> int:
+        with self._tx() as c:
+            return self._append(c, event)
+
+    def events(
+        self,
+        *,
+        since: float | None = None,
+        job_id: str | None = None,
+        kinds: Iterable[str] | None = None,
+        limit: int | None = None,
+    ) -> list[Event]:
+        """Oldest first; with `limit`, the newest `limit` of those that match."""
+        where: list[str] = []
+        params: list[Any] = []
+        if since is not None:
+            where.append("at >= ?")
+            params.append(since)
+        if job_id is not None:
+            where.append("job_id = ?")
+            params.append(job_id)
+        if kinds is not None:
+            wanted = list(kinds)
+            where.append(f"kind IN ({_marks(len(wanted))})")
+            params.extend(wanted)
+        sql = f"SELECT {rows.EVENT_COLS} FROM events"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY id DESC"
+        if limit is not None:
+            sql += " LIMIT ?"
+            params.append(max(0, int(limit)))
+        return [rows.event_from(r) for r in reversed(self._read(sql, params))]
+
+    # --- cordons and liveness ----------------------------------------------------------------
+
+    def cordon(self, cordon: Cordon, event: Event) -> None:
+        """Cordon a node (a cordon already there is replaced: newest reason wins)."""
+        with self._tx() as c:
+            c.execute(
+                f"INSERT INTO cordons ({rows.CORDON_COLS}) VALUES ({_marks(5)}) "
+                "ON CONFLICT (node) DO UPDATE SET reason = excluded.reason, "
+                "operator = excluded.operator, source = excluded.source, at = excluded.at",
+                (cordon.node, cordon.reason, cordon.operator, cordon.source, cordon.at),
+            )
+            self._append(c, event)
+
+    def uncordon(self, node: str, event: Event) -> Cordon | None:
+        """Remove a node's cordon; the event is recorded even when there was none."""
+        with self._tx() as c:
+            row = c.execute(
+                f"SELECT {rows.CORDON_COLS} FROM cordons WHERE node = ?", (node,)
+            ).fetchone()
+            c.execute("DELETE FROM cordons WHERE node = ?", (node,))
+            self._append(c, event)
+        return None if row is None else rows.cordon_from(row)
+
+    def cordons(self) -> list[Cordon]:
+        found = self._read(f"SELECT {rows.CORDON_COLS} FROM cordons ORDER BY node")
+        return [rows.cordon_from(r) for r in found]
+
+    def liveness(self) -> dict[str, NodeLiveness]:
+        found = self._read("SELECT node, last_ok_at, failing_since, down FROM liveness")
+        return {r[0]: rows.liveness_from(r) for r in sorted(found)}
+
+    def set_liveness(self, liveness: NodeLiveness) -> None:
+        lv = liveness
+        with self._tx() as c:
+            c.execute(
+                "INSERT INTO liveness (node, last_ok_at, failing_since, down) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (node) DO UPDATE SET last_ok_at = excluded.last_ok_at, "
+                "failing_since = excluded.failing_since, down = excluded.down",
+                (lv.node, lv.last_ok_at, lv.failing_since, int(lv.down)),
+            )
+
+    def counts(self) -> dict[str, int]:
+        """Rows per table: jobs, incarnations, checkpoints, events, cordons."""
+        tables = ("jobs", "incarnations", "checkpoints", "events", "cordons")
+        return {t: int(self._read(f"SELECT count(*) FROM {t}")[0][0]) for t in tables}
+
+    # --- integrity and the loop lock ---------------------------------------------------------
+
+    def check(self) -> list[str]:
+        """`PRAGMA integrity_check`, foreign keys, schema version, the marker. Never raises."""
+        problems: list[str] = []
+        try:
+            with self._lock:
+                found = self._conn.execute("PRAGMA integrity_check").fetchall()
+                problems += [f"integrity: {r[0]}" for r in found if r[0] != "ok"]
+                for table, rowid, parent, _ in self._conn.execute("PRAGMA foreign_key_check"):
+                    problems.append(f"{table} row {rowid} refers to a missing {parent} row")
+                meta = dict(self._conn.execute("SELECT key, value FROM meta").fetchall())
+        except sqlite3.Error as exc:
+            return [*problems, f"{self.path}: {exc}"]
+        known = self.known_version
+        version = int(meta.get("schema_version", "0"))
+        if version > known:
+            problems.append(f"schema version {version} is newer than this gpuctl knows ({known})")
+        if not self.ephemeral:
+            marker = self.state_dir / MARKER_NAME
+            try:
+                marker_id = read_marker(marker)
+            except StateError as exc:
+                problems.append(exc.message)
+            else:
+                if marker_id not in (None, meta.get("database_id")):
+                    problems.append(f"{marker} names database {marker_id}, not {self.path}")
+        return problems
+
+    def loop_lock(self, wait_s: float = 0.0) -> AbstractContextManager[None]:
+        """One control loop at a time: flock on `state_dir/loop.lock`, released on exit."""
+        if not self.writable:
+            raise StateError(f"{self.path}: the state store was opened read-only")
+        return lock.loop_lock(self.state_dir / LOCK_NAME, wait_s)
+
+
+def _marks(n: int) -> str:
+    return ", ".join("?" * n)

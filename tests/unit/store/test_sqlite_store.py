@@ -1,0 +1,485 @@
+"""The SQLite state store: every method, compare-and-set, card booking, the loop lock, modes."""
+
+import os
+import sqlite3
+import stat
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpuctl.adapters.store import open_store
+from gpuctl.adapters.store.sqlite import SqliteStore
+from gpuctl.core.jobs import (
+    Checkpoint,
+    Cordon,
+    EndReason,
+    Event,
+    Incarnation,
+    IncarnationState,
+    Job,
+    JobState,
+    NodeLiveness,
+)
+from gpuctl.errors import StateError, StoreConflict
+
+CAP = {("n1", 0): 40_000, ("n1", 1): 40_000, ("n2", 0): 80_000}
+
+
+def ev(kind: str, at: float = 100.0, job_id: str | None = None) -> Event:
+    return Event(at=at, actor="alice", kind=kind, message=f"{kind} happened", job_id=job_id)
+
+
+def job(job_id: str = "train-a1b2c3", name: str = "train", at: float = 10.0, **kw: object) -> Job:
+    fields: dict[str, object] = {
+        "spec": {"command": ["python", "train.py"], "secret_env": ["HF_TOKEN"]},
+        "state": JobState.QUEUED,
+        "priority": 0,
+        "tier": "standard",
+    }
+    fields.update(kw)
+    return Job(id=job_id, name=name, submitted_at=at, **fields)  # type: ignore[arg-type]
+
+
+def inc(
+    job_id: str = "train-a1b2c3",
+    n: int = 1,
+    node: str = "n1",
+    cards: tuple[int, ...] = (0,),
+    mib: int = 20_000,
+    whole: bool = False,
+    at: float = 50.0,
+) -> Incarnation:
+    return Incarnation(
+        job_id=job_id,
+        n=n,
+        node=node,
+        cards=cards,
+        gpu_uuids=tuple(f"GPU-{c}" for c in cards),
+        mib_per_card=mib,
+        whole=whole,
+        state=IncarnationState.LAUNCHING,
+        started_at=at,
+        run_dir=f"/runs/{job_id}/{n}",
+    )
+
+
+@pytest.fixture
+def state_dir(tmp_path: Path) -> Path:
+    return tmp_path / "state"
+
+
+@pytest.fixture
+def store(state_dir: Path) -> Iterator[SqliteStore]:
+    with open_store(state_dir, write=True) as s:
+        yield s
+
+
+def submitted(store: SqliteStore, job_id: str = "train-a1b2c3", **kw: object) -> Job:
+    j = job(job_id, **kw)
+    store.add_job(j, ev("submit", job_id=job_id))
+    return j
+
+
+# --- opening: modes, WAL ----------------------------------------------------------------------
+
+
+def test_a_new_store_is_a_0700_folder_with_0600_files_in_wal_mode(state_dir: Path) -> None:
+    with open_store(state_dir, write=True) as s:
+        submitted(s)
+        assert stat.S_IMODE(state_dir.stat().st_mode) == 0o700
+        for name in ("state.db", "state.db-wal", "state.db-shm", "store.id"):
+            assert stat.S_IMODE((state_dir / name).stat().st_mode) == 0o600, name
+        other = sqlite3.connect(s.path)
+        assert other.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+        other.close()
+        assert s.schema_version == 1
+        assert s.database_id and s.database_id in (state_dir / "store.id").read_text()
+
+
+def test_a_state_folder_open_to_others_is_tightened_to_0700(state_dir: Path) -> None:
+    state_dir.mkdir(mode=0o755)
+    state_dir.chmod(0o755)
+    open_store(state_dir, write=True).close()
+    assert stat.S_IMODE(state_dir.stat().st_mode) == 0o700
+
+
+def test_a_state_folder_of_another_user_is_refused(
+    state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state_dir.mkdir()
+    monkeypatch.setattr(os, "geteuid", lambda: os.getuid() + 4242)
+    with pytest.raises(StateError, match="belongs to uid"):
+        open_store(state_dir, write=True)
+    assert list(state_dir.iterdir()) == []
+
+
+def test_reading_a_store_that_does_not_exist_yet_shows_it_empty_and_creates_nothing(
+    state_dir: Path,
+) -> None:
+    with open_store(state_dir, write=False) as s:
+        assert s.ephemeral
+        assert (s.jobs(), s.events(), s.cordons(), s.check()) == ([], [], [], [])
+        with pytest.raises(StateError, match="read-only"):
+            submitted(s)
+    assert not state_dir.exists()
+
+
+def test_a_store_opened_read_only_refuses_every_write(store: SqliteStore, state_dir: Path) -> None:
+    submitted(store)
+    with open_store(state_dir, write=False) as ro:
+        assert [j.id for j in ro.jobs()] == ["train-a1b2c3"]
+        with pytest.raises(StateError, match="read-only"):
+            ro.update_job("train-a1b2c3", state=JobState.HELD)
+        with pytest.raises(StateError, match="read-only"):
+            ro.append_event(ev("note"))
+        with pytest.raises(StateError, match="read-only"):
+            ro.loop_lock()
+    assert store.job("train-a1b2c3").state is JobState.QUEUED  # type: ignore[union-attr]
+
+
+# --- jobs ---------------------------------------------------------------------------------------
+
+
+def test_a_job_round_trips_with_its_spec_and_its_submit_event(store: SqliteStore) -> None:
+    j = submitted(store)
+    assert store.job("train-a1b2c3") == j
+    [event] = store.events()
+    assert (event.kind, event.job_id, event.actor, event.id) == ("submit", j.id, "alice", 1)
+
+
+def test_a_name_finds_the_newest_job_of_that_name(store: SqliteStore) -> None:
+    submitted(store, "train-000001", at=1.0)
+    submitted(store, "train-000002", at=2.0)
+    submitted(store, "eval-000003", name="eval", at=3.0)
+    assert store.job("train").id == "train-000002"  # type: ignore[union-attr]
+    assert store.job("nope") is None
+
+
+def test_jobs_are_listed_oldest_first_and_filtered_by_state(store: SqliteStore) -> None:
+    submitted(store, "b-000002", at=2.0)
+    submitted(store, "a-000001", at=1.0, state=JobState.HELD)
+    assert [j.id for j in store.jobs()] == ["a-000001", "b-000002"]
+    assert [j.id for j in store.jobs([JobState.QUEUED])] == ["b-000002"]
+    assert store.jobs([]) == []
+
+
+def test_a_job_id_is_never_reused(store: SqliteStore) -> None:
+    submitted(store)
+    with pytest.raises(StoreConflict, match="already exists"):
+        submitted(store)
+    assert len(store.events()) == 1  # the refused submit left no event
+
+
+@pytest.mark.parametrize(
+    "secret_env",
+    [{"HF_TOKEN": "hf_live_value"}, ["HF_TOKEN", "sk-not a name"], "HF_TOKEN=hf_live_value"],
+)
+def test_a_spec_carrying_secret_values_is_refused(store: SqliteStore, secret_env: object) -> None:
+    spec = {"command": ["x"], "nested": {"secret_env": secret_env}}
+    with pytest.raises(ValueError, match="secret values are never stored"):
+        store.add_job(job(spec=spec), ev("submit"))
+    assert store.jobs() == []
+    raw = store.path.read_bytes() + store.path.with_name("state.db-wal").read_bytes()
+    assert b"hf_live_value" not in raw
+
+
+def test_update_job_is_a_compare_and_set(store: SqliteStore) -> None:
+    submitted(store)
+    held = store.update_job(
+        "train-a1b2c3",
+        expect=JobState.QUEUED,
+        event=ev("hold", at=200.0),
+        state=JobState.HELD,
+        reason="crash loop",
+    )
+    assert (held.state, held.reason, held.updated_at) == (JobState.HELD, "crash loop", 200.0)
+    with pytest.raises(StoreConflict, match="train-a1b2c3 is held, not queued"):
+        store.update_job("train-a1b2c3", expect=JobState.QUEUED, event=ev("x"), priority=9)
+    assert store.job("train-a1b2c3") == held
+    assert [e.kind for e in store.events()] == ["submit", "hold"]
+    with pytest.raises(StoreConflict, match="does not exist"):
+        store.update_job("nope-000000", state=JobState.HELD)
+
+
+def test_update_job_refuses_unknown_and_fixed_fields(store: SqliteStore) -> None:
+    submitted(store)
+    with pytest.raises(ValueError, match="unknown job field 'stat'"):
+        store.update_job("train-a1b2c3", stat=JobState.HELD)
+    with pytest.raises(ValueError, match="'incarnation' cannot be changed"):
+        store.update_job("train-a1b2c3", incarnation=5)
+    updated = store.update_job("train-a1b2c3", cancel_requested=True, restarts=2)
+    assert (updated.cancel_requested, updated.restarts) == (True, 2)
+
+
+# --- begin_launch: intent before side effect, no double booking ------------------------------
+
+
+def test_begin_launch_records_the_incarnation_and_runs_the_job_in_one_step(
+    store: SqliteStore,
+) -> None:
+    submitted(store)
+    running = store.begin_launch(inc(), capacity_mib=CAP, event=ev("launch", at=50.0))
+    assert (running.state, running.incarnation, running.first_started_at) == (
+        JobState.RUNNING,
+        1,
+        50.0,
+    )
+    assert store.incarnations() == [inc()]
+    assert store.events()[-1].kind == "launch"
+
+
+def test_a_slice_that_does_not_fit_beside_the_cards_holders_is_refused(store: SqliteStore) -> None:
+    submitted(store, "a-000001")
+    submitted(store, "b-000002")
+    store.begin_launch(inc("a-000001", mib=30_000), capacity_mib=CAP, event=ev("launch"))
+    with pytest.raises(StoreConflict, match=r"b-000002 incarnation 1: card 0 of n1 has 10000 MiB"):
+        store.begin_launch(inc("b-000002", mib=20_000), capacity_mib=CAP, event=ev("launch"))
+    assert store.job("b-000002").state is JobState.QUEUED  # type: ignore[union-attr]
+    assert [i.job_id for i in store.incarnations()] == ["a-000001"]
+    assert [e.kind for e in store.events()] == ["submit", "submit", "launch"]
+    # a slice that fits beside it is granted
+    store.begin_launch(inc("b-000002", mib=10_000), capacity_mib=CAP, event=ev("launch"))
+
+
+def test_a_whole_card_is_shared_with_nobody(store: SqliteStore) -> None:
+    for jid in ("a-000001", "b-000002", "c-000003"):
+        submitted(store, jid)
+    store.begin_launch(inc("a-000001", cards=(1,), mib=40_000, whole=True), capacity_mib=CAP,
+                       event=ev("launch"))  # fmt: skip
+    with pytest.raises(StoreConflict, match="card 1 of n1 is held whole by job a-000001"):
+        store.begin_launch(inc("b-000002", cards=(1,), mib=1), capacity_mib=CAP, event=ev("l"))
+    store.begin_launch(inc("b-000002", cards=(0,), mib=1), capacity_mib=CAP, event=ev("l"))
+    with pytest.raises(StoreConflict, match="held by job b-000002 incarnation 1; a whole card"):
+        store.begin_launch(
+            inc("c-000003", cards=(0,), mib=40_000, whole=True), capacity_mib=CAP, event=ev("l")
+        )
+
+
+def test_the_same_incarnation_is_never_launched_twice(store: SqliteStore) -> None:
+    submitted(store)
+    store.begin_launch(inc(), capacity_mib=CAP, event=ev("launch"))
+    with pytest.raises(StoreConflict, match="is running, not queued"):
+        store.begin_launch(inc(node="n2"), capacity_mib=CAP, event=ev("launch"))
+    # even when the job is queued again, the next launch must be incarnation 2
+    store.update_incarnation("train-a1b2c3", 1, state=IncarnationState.LOST)
+    store.update_job("train-a1b2c3", expect=JobState.RUNNING, state=JobState.QUEUED)
+    with pytest.raises(StoreConflict, match="at incarnation 1; the next one is 2"):
+        store.begin_launch(inc(node="n2"), capacity_mib=CAP, event=ev("launch"))
+    assert store.begin_launch(inc(n=2, node="n2"), capacity_mib=CAP, event=ev("l")).incarnation == 2
+
+
+def test_no_launch_while_another_incarnation_of_the_job_is_live(store: SqliteStore) -> None:
+    submitted(store)
+    store.begin_launch(inc(), capacity_mib=CAP, event=ev("launch"))
+    store.update_job("train-a1b2c3", state=JobState.QUEUED)  # a confused caller
+    with pytest.raises(StoreConflict, match="incarnation 1 is still launching"):
+        store.begin_launch(inc(n=2, node="n2"), capacity_mib=CAP, event=ev("launch"))
+
+
+def test_a_lost_incarnation_keeps_its_cards_until_it_is_fenced(store: SqliteStore) -> None:
+    submitted(store, "a-000001")
+    submitted(store, "b-000002")
+    store.begin_launch(inc("a-000001", mib=40_000), capacity_mib=CAP, event=ev("launch"))
+    store.update_incarnation("a-000001", 1, state=IncarnationState.LOST)
+    with pytest.raises(StoreConflict, match="has 0 MiB free"):
+        store.begin_launch(inc("b-000002", mib=1), capacity_mib=CAP, event=ev("launch"))
+    store.update_incarnation(
+        "a-000001", 1, expect=IncarnationState.LOST, state=IncarnationState.KILLED,
+        end_reason=EndReason.FENCED, ended_at=99.0,
+    )  # fmt: skip
+    store.begin_launch(inc("b-000002", mib=40_000), capacity_mib=CAP, event=ev("launch"))
+
+
+def test_begin_launch_refuses_cancelled_missing_and_malformed(store: SqliteStore) -> None:
+    submitted(store, cancel_requested=True)
+    with pytest.raises(StoreConflict, match="being cancelled"):
+        store.begin_launch(inc(), capacity_mib=CAP, event=ev("launch"))
+    with pytest.raises(StoreConflict, match="does not exist"):
+        store.begin_launch(inc("ghost-000000"), capacity_mib=CAP, event=ev("launch"))
+    submitted(store, "b-000002")
+    with pytest.raises(ValueError, match="no capacity given"):
+        store.begin_launch(inc("b-000002", node="n9"), capacity_mib=CAP, event=ev("launch"))
+    with pytest.raises(ValueError, match="cards must be distinct"):
+        store.begin_launch(inc("b-000002", cards=(0, 0)), capacity_mib=CAP, event=ev("launch"))
+    assert store.incarnations() == []
+
+
+# --- incarnations -------------------------------------------------------------------------------
+
+
+def test_update_incarnation_is_a_compare_and_set(store: SqliteStore) -> None:
+    submitted(store)
+    store.begin_launch(inc(), capacity_mib=CAP, event=ev("launch"))
+    running = store.update_incarnation(
+        "train-a1b2c3", 1, expect=IncarnationState.LAUNCHING, event=ev("started"),
+        state=IncarnationState.RUNNING, pid=4242,
+    )  # fmt: skip
+    assert (running.state, running.pid) == (IncarnationState.RUNNING, 4242)
+    with pytest.raises(StoreConflict, match="incarnation 1 is running, not launching"):
+        store.update_incarnation(
+            "train-a1b2c3", 1, expect=IncarnationState.LAUNCHING, state=IncarnationState.RUNNING
+        )
+    with pytest.raises(ValueError, match="unknown incarnation field 'pdi'"):
+        store.update_incarnation("train-a1b2c3", 1, pdi=1)
+    with pytest.raises(ValueError, match="'cards' cannot be changed"):
+        store.update_incarnation("train-a1b2c3", 1, cards=(0, 1))
+    with pytest.raises(StoreConflict, match="has no incarnation 7"):
+        store.update_incarnation("train-a1b2c3", 7, pid=1)
+    store.update_incarnation(
+        "train-a1b2c3", 1, state=IncarnationState.EXITED, exit_code=0, ended_at=90.0
+    )
+    with pytest.raises(StoreConflict, match="released its cards"):
+        store.update_incarnation("train-a1b2c3", 1, state=IncarnationState.RUNNING)
+
+
+def test_incarnations_filter_by_job_node_and_holding(store: SqliteStore) -> None:
+    submitted(store, "a-000001")
+    submitted(store, "b-000002")
+    store.begin_launch(inc("a-000001"), capacity_mib=CAP, event=ev("l"))
+    store.begin_launch(inc("b-000002", node="n2"), capacity_mib=CAP, event=ev("l"))
+    store.update_incarnation("b-000002", 1, state=IncarnationState.EXITED, exit_code=1)
+    assert [i.job_id for i in store.incarnations(node="n2")] == ["b-000002"]
+    assert [i.job_id for i in store.incarnations(holding=True)] == ["a-000001"]
+    assert [i.job_id for i in store.incarnations(holding=False)] == ["b-000002"]
+    assert [i.job_id for i in store.incarnations("a-000001", node="n2")] == []
+
+
+# --- checkpoints, events, cordons, liveness -----------------------------------------------------
+
+
+def test_checkpoints_are_listed_newest_step_first_and_recording_one_twice_is_harmless(
+    store: SqliteStore,
+) -> None:
+    submitted(store)
+    for step in (100, 300, 200):
+        cp = Checkpoint("train-a1b2c3", 1, step, f"/ck/step-{step:08d}", float(step), "shared")
+        store.add_checkpoint(cp)
+    store.add_checkpoint(Checkpoint("train-a1b2c3", 1, 300, "/ck/step-00000300", 300.0, "shared"))
+    assert [c.step for c in store.checkpoints("train-a1b2c3")] == [300, 200, 100]
+    with pytest.raises(StoreConflict, match="the job does not exist"):
+        store.add_checkpoint(Checkpoint("nope-000000", 1, 1, "/x", 1.0, "shared"))
+
+
+def test_events_filter_by_time_job_and_kind_and_limit_keeps_the_newest(
+    store: SqliteStore,
+) -> None:
+    for i, kind in enumerate(["submit", "launch", "exit", "launch"]):
+        store.append_event(ev(kind, at=float(i), job_id="a-000001" if i % 2 else "b-000002"))
+    assert [e.at for e in store.events(since=2.0)] == [2.0, 3.0]
+    assert [e.at for e in store.events(job_id="a-000001")] == [1.0, 3.0]
+    assert [e.at for e in store.events(kinds=["launch"])] == [1.0, 3.0]
+    assert [e.at for e in store.events(limit=2)] == [2.0, 3.0]
+    event = Event(at=9.0, actor="gpuctl", kind="over_slice", message="m", data={"mib": 5})
+    assert store.events()[-1].id == 4
+    assert store.append_event(event) == 5
+    assert store.events(limit=1)[0].data == {"mib": 5}
+
+
+def test_the_audit_log_cannot_be_updated_or_deleted(store: SqliteStore) -> None:
+    store.append_event(ev("submit"))
+    raw = sqlite3.connect(store.path)
+    with pytest.raises(sqlite3.IntegrityError, match="append-only"):
+        raw.execute("UPDATE events SET message = 'rewritten'")
+    with pytest.raises(sqlite3.IntegrityError, match="append-only"):
+        raw.execute("DELETE FROM events")
+    raw.close()
+    assert [e.message for e in store.events()] == ["submit happened"]
+
+
+def test_cordons_are_recorded_replaced_and_removed_with_events(store: SqliteStore) -> None:
+    store.cordon(Cordon("n1", "ecc errors", "gpuctl", "health", 1.0), ev("cordon"))
+    by_alice = Cordon("n1", "maintenance", "alice", "operator", 2.0)
+    store.cordon(by_alice, ev("cordon"))
+    assert store.cordons() == [by_alice]
+    assert store.uncordon("n1", ev("uncordon")) == by_alice
+    assert store.uncordon("n1", ev("uncordon")) is None
+    assert store.cordons() == []
+    assert [e.kind for e in store.events()] == ["cordon", "cordon", "uncordon", "uncordon"]
+
+
+def test_liveness_is_kept_per_node(store: SqliteStore) -> None:
+    store.set_liveness(NodeLiveness("n1", last_ok_at=1.0, failing_since=None))
+    store.set_liveness(NodeLiveness("n2", last_ok_at=1.0, failing_since=2.0))
+    store.set_liveness(NodeLiveness("n2", last_ok_at=1.0, failing_since=2.0, down=True))
+    assert store.liveness() == {
+        "n1": NodeLiveness("n1", 1.0, None, False),
+        "n2": NodeLiveness("n2", 1.0, 2.0, True),
+    }
+
+
+def test_a_healthy_store_checks_clean(store: SqliteStore) -> None:
+    submitted(store)
+    store.begin_launch(inc(), capacity_mib=CAP, event=ev("launch"))
+    assert store.check() == []
+    assert store.counts() == {"jobs": 1, "incarnations": 1, "checkpoints": 0, "events": 2,
+                              "cordons": 0}  # fmt: skip
+
+
+# --- one control loop at a time -----------------------------------------------------------------
+
+
+def test_the_loop_lock_admits_one_holder_and_names_it(store: SqliteStore, state_dir: Path) -> None:
+    held = rf"holds the lock \(pid {os.getpid()}\)"
+    with open_store(state_dir, write=True) as other:
+        with store.loop_lock(), pytest.raises(StoreConflict, match=held), other.loop_lock(0.1):
+            pass
+        with other.loop_lock():  # released when the holder's block ended
+            pass
+    assert stat.S_IMODE((state_dir / "loop.lock").stat().st_mode) == 0o600
+
+
+RACER = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    from gpuctl.adapters.store import open_store
+    from gpuctl.core.jobs import Event, Incarnation, IncarnationState
+    from gpuctl.errors import StoreConflict
+
+    job_id = sys.argv[2]
+    store = open_store(Path(sys.argv[1]), write=True)
+    inc = Incarnation(
+        job_id, 1, "n1", (0,), (), 30000, False, IncarnationState.LAUNCHING, 1.0, "/r"
+    )
+    print("ready", flush=True)
+    sys.stdin.readline()
+    try:
+        event = Event(1.0, "t", "launch", "launch", job_id)
+        store.begin_launch(inc, capacity_mib={("n1", 0): 40000}, event=event)
+        print("won", flush=True)
+    except StoreConflict as exc:
+        print("lost", exc, flush=True)
+    """
+)
+
+
+def test_two_processes_racing_for_the_last_room_on_a_card_one_wins(
+    store: SqliteStore, state_dir: Path
+) -> None:
+    submitted(store, "a-000001")
+    submitted(store, "b-000002")
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", RACER, str(state_dir), jid],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for jid in ("a-000001", "b-000002")
+    ]
+    for p in procs:  # both opened the store; release them together
+        assert p.stdout is not None and p.stdout.readline() == "ready\n"
+    for p in procs:
+        assert p.stdin is not None
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    outs = [p.communicate(timeout=30)[0] for p in procs]
+    assert sorted(o.split()[0] for o in outs) == ["lost", "won"], outs
+    assert "has 10000 MiB free of 40000 MiB" in "".join(outs)
+    holders = store.incarnations(node="n1", holding=True)
+    assert len(holders) == 1
+    assert store.job(holders[0].job_id).state is JobState.RUNNING  # type: ignore[union-attr]
