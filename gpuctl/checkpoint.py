@@ -159,6 +159,7 @@ def read_marker(folder: Path) -> tuple[Marker | None, str | None]:
         return None, "unreadable marker: not a JSON object"
     step, inc, at, files = (data.get(k) for k in ("step", "incarnation", "committed_at", "files"))
     job_id = data.get("job_id")
+    job_id = None if job_id == "" else job_id  # a shell writer without GPUCTL_JOB_ID
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
         return None, "unreadable marker: no step"
     if inc is not None and (not isinstance(inc, int) or isinstance(inc, bool)):

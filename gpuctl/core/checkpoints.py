@@ -100,6 +100,7 @@ def parse_marker(text: str | bytes) -> MarkerFields:
     if not isinstance(fmt, int) or isinstance(fmt, bool) or fmt > MARKER_FORMAT:
         return _broken(f"unreadable marker: format {fmt!r} is newer than this gpuctl understands")
     job_id = data.get("job_id")
+    job_id = None if job_id == "" else job_id  # a shell writer without GPUCTL_JOB_ID
     if job_id is not None and not isinstance(job_id, str):
         return _broken("unreadable marker: job_id is not a string")
     incarnation = _int_field(data, "incarnation")

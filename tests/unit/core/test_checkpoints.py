@@ -239,6 +239,7 @@ def test_a_well_formed_marker_gives_its_fields() -> None:
 def test_a_marker_without_an_incarnation_is_well_formed_but_says_so() -> None:
     fields = parse_marker(marker_text(incarnation=None, job_id=None))
     assert fields.ok and fields.incarnation is None and fields.job_id is None
+    assert parse_marker(marker_text(job_id="")).job_id is None  # a shell writer without the id
 
 
 def test_malformed_markers_name_their_problem() -> None:
