@@ -300,6 +300,11 @@ class Checkpointer:
             # periodic save): the state at a step is the state; keep the committed copy.
             self.checkpoint_requested = False
             return final
+        if existing is not None and not self._same_job(existing):
+            raise CheckpointError(
+                f"{final} is a committed checkpoint of another job ({existing.job_id}): give "
+                "each job its own checkpoint dir (checkpoint.dir: /path/{job_id} in the job spec)"
+            )
         inc_tag = "x" if self.incarnation is None else str(self.incarnation)
         temp = self.dir / f".tmp-step-{step}-{inc_tag}-{os.getpid()}"
         if temp.exists():

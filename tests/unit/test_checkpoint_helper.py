@@ -248,6 +248,17 @@ def test_another_jobs_checkpoints_in_a_reused_dir_are_left_alone(tmp_path: Path)
     assert listing(tmp_path) == ["step-00000010", "step-00000600"]
 
 
+def test_another_jobs_committed_checkpoint_is_never_overwritten(tmp_path: Path) -> None:
+    other = Checkpointer(tmp_path, job_id="train-demo-000000", incarnation=1)
+    other.save(10, {"a": b"theirs"})
+    mine = Checkpointer(tmp_path, job_id="train-demo-1a2b3c", incarnation=1)
+    with pytest.raises(CheckpointError, match=r"another job \(train-demo-000000\).*\{job_id\}"):
+        mine.save(10, {"a": b"mine"})
+    assert (
+        other.latest() is not None and (tmp_path / "step-00000010" / "a").read_bytes() == b"theirs"
+    )
+
+
 def test_the_checkpoint_gpuctl_chose_wins_over_newer_ones(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
