@@ -102,7 +102,6 @@ def _open_checked(
         if version == 0:  # an empty file, no marker: a creation that never finished
             conn.close()
             return _ephemeral(state_dir, chain)
-        _pragma(conn, path, "PRAGMA query_only = ON")
         _pragma(conn, path, "PRAGMA foreign_keys = ON")
         return Opened(
             conn, state_dir, path, db_id, version, latest, writable=False, ephemeral=False
@@ -222,7 +221,11 @@ def _check_file(path: Path, *, write: bool) -> None:
 
 
 def _connect(path: Path, *, write: bool) -> sqlite3.Connection:
-    target = f"file:{quote(str(path))}?mode={'rw' if write else 'ro'}"  # never creates
+    """Open without ever creating the file. A read-only open of a file we may write uses `rw` with
+    `query_only`, so that closing it removes the WAL files as SQLite does for writers (a `ro`
+    connection would leave them behind)."""
+    mode = "rw" if write or os.access(path, os.W_OK) else "ro"
+    target = f"file:{quote(str(path))}?mode={mode}"
     try:
         conn = sqlite3.connect(
             target,
@@ -232,6 +235,8 @@ def _connect(path: Path, *, write: bool) -> sqlite3.Connection:
             timeout=BUSY_TIMEOUT_MS / 1000,
         )
         conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        if not write:
+            conn.execute("PRAGMA query_only = ON")
     except sqlite3.Error as exc:
         raise StateError(f"{path}: cannot open the database: {exc}", hint=HINT) from exc
     return conn
@@ -251,13 +256,17 @@ def _quick_check(conn: sqlite3.Connection, path: Path) -> None:
         raise StateError(
             f"{path}: the database is unreadable or corrupt: {exc}", hint=HINT
         ) from exc
-    problems = [str(r[0]) for r in rows if r[0] != "ok"]
+    problems = [one_line(str(r[0])) for r in rows if r[0] != "ok"]
     if problems:
         raise StateError(
             f"{path}: the database is corrupt: {problems[0]}"
             + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""),
             hint=HINT,
         )
+
+
+def one_line(text: str) -> str:
+    return " ".join(text.replace("*** in database main ***", "").split())
 
 
 def _version(

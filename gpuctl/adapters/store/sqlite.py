@@ -20,7 +20,14 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from gpuctl.adapters.store import launch, lock, rows
-from gpuctl.adapters.store.opening import HINT, LOCK_NAME, MARKER_NAME, Opened, read_marker
+from gpuctl.adapters.store.opening import (
+    HINT,
+    LOCK_NAME,
+    MARKER_NAME,
+    Opened,
+    one_line,
+    read_marker,
+)
 from gpuctl.core.jobs import (
     Checkpoint,
     Cordon,
@@ -369,7 +376,7 @@ class SqliteStore:
         try:
             with self._lock:
                 found = self._conn.execute("PRAGMA integrity_check").fetchall()
-                problems += [f"integrity: {r[0]}" for r in found if r[0] != "ok"]
+                problems += [f"integrity: {one_line(r[0])}" for r in found if r[0] != "ok"]
                 for table, rowid, parent, _ in self._conn.execute("PRAGMA foreign_key_check"):
                     problems.append(f"{table} row {rowid} refers to a missing {parent} row")
                 meta = dict(self._conn.execute("SELECT key, value FROM meta").fetchall())
