@@ -250,7 +250,6 @@ class Checkpointer:
         self.checkpoint_requested = False  # SIGUSR1
         self.stop_requested = False  # SIGTERM
         self._protected: Path | None = None  # the checkpoint resumed from: kept until a newer one
-        self._last_committed_step: int | None = None
 
     # --- signals ---------------------------------------------------------------------------------
 
@@ -285,7 +284,8 @@ class Checkpointer:
         renamed into place as `step-<step:08d>`, and the marker is written last, atomically (temp,
         fsync, rename, fsync the folder). Then only the newest `keep` checkpoints are kept (never
         the one this run resumed from before a newer one is committed). Raises
-        `StaleIncarnationError` when a newer incarnation of this job has committed here.
+        `StaleIncarnationError` when a newer incarnation of this job has committed here, and
+        `CheckpointError` rather than overwrite another job's committed checkpoint.
         """
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise CheckpointError(f"a checkpoint step is a whole number, 0 or more, not {step!r}")
@@ -330,7 +330,6 @@ class Checkpointer:
             _fsync_dir(self.dir)
         self._write_marker(final, step, manifest)
         self.checkpoint_requested = False
-        self._last_committed_step = step
         self._prune(step)
         return final
 
@@ -552,6 +551,8 @@ class Checkpointer:
             step = _step_of(entry.name)
             if step is not None and step < committed_step and not (entry / MARKER_NAME).exists():
                 drop.append(entry.name)  # an interrupted save, superseded
+            if entry.name.startswith(".old-step-"):
+                drop.append(entry.name)  # set aside by a save that was then interrupted
             temp = _TEMP_DIR.match(entry.name)
             inc = temp.group(1) if temp else "x"
             if self.incarnation is not None and inc != "x" and int(inc) < self.incarnation:

@@ -178,6 +178,7 @@ def test_a_save_killed_before_its_marker_is_never_loaded_and_is_said_so(
 def test_older_incarnations_interrupted_saves_are_cleaned_up(tmp_path: Path) -> None:
     (tmp_path / ".tmp-step-20-1-4242").mkdir(parents=True)
     (tmp_path / "step-00000015").mkdir()  # files, no marker
+    (tmp_path / ".old-step-00000010-4242").mkdir()  # set aside, then the save was killed
     ck(tmp_path, 2).save(20, {"a": b"1"})
     assert listing(tmp_path) == ["step-00000020"]
 
