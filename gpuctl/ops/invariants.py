@@ -1,0 +1,199 @@
+"""The invariants of the job store, checked in one place (the fault tests share this checker).
+
+`check_invariants(store)` returns one human line per violation (empty: all hold):
+
+- **no job lost**: a running job has exactly one live incarnation, its current one; a queued, held
+  or finished job has none (a live copy of a job gpuctl no longer runs is an orphan);
+- **at most one live incarnation per job** (live: launching, running, stopping);
+- **no double-booked card**: a whole card is held by one incarnation only, and the slices held on a
+  card fit its capacity (when capacities are given);
+- **incarnations numbered 1, 2, ... n** with no gap, and the job's `incarnation` is n;
+- **resume step = the last committed step**: each incarnation resumed from the newest committed
+  checkpoint the store knew of before it started (one of an older incarnation, committed at or
+  before its start), or started fresh when there was none. Checked for jobs with checkpoints.
+
+`check_database(state_dir)` is `gpuctl db check`: opening (read-only), integrity, schema version and
+these invariants, as one report.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from gpuctl.adapters.protocols import Store
+from gpuctl.core.jobs import Incarnation, IncarnationState, Job, JobState
+
+LIVE = frozenset({IncarnationState.LAUNCHING, IncarnationState.RUNNING, IncarnationState.STOPPING})
+
+
+def check_invariants(
+    store: Store, *, capacity_mib: Mapping[tuple[str, int], int] | None = None
+) -> list[str]:
+    jobs = {job.id: job for job in store.jobs()}
+    by_job: dict[str, list[Incarnation]] = defaultdict(list)
+    for inc in store.incarnations():
+        by_job[inc.job_id].append(inc)
+    problems: list[str] = []
+    for job_id in sorted(set(jobs) | set(by_job)):
+        incs = sorted(by_job.get(job_id, []), key=lambda i: i.n)
+        job = jobs.get(job_id)
+        if job is None:
+            problems.append(f"job {job_id}: incarnations {_ns(incs)} belong to no job")
+            continue
+        problems += _job_problems(job, incs)
+        problems += _resume_problems(store, job, incs)
+    problems += _card_problems([i for incs in by_job.values() for i in incs], capacity_mib)
+    return problems
+
+
+def _ns(incs: list[Incarnation]) -> str:
+    return ", ".join(str(i.n) for i in incs)
+
+
+def _job_problems(job: Job, incs: list[Incarnation]) -> list[str]:
+    out: list[str] = []
+    live = [i for i in incs if i.state in LIVE]
+    if len(live) > 1:
+        out.append(
+            f"job {job.id}: {len(live)} live incarnations ({_ns(live)}); at most one may run"
+        )
+    numbers = [i.n for i in incs]
+    if numbers != list(range(1, len(incs) + 1)):
+        out.append(f"job {job.id}: incarnations {numbers} are not numbered 1..{len(incs)}")
+    newest = numbers[-1] if numbers else 0
+    if job.incarnation != newest:
+        out.append(f"job {job.id}: at incarnation {job.incarnation}, but the newest is {newest}")
+    if job.state is JobState.RUNNING:
+        current = [i for i in incs if i.n == job.incarnation]
+        if not current:
+            out.append(f"job {job.id}: running, but its incarnation {job.incarnation} is missing")
+        elif current[0].state not in LIVE:
+            out.append(
+                f"job {job.id}: running, but its incarnation {job.incarnation} is "
+                f"{current[0].state}: nothing runs it (a lost job)"
+            )
+        stale = [i for i in live if i.n != job.incarnation]
+        if stale:
+            out.append(f"job {job.id}: incarnation {_ns(stale)} still live beside the current one")
+    elif live:
+        out.append(
+            f"job {job.id}: {job.state}, but incarnation {_ns(live)} is still {live[0].state} "
+            "(an orphan copy)"
+        )
+    return out
+
+
+def _resume_problems(store: Store, job: Job, incs: list[Incarnation]) -> list[str]:
+    checkpoints = store.checkpoints(job.id)
+    if not checkpoints:
+        return []
+    out: list[str] = []
+    for inc in incs:
+        known = [
+            c.step
+            for c in checkpoints
+            if c.incarnation < inc.n and c.committed_at <= inc.started_at
+        ]
+        expected = max(known) if known else None
+        if inc.resume_step != expected:
+            got = "fresh" if inc.resume_step is None else f"from step {inc.resume_step}"
+            want = "none" if expected is None else f"step {expected}"
+            out.append(
+                f"job {job.id}: incarnation {inc.n} started {got}, but the newest committed "
+                f"checkpoint before it was {want}"
+            )
+    return out
+
+
+def _card_problems(
+    incs: list[Incarnation], capacity_mib: Mapping[tuple[str, int], int] | None
+) -> list[str]:
+    holders: dict[tuple[str, int], list[Incarnation]] = defaultdict(list)
+    for inc in incs:
+        if inc.state.holds_cards:
+            for card in inc.cards:
+                holders[(inc.node, card)].append(inc)
+    out: list[str] = []
+    for (node, card), held in sorted(holders.items()):
+        names = ", ".join(f"{i.job_id}#{i.n}" for i in held)
+        if len(held) > 1 and any(i.whole for i in held):
+            out.append(f"card {card} of {node}: a whole card is held by {len(held)} ({names})")
+            continue
+        capacity = None if capacity_mib is None else capacity_mib.get((node, card))
+        used = sum(i.mib_per_card for i in held)
+        if capacity is not None and used > capacity:
+            out.append(f"card {card} of {node}: {used} MiB held ({names}) on a {capacity} MiB card")
+    return out
+
+
+# --- gpuctl db check -----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DbReport:
+    state_dir: str
+    database: str
+    exists: bool
+    database_id: str | None
+    schema_version: int | None
+    known_schema_version: int
+    jobs: int | None
+    incarnations: int | None
+    events: int | None
+    problems: tuple[str, ...]
+
+    @property
+    def healthy(self) -> bool:
+        return not self.problems
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **dataclasses.asdict(self),
+            "problems": list(self.problems),
+            "healthy": self.healthy,
+        }
+
+
+def check_database(state_dir: Path) -> DbReport:
+    """Open the store read-only and check everything; a store that refuses to open is a problem
+    in the report, not an exception."""
+    from gpuctl.adapters.store import SCHEMA_VERSION, db_path, open_store
+    from gpuctl.errors import StateError
+
+    path = db_path(state_dir)
+    base = DbReport(
+        state_dir=str(state_dir),
+        database=str(path),
+        exists=path.exists(),
+        database_id=None,
+        schema_version=None,
+        known_schema_version=SCHEMA_VERSION,
+        jobs=None,
+        incarnations=None,
+        events=None,
+        problems=(),
+    )
+    try:
+        store = open_store(state_dir, write=False)
+    except StateError as exc:
+        return dataclasses.replace(base, problems=(exc.message,))
+    with store:
+        if store.ephemeral:
+            return base
+        problems = store.check()
+        if not problems:
+            problems += check_invariants(store)
+        counts = store.counts()
+        return dataclasses.replace(
+            base,
+            database_id=store.database_id,
+            schema_version=store.schema_version,
+            jobs=counts["jobs"],
+            incarnations=counts["incarnations"],
+            events=counts["events"],
+            problems=tuple(problems),
+        )
