@@ -45,7 +45,13 @@ class Transport(Protocol):
     """
 
     def run(
-        self, node: NodeSpec, command: str, *, timeout_s: float, max_output_bytes: int = 8 << 20
+        self,
+        node: NodeSpec,
+        command: str,
+        *,
+        timeout_s: float,
+        max_output_bytes: int = 8 << 20,
+        stdin: bytes | None = None,
     ) -> ExecResult: ...
 
     def close(self) -> None: ...

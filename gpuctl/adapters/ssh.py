@@ -19,13 +19,13 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import paramiko
 
-from gpuctl.adapters import ssh_exec, ssh_keys
+from gpuctl.adapters import ssh_exec, ssh_keys, ssh_sftp
 from gpuctl.adapters import ssh_known_hosts as kh
 from gpuctl.adapters.protocols import ExecResult
 from gpuctl.config import paths
@@ -131,8 +131,15 @@ class SshTransport:
     # -- the protocol ----------------------------------------------------------------------
 
     def run(
-        self, node: NodeSpec, command: str, *, timeout_s: float, max_output_bytes: int = 8 << 20
+        self,
+        node: NodeSpec,
+        command: str,
+        *,
+        timeout_s: float,
+        max_output_bytes: int = 8 << 20,
+        stdin: bytes | None = None,
     ) -> ExecResult:
+        """Run `command` on the node; `stdin` (if any) is written to it, then its stdin closed."""
         start = time.monotonic()
         conn = self._conn(node)
         wait_s = node.connect_timeout_s + timeout_s
@@ -146,7 +153,7 @@ class SshTransport:
                 client, fresh = self._client(node, conn)
                 try:
                     return self._exec(
-                        node, conn, client, command, timeout_s, max_output_bytes, start
+                        node, conn, client, command, timeout_s, max_output_bytes, start, stdin
                     )
                 except _Stale:
                     conn.drop(client)
@@ -157,6 +164,94 @@ class SshTransport:
                         ) from None
             raise AssertionError("unreachable")  # pragma: no cover
         finally:
+            conn.slots.release()
+
+    # -- folder copies (SFTP) ----------------------------------------------------------------
+
+    def get_tree(
+        self,
+        node: NodeSpec,
+        remote_dir: str,
+        local_dir: str | Path,
+        *,
+        timeout_s: float,
+        max_bytes: int,
+        last: Sequence[str] = (),
+    ) -> int:
+        """Copy a folder from the node to `local_dir` (which must not exist), atomically: into a
+        temporary sibling, the `last` names last, then one rename. Returns the bytes copied."""
+        local = Path(local_dir)
+        return self._with_sftp(
+            node,
+            timeout_s,
+            max_bytes,
+            f"the copy of {remote_dir}",
+            lambda sftp, limits: ssh_sftp.download(sftp, remote_dir, local, limits, last),
+        )
+
+    def put_tree(
+        self,
+        node: NodeSpec,
+        local_dir: str | Path,
+        remote_dir: str,
+        *,
+        timeout_s: float,
+        max_bytes: int,
+        last: Sequence[str] = (),
+    ) -> int:
+        """Copy `local_dir` to a folder on the node (which must not exist), atomically like
+        `get_tree`. A relative `remote_dir` is relative to the node user's home."""
+        local = Path(local_dir)
+        return self._with_sftp(
+            node,
+            timeout_s,
+            max_bytes,
+            f"the copy to {remote_dir}",
+            lambda sftp, limits: ssh_sftp.upload(sftp, local, remote_dir, limits, last),
+        )
+
+    def _with_sftp(
+        self,
+        node: NodeSpec,
+        timeout_s: float,
+        max_bytes: int,
+        what: str,
+        action: Callable[[paramiko.SFTPClient, ssh_sftp.Limits], int],
+    ) -> int:
+        start = time.monotonic()
+        limits = ssh_sftp.Limits(
+            deadline=start + node.connect_timeout_s + timeout_s,
+            max_bytes=max_bytes,
+            where=kh.node_where(node),
+        )
+        conn = self._conn(node)
+        if not conn.slots.acquire(timeout=max(0.0, limits.deadline - start)):
+            raise PhaseTimeout(
+                f"{limits.where}: timeout (exec): no free session for {what}", phase="exec"
+            )
+        channels: list[paramiko.Channel] = []
+
+        def close_all() -> None:
+            for chan in list(channels):
+                chan.close()
+
+        timer = self._watchdog.arm(limits.deadline, close_all)
+        try:
+            client, _fresh = self._client(node, conn)
+            transport = client.get_transport()
+            if transport is None or not transport.is_active():
+                conn.drop(client)
+                raise TransportError(f"{limits.where}: the connection closed before {what}")
+            sftp = ssh_sftp.open_sftp(transport, limits, channels)
+            try:
+                return action(sftp, limits)
+            finally:
+                sftp.close()
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise ssh_sftp.translate(exc, limits, what) from None
+        finally:
+            timer.cancel()
+            close_all()
             conn.slots.release()
 
     def close(self) -> None:
@@ -297,6 +392,7 @@ class SshTransport:
         timeout_s: float,
         max_output_bytes: int,
         start: float,
+        stdin: bytes | None = None,
     ) -> ExecResult:
         where = kh.node_where(node)
         deadline = time.monotonic() + timeout_s
@@ -314,6 +410,8 @@ class SshTransport:
             timer = self._watchdog.arm(deadline, chan.close)
             try:
                 chan.exec_command(ssh_exec.wrap_command(command, timeout_s))
+                if stdin:
+                    ssh_exec.send_stdin(chan, stdin)
                 chan.shutdown_write()  # the command gets EOF on stdin, never waits for input
             except (paramiko.SSHException, OSError, EOFError) as exc:
                 if timer.cancel():  # sshd never answered the exec request: the node hangs

@@ -46,6 +46,17 @@ def kill_command(pgid: int) -> str:
     return f"kill -9 -{int(pgid)} 2>/dev/null || kill -9 {int(pgid)} 2>/dev/null; true"
 
 
+def send_stdin(chan: Channel, data: bytes) -> None:
+    """Write `data` to the command's stdin. A command that ended (or whose channel the deadline
+    closed) before reading it all is not an error here: its result, or the timeout, says what
+    happened."""
+    try:
+        chan.sendall(data)
+    except (OSError, EOFError):
+        if not (chan.closed or chan.eof_received or chan.exit_status_ready()):
+            raise
+
+
 class Timer:
     __slots__ = ("_action", "_lock", "cancelled", "deadline", "fired")
 

@@ -16,19 +16,27 @@ Script = ExecResult | Exception | Callable[[NodeSpec, str], ExecResult]
 class FakeTransport:
     """Answers from a script per node name; refuses anything unscripted (loudly, as a test failure).
 
-    `calls` records (node name, command) in call order.
+    `calls` records (node name, command) in call order; `stdins` what each call had on stdin.
     """
 
     script: Mapping[str, Script]
     calls: list[tuple[str, str]] = field(default_factory=list)
+    stdins: list[bytes | None] = field(default_factory=list)
     closed: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def run(
-        self, node: NodeSpec, command: str, *, timeout_s: float, max_output_bytes: int = 8 << 20
+        self,
+        node: NodeSpec,
+        command: str,
+        *,
+        timeout_s: float,
+        max_output_bytes: int = 8 << 20,
+        stdin: bytes | None = None,
     ) -> ExecResult:
         with self._lock:
             self.calls.append((node.name, command))
+            self.stdins.append(stdin)
         if node.name not in self.script:
             raise AssertionError(f"FakeTransport: no script for node {node.name!r}")
         answer = self.script[node.name]
@@ -47,14 +55,21 @@ class ShellTransport:
     """Runs commands with the local `sh`, as if on the node: each node name maps to the extra
     environment of that node (e.g. the lab's `PATH`, `GPUCTL_LAB_STATE`, `GPUCTL_LAB_NODE`).
 
-    A real shell below the Transport protocol, without sshd: for unit tests of gather and probe.
+    A real shell below the Transport protocol, without sshd: for unit tests of gather, probe and
+    the job runner. `stdin` is written to the shell's standard input (else it reads end-of-file).
     """
 
     envs: Mapping[str, Mapping[str, str]]
     calls: list[tuple[str, str]] = field(default_factory=list)
 
     def run(
-        self, node: NodeSpec, command: str, *, timeout_s: float, max_output_bytes: int = 8 << 20
+        self,
+        node: NodeSpec,
+        command: str,
+        *,
+        timeout_s: float,
+        max_output_bytes: int = 8 << 20,
+        stdin: bytes | None = None,
     ) -> ExecResult:
         import os
         import subprocess
@@ -66,7 +81,12 @@ class ShellTransport:
         env = {**os.environ, **self.envs[node.name]}
         start = time.monotonic()
         done = subprocess.run(
-            ["/bin/sh", "-c", command], env=env, capture_output=True, timeout=timeout_s, check=False
+            ["/bin/sh", "-c", command],
+            env=env,
+            input=stdin if stdin is not None else b"",
+            capture_output=True,
+            timeout=timeout_s,
+            check=False,
         )
         out = done.stdout[:max_output_bytes]
         return ExecResult(

@@ -1,0 +1,324 @@
+"""`JobRunner` over a `Transport`: launch, observe, signal, logs and checkpoints of jobs on nodes.
+
+Each call is one remote exec of a script from `gpuctl.adapters.jobexec` (checkpoints: two, one to
+list the markers and one to hash the files they name). Checkpoint folders are copied with the
+transport's `get_tree` / `put_tree` (SFTP in `SshTransport`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import posixpath
+import secrets
+import shlex
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from gpuctl.adapters import jobexec
+from gpuctl.adapters.protocols import ExecResult, Transport
+from gpuctl.adapters.ssh_sftp import TreeExists
+from gpuctl.core import checkpoints
+from gpuctl.core.jobs import CheckpointMarker, LaunchRequest, RunStatus
+from gpuctl.core.model import NodeSpec
+from gpuctl.errors import GpuctlError, TransportError
+
+log = logging.getLogger(__name__)
+
+MARKER = jobexec.MARKER_NAME
+DEFAULT_MAX_CHECKPOINTS = 8
+DEFAULT_TRANSFER_BYTES = 256 << 30
+
+
+class LaunchRefused(GpuctlError):
+    """This incarnation was already launched on the node: it is never launched twice. Observe
+    it (`JobRunner.observe`) or launch the next incarnation."""
+
+
+class LaunchFailed(GpuctlError):
+    """Nothing was started (`unknown` False), or the outcome is unknown (`unknown` True: the
+    wrapper did not report in time; observe before deciding anything)."""
+
+    def __init__(self, message: str, *, unknown: bool = False, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.unknown = unknown
+
+
+class RunNotFound(GpuctlError):
+    """The node has no run dir for this incarnation."""
+
+
+class CheckpointCopyError(GpuctlError):
+    """A checkpoint folder could not be copied, or its copy did not verify."""
+
+
+@runtime_checkable
+class TreeTransport(Protocol):
+    """A transport that can also copy folders (`gpuctl.adapters.ssh.SshTransport` does, by SFTP)."""
+
+    def get_tree(
+        self,
+        node: NodeSpec,
+        remote_dir: str,
+        local_dir: str | Path,
+        *,
+        timeout_s: float,
+        max_bytes: int,
+        last: Sequence[str] = (),
+    ) -> int: ...
+
+    def put_tree(
+        self,
+        node: NodeSpec,
+        local_dir: str | Path,
+        remote_dir: str,
+        *,
+        timeout_s: float,
+        max_bytes: int,
+        last: Sequence[str] = (),
+    ) -> int: ...
+
+
+class SshJobRunner:
+    """`gpuctl.adapters.protocols.JobRunner` over a `Transport`.
+
+    Exec deadlines are the node's `command_timeout_s` (checkpoint hashing: `hash_timeout_s`,
+    which reads whole checkpoints); copies have `transfer_timeout_s` and `max_transfer_bytes`.
+    `max_checkpoints` bounds how many of the newest step folders `checkpoints` lists and hashes.
+    """
+
+    def __init__(
+        self,
+        transport: Transport,
+        *,
+        hash_timeout_s: float = 300.0,
+        transfer_timeout_s: float = 1800.0,
+        max_transfer_bytes: int = DEFAULT_TRANSFER_BYTES,
+        max_checkpoints: int = DEFAULT_MAX_CHECKPOINTS,
+    ) -> None:
+        self._transport = transport
+        self._hash_timeout_s = hash_timeout_s
+        self._transfer_timeout_s = transfer_timeout_s
+        self._max_transfer_bytes = max_transfer_bytes
+        self._max_checkpoints = max_checkpoints
+
+    def _run(
+        self,
+        node: NodeSpec,
+        command: jobexec.RemoteCommand,
+        *,
+        timeout_s: float | None = None,
+        max_output_bytes: int = 8 << 20,
+    ) -> ExecResult:
+        return self._transport.run(
+            node,
+            command.command,
+            timeout_s=node.command_timeout_s if timeout_s is None else timeout_s,
+            max_output_bytes=max_output_bytes,
+            stdin=command.stdin,
+        )
+
+    # -- launch, observe, signal, logs --------------------------------------------------------
+
+    def launch(self, node: NodeSpec, request: LaunchRequest) -> RunStatus:
+        """Start one incarnation detached on the node. Raises `LaunchRefused` when the node
+        already has it, `LaunchFailed` when nothing started (or the outcome is unknown)."""
+        command = jobexec.launch_command(request)
+        # the launcher waits up to LAUNCH_WAIT_S for the wrapper to report its pid
+        timeout_s = max(node.command_timeout_s, jobexec.LAUNCH_WAIT_S + 5.0)
+        result = self._run(node, command, timeout_s=timeout_s, max_output_bytes=64 << 10)
+        outcome = jobexec.parse_launch(result.stdout)
+        what = f"{node.name}: job {request.job_id} incarnation {request.incarnation}"
+        if outcome.result == "started" and outcome.pid is not None:
+            log.debug("%s started: pgid %s, MPS limit %s", what, outcome.pid, outcome.mps_limited)
+            return RunStatus(
+                job_id=request.job_id,
+                incarnation=request.incarnation,
+                pid=outcome.pid,
+                alive=True,
+                exit_code=None,
+                run_dir=outcome.run_dir or "",
+            )
+        if outcome.result == "refused":
+            raise LaunchRefused(
+                f"{what} was already launched there ({outcome.run_dir})",
+                hint="observe it, or launch the next incarnation",
+            )
+        if outcome.result == "failed":
+            raise LaunchFailed(f"{what} did not start: {outcome.reason}")
+        stderr = result.stderr[:300].decode("utf-8", errors="replace").strip()
+        raise LaunchFailed(
+            f"{what}: launch outcome unknown ({outcome.reason or 'no pid reported in time'})"
+            + (f": {stderr}" if stderr else ""),
+            unknown=True,
+            hint="observe the node before launching again",
+        )
+
+    def observe(self, node: NodeSpec) -> list[RunStatus]:
+        result = self._run(node, jobexec.observe_command())
+        if result.exit_code not in (0, None) and not result.stdout:
+            stderr = result.stderr[:300].decode("utf-8", errors="replace").strip()
+            raise TransportError(f"{node.name}: observe failed (exit {result.exit_code}): {stderr}")
+        return jobexec.parse_observe(result.stdout)
+
+    def signal(self, node: NodeSpec, job_id: str, incarnation: int, signal: str) -> bool:
+        """Signal the incarnation's process group; False when it is not alive there."""
+        result = self._run(node, jobexec.signal_command(job_id, incarnation, signal))
+        return jobexec.parse_signal(result.stdout)
+
+    def logs(
+        self,
+        node: NodeSpec,
+        job_id: str,
+        incarnation: int,
+        *,
+        offset: int = 0,
+        limit: int = 1 << 20,
+    ) -> tuple[bytes, int]:
+        limit = min(limit, jobexec.MAX_LOG_CHUNK_BYTES)
+        result = self._run(
+            node,
+            jobexec.logs_command(job_id, incarnation, offset, limit),
+            max_output_bytes=limit + 4096,
+        )
+        parsed = jobexec.parse_logs(result.stdout, offset, limit)
+        if parsed is None:
+            raise RunNotFound(f"{node.name}: job {job_id} incarnation {incarnation} has no run dir")
+        return parsed
+
+    # -- checkpoints ----------------------------------------------------------------------------
+
+    def checkpoints(self, node: NodeSpec, checkpoint_dir: str) -> list[CheckpointMarker]:
+        """The newest step folders of `checkpoint_dir` on the node, newest first, each verified
+        on the node (sha256 of every file its marker names). Empty when the dir does not exist."""
+        listing = self._run(
+            node,
+            jobexec.list_checkpoints_command(checkpoint_dir, self._max_checkpoints),
+            max_output_bytes=(jobexec.MAX_MARKER_BYTES * 2) * self._max_checkpoints + 65536,
+        )
+        listed = jobexec.parse_checkpoint_listing(listing.stdout)
+        if not listed:
+            return []
+        sums: dict[str, str] = {}
+        if any(item.marker is not None for item in listed):
+            hashed = self._run(
+                node,
+                jobexec.hash_command(checkpoint_dir, listed),
+                timeout_s=self._hash_timeout_s,
+                max_output_bytes=200 * jobexec.MAX_MANIFEST_FILES * self._max_checkpoints,
+            )
+            sums = jobexec.parse_hashes(hashed.stdout)
+        markers = jobexec.verify(checkpoint_dir, listed, sums)
+        for m in markers:
+            if m.problem and m.problem != "no marker":
+                log.warning("%s: checkpoint %s is not valid: %s", node.name, m.path, m.problem)
+        return markers
+
+    def _trees(self) -> TreeTransport:
+        if not isinstance(self._transport, TreeTransport):
+            raise CheckpointCopyError(
+                f"the transport {type(self._transport).__name__} cannot copy folders "
+                "(checkpoint.sync: pull needs SSH)"
+            )
+        return self._transport
+
+    def pull_checkpoint(self, node: NodeSpec, remote_path: str, local_dir: str) -> None:
+        """Copy a committed checkpoint folder from the node to `local_dir`, which appears only
+        once complete and verified (temp name, marker last, checksums checked, rename). A
+        `local_dir` already holding the same committed checkpoint is left as it is."""
+        trees = self._trees()
+        dest = Path(local_dir)
+        if dest.exists():
+            if verify_local(dest) is None:
+                return
+            raise CheckpointCopyError(f"{dest} exists and is not a valid checkpoint")
+        dest.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        tmp = dest.parent / f".{dest.name}.pull-{secrets.token_hex(4)}"
+        trees.get_tree(
+            node,
+            remote_path,
+            tmp,
+            timeout_s=self._transfer_timeout_s,
+            max_bytes=self._max_transfer_bytes,
+            last=(MARKER,),
+        )
+        try:
+            problem = verify_local(tmp)
+            if problem is not None:
+                raise CheckpointCopyError(
+                    f"{node.name}: the copy of {remote_path} is not a valid checkpoint: {problem}"
+                )
+            tmp.rename(dest)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+        _fsync_dir(dest.parent)
+
+    def push_checkpoint(self, node: NodeSpec, local_dir: str, remote_path: str) -> None:
+        """Copy a committed checkpoint folder to `remote_path` on the node (temp name, marker
+        last, then rename). The source is verified first; a `remote_path` already holding the
+        same marker is left as it is."""
+        trees = self._trees()
+        src = Path(local_dir)
+        problem = verify_local(src)
+        if problem is not None:
+            raise CheckpointCopyError(f"{src} is not a valid checkpoint: {problem}")
+        try:
+            trees.put_tree(
+                node,
+                src,
+                remote_path,
+                timeout_s=self._transfer_timeout_s,
+                max_bytes=self._max_transfer_bytes,
+                last=(MARKER,),
+            )
+        except TreeExists:
+            if self._remote_marker(node, remote_path) == (src / MARKER).read_bytes():
+                return
+            raise CheckpointCopyError(
+                f"{node.name}: {remote_path} already exists and holds another checkpoint"
+            ) from None
+
+    def _remote_marker(self, node: NodeSpec, remote_path: str) -> bytes | None:
+        path = posixpath.join(remote_path, MARKER)
+        result = self._run(
+            node,
+            jobexec.RemoteCommand(f"cat -- {shlex.quote(path)}"),
+            max_output_bytes=jobexec.MAX_MARKER_BYTES,
+        )
+        return result.stdout if result.exit_code == 0 else None
+
+
+def verify_local(folder: Path) -> str | None:
+    """None when `folder` holds a committed checkpoint whose files match its marker, else why
+    not (the same judgement as on a node: `gpuctl.core.checkpoints.judge_checkpoint`)."""
+    try:
+        raw: bytes | None = (folder / MARKER).read_bytes()
+    except OSError:
+        raw = None
+    fields = checkpoints.parse_marker(raw) if raw is not None else None
+    actual: dict[str, str | None] = {}
+    for name, _digest in fields.files if fields is not None else ():
+        path = folder / name
+        if not checkpoints.valid_file_name(name) or path.is_symlink() or not path.is_file():
+            actual[name] = None
+            continue
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
+        actual[name] = h.hexdigest()
+    return checkpoints.judge_checkpoint(folder.name, raw, actual).problem
+
+
+def _fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
