@@ -28,6 +28,15 @@ _JOB_FIELDS = frozenset(f.name for f in dataclasses.fields(Job)) - {"id"}
 _INC_FIELDS = frozenset(f.name for f in dataclasses.fields(Incarnation)) - {"job_id", "n"}
 
 
+def _live(inc: Incarnation) -> bool:
+    """Launching, running or stopping (a lost incarnation holds its cards but is not live)."""
+    return inc.state in (
+        IncarnationState.LAUNCHING,
+        IncarnationState.RUNNING,
+        IncarnationState.STOPPING,
+    )
+
+
 class MemoryStore:
     def __init__(self) -> None:
         self._lock = threading.RLock()
@@ -102,7 +111,7 @@ class MemoryStore:
             if inc.n != job.incarnation + 1 or (inc.job_id, inc.n) in self._incs:
                 have = job.incarnation
                 raise StoreConflict(f"job {job.id} is at incarnation {have}, not {inc.n - 1}")
-            if any(i.job_id == job.id and i.state.holds_cards for i in self._incs.values()):
+            if any(i.job_id == job.id and _live(i) for i in self._incs.values()):
                 raise StoreConflict(f"job {job.id} has a live incarnation already")
             for card in inc.cards:
                 key = (inc.node, card)
@@ -247,7 +256,7 @@ class MemoryStore:
             problems = []
             live: dict[str, int] = {}
             for i in self._incs.values():
-                if i.state.holds_cards:
+                if _live(i):
                     live[i.job_id] = live.get(i.job_id, 0) + 1
             problems += [f"job {j} has {n} live incarnations" for j, n in live.items() if n > 1]
             whole: dict[tuple[str, int], int] = {}

@@ -1,0 +1,400 @@
+"""The control loop's forward steps: read running jobs' checkpoints (and copy them, for
+`checkpoint.sync: pull`), hold jobs to their slices, then place queued jobs (standard work first,
+preempting spot work when it needs the room) and launch them: intent, launch, confirmation."""
+
+from __future__ import annotations
+
+import dataclasses
+import posixpath
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from gpuctl.core.checkpoints import choose_resume
+from gpuctl.core.failover import (
+    SliceUse,
+    SpotVictim,
+    choose_preemption,
+    fits,
+    queue_order,
+    slice_verdicts,
+    without,
+)
+from gpuctl.core.jobs import (
+    Checkpoint,
+    CheckpointMarker,
+    CheckpointSync,
+    EndReason,
+    Incarnation,
+    IncarnationState,
+    Job,
+    JobState,
+    SliceEnforcement,
+)
+from gpuctl.core.placement.engine import plan
+from gpuctl.core.placement.model import Allocation, FleetState, JobRequest, Settings, Tier
+from gpuctl.core.plan import Placed, apply_plan
+from gpuctl.errors import ConfigError, GpuctlError, StateError, StoreConflict, TransportError
+from gpuctl.ops import jobs as jobspecs
+from gpuctl.ops import reconcile_jobs
+from gpuctl.ops import reconcile_spec as specs
+from gpuctl.ops.jobrunner import LaunchFailed, LaunchRefused
+from gpuctl.ops.place import fleet_state_from_snapshot
+
+if TYPE_CHECKING:
+    from gpuctl.ops.reconcile import Pass
+
+
+# --- checkpoints -------------------------------------------------------------------------------
+
+
+def sync_checkpoints(p: Pass) -> None:
+    """Record each running job's newest committed checkpoint; for `sync: pull`, copy it into
+    gpuctl's own checkpoint store first."""
+    for inc in p.store.incarnations(holding=True):
+        if inc.state is not IncarnationState.RUNNING or inc.node not in p.observed:
+            continue
+        last = p.loop.scanned_at.get(inc.job_id)
+        if last is not None and p.now - last < p.settings.checkpoint_scan_s:
+            continue
+        job = p.store.job(inc.job_id)
+        if job is None:
+            continue
+        p.guard(_sync_one, p, job, inc)
+
+
+def _sync_one(p: Pass, job: Job, inc: Incarnation) -> None:
+    folder = jobspecs.checkpoint_dir(job)
+    markers = p.runner.checkpoints(p.spec(inc.node), folder)
+    if not p.dry:
+        p.loop.scanned_at[job.id] = p.now
+    mine = [
+        m
+        for m in markers
+        if m.valid and m.incarnation == inc.n and m.step is not None and m.committed_at is not None
+    ]
+    if not mine:
+        return
+    newest = max(mine, key=lambda m: (m.step or 0, m.path))
+    known = [c.step for c in p.store.checkpoints(job.id) if c.incarnation == inc.n]
+    if known and (newest.step or 0) <= max(known):
+        return
+    step, committed_at = newest.step or 0, newest.committed_at or 0.0
+    if specs.checkpoint_sync(job) is CheckpointSync.PULL:
+        if p.loop.state_dir is None:
+            raise ConfigError(f"job {job.id}: checkpoint.sync is pull but gpuctl has no state dir")
+        local = str(
+            Path(p.loop.state_dir) / "checkpoints" / job.id / posixpath.basename(newest.path)
+        )
+        if not p.dry:
+            p.runner.pull_checkpoint(p.spec(inc.node), newest.path, local)
+            p.store.add_checkpoint(Checkpoint(job.id, inc.n, step, local, committed_at, "store"))
+        where = "copied to gpuctl's checkpoint store"
+    else:
+        if not p.dry:
+            p.store.add_checkpoint(
+                Checkpoint(job.id, inc.n, step, newest.path, committed_at, "shared")
+            )
+        where = "on shared storage"
+    p.act(
+        "checkpoint",
+        f"{job.id}: step {step} committed by incarnation {inc.n} ({where})",
+        job=job.id,
+        node=inc.node,
+        inc=inc.n,
+        data={"step": step, "committed_at": committed_at},
+    )
+
+
+def resume_point(p: Pass, job: Job, n: int, node: str) -> tuple[str, int | None]:
+    """The checkpoint incarnation `n` resumes from (shipped to `node` for `sync: pull`):
+    (path on the node, step); ("", None) for a fresh start. Skipped newer ones are events."""
+    if n == 1:
+        return "", None
+    history = p.store.incarnations(job.id)
+    sync = specs.checkpoint_sync(job)
+    if sync is CheckpointSync.SHARED:
+        markers = p.runner.checkpoints(p.spec(node), jobspecs.checkpoint_dir(job))
+    else:
+        markers = [
+            CheckpointMarker(c.path, c.incarnation, c.step, c.committed_at, True)
+            for c in p.store.checkpoints(job.id)
+            if c.location == "store"
+        ]
+    chosen, warnings = choose_resume(markers, history=history, next_incarnation=n)
+    for w in warnings:
+        p.act("checkpoint_skipped", f"{job.id}: {w}", job=job.id, node=node, outcome="failed")
+    if chosen is None:
+        return "", None
+    if sync is CheckpointSync.PULL:
+        remote = f"{jobspecs.checkpoint_dir(job)}/{posixpath.basename(chosen.path)}"
+        if not p.dry:
+            p.runner.push_checkpoint(p.spec(node), chosen.path, remote)
+        return remote, chosen.step
+    return chosen.path, chosen.step
+
+
+# --- slices ------------------------------------------------------------------------------------
+
+
+def hold_slices(p: Pass) -> None:
+    """Observed per-process memory against each running incarnation's slice; ghosts reported."""
+    running = [
+        i
+        for i in p.store.incarnations(holding=True)
+        if i.state is IncarnationState.RUNNING and i.node in p.answering
+    ]
+    processes = {
+        n.name: n.observation.processes
+        for n in p.snapshot.nodes
+        if n.name in p.answering and n.observation is not None
+    }
+    report = slice_verdicts(running, processes)
+    for name, node in list(p.node_reports.items()):
+        mine = [g for g in report.ghosts if g.node == name]
+        if mine:
+            p.node_reports[name] = dataclasses.replace(
+                node,
+                ghost_mib=sum(g.used_mib or 0 for g in mine),
+                ghost_pids=tuple(sorted({g.pid for g in mine})),
+            )
+    by_id = {(i.job_id, i.n): i for i in running}
+    for use in report.over:
+        inc = by_id[(use.job_id, use.incarnation)]
+        p.guard(_over_slice, p, inc, use)
+
+
+def _over_slice(p: Pass, inc: Incarnation, use: SliceUse) -> None:
+    job = p.store.job(inc.job_id)
+    if job is None:
+        return
+    policy = specs.slice_enforcement(job)
+    message = (
+        f"{job.id} uses {use.used_mib} MiB on {use.gpu_uuid} of {inc.node}, over its slice of "
+        f"{use.slice_mib} MiB by {use.over_mib} MiB"
+    )
+    seen = any(
+        e.data.get("incarnation") == inc.n
+        for e in p.store.events(job_id=job.id, kinds=("over_slice",))
+    )
+    if not seen:
+        p.act(
+            "over_slice",
+            message,
+            job=job.id,
+            node=inc.node,
+            inc=inc.n,
+            outcome=policy.value,
+            data={"over_mib": use.over_mib, "used_mib": use.used_mib, "slice_mib": use.slice_mib},
+        )
+    if policy is SliceEnforcement.STOP:
+        reconcile_jobs.stop(p, inc, EndReason.OVER_SLICE, "stop", "over its slice")
+
+
+# --- placement and launch ----------------------------------------------------------------------
+
+
+def fleet_state(p: Pass) -> tuple[FleetState, dict[str, Job]]:
+    """The placement view: the gather, the cards held by live incarnations, the cordons."""
+    jobs = {j.id: j for j in p.store.jobs()}
+    ids = jobspecs.ids_by_name(jobs.values())
+    allocations = []
+    for inc in p.store.incarnations(holding=True):
+        job = jobs.get(inc.job_id)
+        try:
+            alloc = (
+                jobspecs.allocation(job, inc, ids)
+                if job is not None
+                else Allocation(inc.job_id, inc.node, inc.cards, inc.mib_per_card, inc.whole)
+            )
+        except StateError:  # an unreadable spec still holds its cards
+            alloc = Allocation(inc.job_id, inc.node, inc.cards, inc.mib_per_card, inc.whole)
+        if inc.state is IncarnationState.LOST:  # holds its cards, but its job may run elsewhere
+            alloc = dataclasses.replace(alloc, job=f"{inc.job_id}#lost{inc.n}")
+        allocations.append(alloc)
+    state = fleet_state_from_snapshot(p.snapshot, allocations)
+    cordoned = {c.node: c for c in p.store.cordons()}
+    if cordoned:
+        nodes = tuple(
+            dataclasses.replace(n, schedulable=False, reason=f"cordoned: {cordoned[n.name].reason}")
+            if n.name in cordoned and n.schedulable
+            else n
+            for n in state.nodes
+        )
+        state = FleetState(nodes=nodes, allocations=state.allocations, version=state.version)
+    return state, jobs
+
+
+def place_and_launch(p: Pass) -> None:
+    reconcile_jobs.repair(p)
+    state, jobs = fleet_state(p)
+    queued = [j for j in p.store.jobs([JobState.QUEUED]) if not j.cancel_requested]
+    releasing = {
+        i.job_id
+        for i in p.store.incarnations(holding=True)
+        if i.state is IncarnationState.STOPPING and i.end_reason is EndReason.PREEMPTED
+    }
+    for tier in (Tier.STANDARD, Tier.SPOT):
+        for job in queue_order(
+            j for j in queued if (j.tier == Tier.SPOT.value) == (tier is Tier.SPOT)
+        ):
+            try:
+                state = _place_one(p, job, state, jobs, releasing)
+            except (StoreConflict, TransportError) as exc:
+                p.note("launch", f"{job.id}: {exc}", job=job.id, outcome="skipped")
+            except (ConfigError, StateError) as exc:
+                p.guard(_hold, p, job, exc.message)
+
+
+def _hold(p: Pass, job: Job, why: str) -> None:
+    p.update_job(job, "hold", f"{job.id} held: {why}", state=JobState.HELD, reason=why)
+
+
+def _request(job: Job, jobs: dict[str, Job]) -> JobRequest:
+    """The job's placement request: its id as the name, `avoid_jobs` names as live job ids."""
+    return jobspecs.job_request(job, jobspecs.ids_by_name(jobs.values()))
+
+
+def _is_failover(p: Pass, job: Job) -> bool:
+    incs = p.store.incarnations(job.id)
+    return bool(incs) and incs[-1].end_reason is EndReason.NODE_LOST
+
+
+def _place_one(
+    p: Pass, job: Job, state: FleetState, jobs: dict[str, Job], releasing: set[str]
+) -> FleetState:
+    req = _request(job, jobs)
+    settings = p.settings.placement
+    failover = _is_failover(p, job)
+    if failover:  # the headroom is kept for exactly this
+        settings = dataclasses.replace(settings, band_max=1.0, headroom=0.0)
+    result = plan(state, [req], settings)
+    placed = result.placed[0] if result.placed else None
+    if placed is None:
+        reason = result.unplaced[0].reason
+        if req.tier is Tier.STANDARD:
+            _preempt_for(p, job, req, state, jobs, releasing, settings, reason)
+        else:
+            p.note("queued", f"{job.id}: {reason}", job=job.id)
+        return state
+    if _launch(p, job, placed, state):
+        return apply_plan(state, result)
+    return state
+
+
+def _preempt_for(
+    p: Pass,
+    job: Job,
+    req: JobRequest,
+    state: FleetState,
+    jobs: dict[str, Job],
+    releasing: set[str],
+    settings: Settings,
+    reason: str,
+) -> None:
+    freed = without(state, releasing)
+    if releasing and fits(freed, req, settings):
+        p.note("queued", f"{job.id}: waiting for preempted spot jobs to stop", job=job.id)
+        return
+    victims = []
+    for inc in p.store.incarnations(holding=True):
+        other = jobs.get(inc.job_id)
+        if (
+            other is None
+            or other.tier != Tier.SPOT.value
+            or inc.state is not IncarnationState.RUNNING
+            or inc.node not in p.observed
+            or inc.job_id in releasing
+        ):
+            continue
+        alloc = next((a for a in state.allocations if a.job == inc.job_id), None)
+        if alloc is None:
+            continue
+        ckpts = [c.committed_at for c in p.store.checkpoints(inc.job_id) if c.incarnation == inc.n]
+        victims.append(SpotVictim(inc.job_id, alloc, max(ckpts) if ckpts else None))
+    chosen = choose_preemption(freed, req, victims, settings) if victims else None
+    if not chosen:
+        p.note("queued", f"{job.id}: {reason}", job=job.id)
+        return
+    incs = {(i.job_id): i for i in p.store.incarnations(holding=True)}
+    for v in chosen:
+        why = f"preempted for {job.id}"
+        p.guard(reconcile_jobs.stop, p, incs[v.job_id], EndReason.PREEMPTED, "preempt", why)
+        releasing.add(v.job_id)
+
+
+def _launch(p: Pass, job: Job, placed: Placed, state: FleetState) -> bool:
+    """Intent, launch, confirmation. True when the cards are now held (launched, or the
+    outcome is unknown and will be observed next pass)."""
+    n = job.incarnation + 1
+    node = placed.node
+    if node not in p.specs:
+        p.note("launch", f"{job.id}: {node} is not in the inventory", job=job.id)
+        return False
+    secrets = jobspecs.resolve_secrets(job, p.loop.environ)
+    resume_from, resume_step = resume_point(p, job, n, node)
+    alloc = placed.allocation
+    inc = Incarnation(
+        job_id=job.id,
+        n=n,
+        node=node,
+        cards=alloc.cards,
+        gpu_uuids=tuple(u or "" for u in placed.card_uuids),
+        mib_per_card=alloc.mib_per_card,
+        whole=alloc.whole,
+        state=IncarnationState.LAUNCHING,
+        started_at=p.now,
+        run_dir=f".gpuctl/runs/{job.id}/{n}",
+        resume_step=resume_step,
+        cpu_milli=alloc.cpu_milli,
+        host_mem_mib=alloc.host_mem_mib,
+    )
+    request = jobspecs.launch_request(
+        job, n, inc.cards, inc.gpu_uuids, inc.mib_per_card, resume_from, secrets
+    )
+    cards = ",".join(str(c) for c in inc.cards) or "none"
+    start = f"step {resume_step}" if resume_step is not None else "a fresh start"
+    message = f"incarnation {n} of {job.id} on {node} cards {cards}, from {start}"
+    if p.dry:
+        p.record("launch", message, job=job.id, node=node, inc=n)
+        return True
+    capacity = {(node, c.index): c.capacity_mib for c in state.node(node).cards}
+    p.store.begin_launch(
+        inc,
+        capacity_mib=capacity,
+        event=p.event("launch", message, job=job.id, node=node, inc=n, outcome="intent"),
+    )
+    p.record("launch", message, job=job.id, node=node, inc=n, outcome="intent")
+    try:
+        run = p.runner.launch(p.spec(node), request)
+    except TransportError as exc:
+        _unknown(p, job, f"launch outcome unknown ({exc.message})")
+        return True
+    except LaunchRefused as exc:  # it is on the node already: observed next pass
+        _unknown(p, job, exc.message)
+        return True
+    except LaunchFailed as exc:
+        if exc.unknown:
+            _unknown(p, job, exc.message)
+            return True
+        reconcile_jobs.launch_failed(p, inc, exc.message)
+        return False
+    except GpuctlError as exc:
+        reconcile_jobs.launch_failed(p, inc, exc.message)
+        return False
+    if not run.alive and run.exit_code is None:
+        reconcile_jobs.launch_failed(p, inc, "the node reports no process")
+        return False
+    p.update_inc(
+        inc,
+        IncarnationState.LAUNCHING,
+        "launched",
+        f"incarnation {n} of {job.id} runs on {node} (pid {run.pid})",
+        state=IncarnationState.RUNNING,
+        pid=run.pid,
+        run_dir=run.run_dir or inc.run_dir,
+    )
+    return True
+
+
+def _unknown(p: Pass, job: Job, why: str) -> None:
+    p.note("launch", f"{job.id}: {why}; observed on its node next pass", job=job.id)

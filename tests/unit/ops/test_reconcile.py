@@ -1,0 +1,558 @@
+"""The control loop over a scripted fleet (fake runner, fake gather, a clock the test advances),
+against the in-memory store and the SQLite store alike."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuctl.adapters.protocols import Store
+from gpuctl.adapters.store import open_store
+from gpuctl.config.jobspec import JobSpec
+from gpuctl.core.failover import RestartPolicy
+from gpuctl.core.jobs import (
+    Cordon,
+    EndReason,
+    Event,
+    Incarnation,
+    IncarnationState,
+    Job,
+    JobState,
+)
+from gpuctl.core.model import GpuProcess
+from gpuctl.core.placement.model import Settings
+from gpuctl.errors import StoreConflict
+from gpuctl.ops import jobs as jobs_service
+from gpuctl.ops.jobrunner import LaunchFailed
+from gpuctl.ops.reconcile import PassReport, Reconciler, ReconcileSettings
+from gpuctl.testing.fakerunner import FakeCluster, FakeFleet, FakeRunner, ManualClock
+from gpuctl.testing.memstore import MemoryStore
+
+GIB = 1024
+CKPT = "/shared/ckpt"
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    if request.param == "memory":
+        s: Store = MemoryStore()
+    else:
+        s = open_store(tmp_path / "state", write=True)
+    yield s
+    s.close()
+
+
+@dataclasses.dataclass
+class Loop:
+    store: Store
+    clock: ManualClock
+    cluster: FakeCluster
+    runner: FakeRunner
+    fleet: FakeFleet
+    loop: Reconciler
+    n: int = 0
+
+    def submit(self, name: str, **spec: Any) -> Job:
+        body: dict[str, Any] = {
+            "name": name,
+            "command": ["python", "train.py"],
+            "resources": {"gpus": 1, "mem_per_gpu": "20GiB"},
+            "checkpoint": {"dir": f"{CKPT}/{{job_id}}", "sync": "shared"},
+        }
+        body.update(spec)
+        self.n += 1
+        now = self.clock.now()
+        job = Job(
+            id=f"{name}-{self.n:06x}",
+            name=name,
+            spec=JobSpec.model_validate(body).model_dump(mode="json"),
+            state=JobState.QUEUED,
+            priority=int(body.get("priority", 0)),
+            tier=str(body.get("tier", "standard")),
+            submitted_at=now,
+            updated_at=now,
+        )
+        self.store.add_job(job, Event(now, "test", "submit", f"submitted {job.id}", job.id))
+        self.clock.advance(1)
+        return job
+
+    def step(self, advance_s: float = 5.0) -> PassReport:
+        self.clock.advance(advance_s)
+        return self.loop.run_once()
+
+    def job(self, job_id: str) -> Job:
+        found = self.store.job(job_id)
+        assert found is not None
+        return found
+
+    def inc(self, job_id: str, n: int | None = None) -> Incarnation:
+        incs = self.store.incarnations(job_id)
+        return incs[-1] if n is None else next(i for i in incs if i.n == n)
+
+    def live(self, job_id: str) -> list[Incarnation]:
+        return [i for i in self.store.incarnations(job_id) if i.state.holds_cards]
+
+    def kinds(self, job_id: str | None = None) -> list[str]:
+        return [e.kind for e in self.store.events(job_id=job_id) if e.actor == "gpuctl"]
+
+
+def make(
+    store: Store,
+    nodes: tuple[str, ...] = ("n1", "n2"),
+    *,
+    gpus: int = 2,
+    grace_s: float = 30.0,
+    restarts: RestartPolicy | None = None,
+    placement: Settings | None = None,
+    state_dir: str | None = None,
+) -> Loop:
+    clock = ManualClock()
+    cluster = FakeCluster.of(*nodes, gpus=gpus, clock=clock)
+    runner, fleet = FakeRunner(cluster), FakeFleet(cluster)
+    settings = ReconcileSettings(
+        placement=placement or Settings(policy="best-fit", band_max=1.0, headroom=0.0),
+        grace_s=grace_s,
+        restarts=restarts or RestartPolicy(),
+        checkpoint_scan_s=0.0,
+    )
+    loop = Reconciler(
+        store, fleet, runner, cluster.inventory(), clock, settings, state_dir=state_dir
+    )
+    return Loop(store, clock, cluster, runner, fleet, loop)
+
+
+def test_a_queued_job_is_placed_and_launched_with_the_checkpoint_contract(store: Store) -> None:
+    t = make(store)
+    job = t.submit("train")
+    report = t.step()
+    assert t.job(job.id).state is JobState.RUNNING
+    inc = t.inc(job.id)
+    assert inc.state is IncarnationState.RUNNING and inc.n == 1 and inc.pid is not None
+    node, request = t.runner.launches[0]
+    assert node == inc.node and request.incarnation == 1
+    assert request.mem_limit_mib == 20 * GIB
+    assert request.cuda_visible_devices == ",".join(str(c) for c in inc.cards)
+    assert request.checkpoint_dir == f"{CKPT}/{job.id}" and request.resume_from == ""
+    assert [a.kind for a in report.actions if a.job_id == job.id] == ["launch", "launched"]
+    assert t.kinds(job.id) == ["launch", "launched"]
+    assert store.check() == []
+
+
+def test_exit_zero_means_succeeded_and_the_cards_are_free(store: Store) -> None:
+    t = make(store)
+    job = t.submit("train")
+    t.step()
+    t.cluster.finish(job.id, 1, 0)
+    t.step()
+    assert t.job(job.id).state is JobState.SUCCEEDED
+    assert t.inc(job.id).state is IncarnationState.EXITED and t.inc(job.id).exit_code == 0
+    assert t.live(job.id) == []
+
+
+def test_a_crash_restarts_with_the_next_incarnation_until_the_budget_then_holds(
+    store: Store,
+) -> None:
+    t = make(store, restarts=RestartPolicy(budget=2, thrash_window_s=1.0))
+    job = t.submit("train", restart_budget=2)
+    t.step()
+    for n in (1, 2, 3):
+        t.clock.advance(100)  # long runs: no crash loop
+        t.cluster.finish(job.id, n, 1)
+        t.step()  # records the exit; restarts within the budget
+        if n < 3:
+            assert t.job(job.id).state is JobState.RUNNING
+            assert t.inc(job.id).n == n + 1
+    held = t.job(job.id)
+    assert held.state is JobState.HELD
+    assert held.reason is not None and "restart budget spent: 3 failures" in held.reason
+    assert held.restarts == 2
+    assert [r.incarnation for _, r in t.runner.launches] == [1, 2, 3]
+
+
+def test_a_crash_loop_is_held_with_a_reason_and_its_node_is_not_cordoned(store: Store) -> None:
+    t = make(store, restarts=RestartPolicy(budget=10, thrash_window_s=60, thrash_starts=3))
+    job = t.submit("train")
+    t.step(1)
+    for n in (1, 2, 3):
+        t.cluster.finish(job.id, n, 2)
+        t.step(1)
+    held = t.job(job.id)
+    assert held.state is JobState.HELD
+    assert held.reason is not None and "crash loop" in held.reason
+    assert "node is not blamed" in held.reason
+    assert store.cordons() == []
+    assert len(t.runner.launches) == 3
+
+
+def test_a_node_silent_for_less_than_the_grace_changes_nothing(store: Store) -> None:
+    t = make(store, grace_s=30)
+    job = t.submit("train")
+    t.step()
+    node = t.inc(job.id).node
+    t.cluster.partition(node)
+    first = t.step(5)
+    assert [a.kind for a in first.actions] == ["node_failing"]
+    second = t.step(20)
+    assert t.job(job.id).state is JobState.RUNNING
+    assert t.inc(job.id).state is IncarnationState.RUNNING
+    assert second.nodes[0 if node == "n1" else 1].liveness == "failing"
+    t.cluster.heal(node)
+    t.step(1)
+    assert t.inc(job.id).state is IncarnationState.RUNNING
+    assert len(t.runner.launches) == 1
+    assert "node_recovered" in t.kinds()
+
+
+def test_past_the_grace_the_job_restarts_elsewhere_from_its_newest_committed_checkpoint(
+    store: Store,
+) -> None:
+    t = make(store, grace_s=30)
+    job = t.submit("train")
+    t.step()
+    first = t.inc(job.id)
+    folder = f"{CKPT}/{job.id}"
+    t.clock.advance(10)
+    t.cluster.commit(folder, step=100, incarnation=1, committed_at=t.clock.now())
+    t.clock.advance(10)
+    t.cluster.commit(folder, step=200, incarnation=1, committed_at=t.clock.now())
+    t.cluster.commit(folder, step=300, incarnation=1, committed_at=t.clock.now(), valid=False)
+    t.step()  # the loop records the newest valid one
+    t.cluster.kill_node(first.node)
+    t.step(5)  # failing
+    t.step(31)  # down: lost and requeued, relaunched elsewhere at once
+    lost = t.inc(job.id, 1)
+    assert lost.state is IncarnationState.LOST and lost.end_reason is EndReason.NODE_LOST
+    second = t.inc(job.id, 2)
+    assert second.node != first.node and second.state is IncarnationState.RUNNING
+    assert second.resume_step == 200
+    request = t.runner.launches[-1][1]
+    assert request.resume_from == f"{folder}/step-00000200"
+    assert t.job(job.id).state is JobState.RUNNING and t.job(job.id).incarnation == 2
+    assert "checkpoint_skipped" in t.kinds(job.id)  # the corrupt step 300, loudly
+    assert [c.step for c in store.checkpoints(job.id)][:1] == [200]
+
+
+def test_a_node_that_returns_has_its_stale_incarnation_killed_and_cards_released(
+    store: Store,
+) -> None:
+    t = make(store, grace_s=30)
+    job = t.submit("train")
+    t.step()
+    old = t.inc(job.id).node
+    t.cluster.partition(old)  # the job keeps running behind the partition
+    t.step(5)
+    t.step(31)
+    assert t.inc(job.id).n == 2
+    assert len(t.live(job.id)) == 2  # the lost copy keeps its cards until fenced
+    t.cluster.heal(old)
+    report = t.step(1)
+    fenced = t.inc(job.id, 1)
+    assert fenced.state is IncarnationState.KILLED
+    assert (old, job.id, 1, "KILL") in t.runner.signals
+    assert not t.cluster.run(job.id, 1).alive
+    assert [i.n for i in t.live(job.id)] == [2]
+    assert report.of("fence") and report.of("node_back")
+    assert store.check() == []
+
+
+def test_a_node_back_before_its_job_could_restart_elsewhere_keeps_its_copy(store: Store) -> None:
+    t = make(store, ("n1", "n2"), gpus=1, grace_s=30)
+    whole = {"gpus": 1, "mem_per_gpu": "whole"}
+    a, b = t.submit("a", resources=whole), t.submit("b", resources=whole)
+    t.step()
+    node = t.inc(a.id).node
+    t.cluster.partition(node)
+    t.step(5)
+    t.step(31)
+    assert t.job(a.id).state is JobState.QUEUED  # lost, and no room elsewhere
+    t.cluster.heal(node)
+    report = t.step(1)
+    assert report.of("adopt")
+    assert t.job(a.id).state is JobState.RUNNING and t.inc(a.id).state is IncarnationState.RUNNING
+    assert t.inc(a.id).n == 1 and len(t.runner.launches) == 2
+    assert t.job(b.id).state is JobState.RUNNING
+    t.cluster.finish(a.id, 1, 0)
+    t.step()
+    assert t.job(a.id).state is JobState.SUCCEEDED
+
+
+def test_most_nodes_down_at_once_requeues_nothing(store: Store) -> None:
+    t = make(store, ("n1", "n2", "n3"), grace_s=30)
+    jobs = [t.submit(f"j{i}", resources={"gpus": 1, "mem_per_gpu": "whole"}) for i in range(3)]
+    t.step()
+    assert all(t.job(j.id).state is JobState.RUNNING for j in jobs)
+    t.cluster.partition("n1")
+    t.cluster.partition("n2")
+    t.step(5)
+    report = t.step(31)
+    assert report.suspect_network
+    assert all(t.job(j.id).state is JobState.RUNNING for j in jobs)
+    assert all(i.state is not IncarnationState.LOST for j in jobs for i in t.live(j.id))
+    assert [e.kind for e in store.events(kinds=["suspect_network"])] == ["suspect_network"]
+    assert len(t.runner.launches) == 3
+    t.cluster.heal("n1")  # 1 of 3 down: no longer suspect; n2's job fails over
+    t.step(1)
+    moved = [j for j in jobs if t.inc(j.id, 1).node == "n2"]
+    assert all(t.inc(j.id, 1).state is IncarnationState.LOST for j in moved)
+
+
+def test_spot_work_is_preempted_for_standard_work_most_recently_checkpointed_first(
+    store: Store,
+) -> None:
+    t = make(store, ("n1",), gpus=2)
+    whole = {"gpus": 1, "mem_per_gpu": "whole"}
+    old = t.submit("spot-old", tier="spot", resources=whole)
+    fresh = t.submit("spot-fresh", tier="spot", resources=whole)
+    t.step()
+    t.cluster.commit(f"{CKPT}/{old.id}", step=5, incarnation=1, committed_at=t.clock.now())
+    t.clock.advance(50)
+    t.cluster.commit(f"{CKPT}/{fresh.id}", step=9, incarnation=1, committed_at=t.clock.now())
+    t.step()  # checkpoints recorded
+    std = t.submit("urgent", resources=whole)
+    report = t.step()
+    assert [a.job_id for a in report.of("preempt")] == [fresh.id]
+    assert (("n1", fresh.id, 1, "TERM")) in t.runner.signals
+    t.step()  # the spot job exited on SIGTERM: requeued; the standard job takes its card
+    assert t.job(fresh.id).state is JobState.QUEUED
+    assert t.inc(fresh.id, 1).end_reason is EndReason.PREEMPTED
+    assert t.job(std.id).state is JobState.RUNNING
+    assert t.job(old.id).state is JobState.RUNNING
+    t.step()
+    assert t.job(fresh.id).state is JobState.QUEUED  # no room, and spot never preempts spot
+    assert store.check() == []
+
+
+def test_a_spot_job_that_ignores_sigterm_is_killed_after_its_grace(store: Store) -> None:
+    t = make(store, ("n1",), gpus=1)
+    t.runner.on_term = "ignore"
+    spot = t.submit("spot", tier="spot", resources={"gpus": 1, "mem_per_gpu": "whole"}, grace_s=20)
+    t.step()
+    t.submit("std", resources={"gpus": 1, "mem_per_gpu": "whole"})
+    t.step(1)
+    assert t.inc(spot.id).state is IncarnationState.STOPPING
+    waiting = t.step(10)
+    assert waiting.of("stopping") and not waiting.of("preempt")
+    t.step(15)
+    assert t.inc(spot.id).state is IncarnationState.KILLED
+    assert t.job(spot.id).state is JobState.QUEUED
+    assert ("n1", spot.id, 1, "KILL") in t.runner.signals
+
+
+def test_a_job_over_its_slice_raises_one_event_and_by_policy_is_stopped(store: Store) -> None:
+    t = make(store)
+    watched = t.submit("watched")
+    strict = t.submit("strict", slice_enforcement="stop")
+    t.step()
+    t.cluster.use(watched.id, 1, 25 * GIB)
+    t.cluster.use(strict.id, 1, 30 * GIB)
+    report = t.step()
+    over = {a.job_id: a for a in report.of("over_slice")}
+    assert set(over) == {watched.id, strict.id}
+    assert "over its slice of 20480 MiB by 5120 MiB" in over[watched.id].message
+    assert over[watched.id].outcome == "observe" and over[strict.id].outcome == "stop"
+    assert t.inc(strict.id).state is IncarnationState.STOPPING
+    t.step()
+    assert t.job(strict.id).state is JobState.HELD
+    assert t.job(watched.id).state is JobState.RUNNING
+    assert t.step().of("over_slice") == ()  # once per incarnation
+
+
+def test_ghost_memory_is_reported_and_not_offered_to_placement(store: Store) -> None:
+    t = make(store, ("n1",), gpus=1)
+    t.cluster.node("n1").ghosts.append(GpuProcess(4242, "GPU-n1-0", 70 * GIB))
+    job = t.submit("train")
+    report = t.step()
+    assert report.nodes[0].ghost_mib == 70 * GIB and report.nodes[0].ghost_pids == (4242,)
+    assert t.job(job.id).state is JobState.QUEUED
+    assert t.runner.launches == []
+
+
+def test_a_crash_between_intent_and_launch_is_reobserved_and_never_launched_twice(
+    store: Store,
+) -> None:
+    t = make(store)
+    job = t.submit("train")
+    t.runner.crash_after_launch = RuntimeError("gpuctl killed here")
+    with pytest.raises(RuntimeError):
+        t.step()
+    assert t.inc(job.id).state is IncarnationState.LAUNCHING
+    t.step()
+    assert t.inc(job.id).state is IncarnationState.RUNNING and t.inc(job.id).n == 1
+    assert len(t.runner.launches) == 1
+    assert store.check() == []
+
+
+def test_an_intent_whose_launch_never_reached_the_node_is_requeued_after_the_settle_time(
+    store: Store,
+) -> None:
+    t = make(store)
+    job = t.submit("train")
+    t.runner.launch_error = LaunchFailed("outcome unknown", unknown=True)
+    t.step()
+    assert t.inc(job.id).state is IncarnationState.LAUNCHING
+    t.step(5)  # within the settle time: waits
+    assert t.inc(job.id).state is IncarnationState.LAUNCHING and len(t.live(job.id)) == 1
+    t.step(30)
+    assert t.inc(job.id, 1).end_reason is EndReason.LAUNCH_FAILED
+    assert t.inc(job.id).n == 2 and t.inc(job.id).state is IncarnationState.RUNNING
+
+
+def test_a_refused_launch_releases_the_cards_and_requeues(store: Store) -> None:
+    t = make(store)
+    job = t.submit("train")
+    t.runner.launch_error = LaunchFailed("cannot create the run dir")
+    report = t.step()
+    assert report.of("launch_failed")
+    assert t.inc(job.id, 1).state is IncarnationState.EXITED
+    assert t.job(job.id).state is JobState.QUEUED
+    t.step()
+    assert t.inc(job.id).n == 2 and t.inc(job.id).state is IncarnationState.RUNNING
+
+
+def test_two_reconcilers_on_one_store_never_double_book_a_card(store: Store) -> None:
+    t = make(store, ("n1",), gpus=2)
+    other = Reconciler(store, t.fleet, t.runner, t.cluster.inventory(), t.clock, t.loop.settings)
+    whole = {"gpus": 1, "mem_per_gpu": "whole"}
+    jobs = [t.submit(f"j{i}", resources=whole) for i in range(4)]
+    barrier = threading.Barrier(2)
+    errors: list[BaseException] = []
+
+    def run(loop: Reconciler) -> None:
+        barrier.wait()
+        try:
+            loop.run_once()
+        except StoreConflict as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(x,)) for x in (t.loop, other)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    other.run_once()
+    t.loop.run_once()
+    held = [i for j in jobs for i in t.live(j.id)]
+    assert len(held) == 2
+    assert len({(i.node, i.cards) for i in held}) == 2
+    assert len(t.runner.launches) == 2
+    assert all("another control loop" in str(e) for e in errors)
+    assert store.check() == []
+
+
+def test_a_second_loop_is_told_another_one_runs(store: Store) -> None:
+    t = make(store)
+    with store.loop_lock(), pytest.raises(StoreConflict):
+        t.loop.run_once()
+
+
+def test_cancel_stops_a_running_job_gracefully(store: Store) -> None:
+    t = make(store)
+    job = t.submit("train")
+    t.step()
+    store.update_job(job.id, cancel_requested=True)
+    report = t.step()
+    assert report.of("stop") and t.inc(job.id).state is IncarnationState.STOPPING
+    t.step()  # it checkpointed and exited on SIGTERM
+    assert t.job(job.id).state is JobState.CANCELLED
+    assert t.inc(job.id).end_reason is EndReason.CANCELLED
+    assert (t.inc(job.id).node, job.id, 1, "TERM") in t.runner.signals
+
+
+def test_a_cordoned_node_takes_no_new_work(store: Store) -> None:
+    t = make(store, ("n1", "n2"))
+    ev = Event(t.clock.now(), "op", "cordon", "maintenance", node="n1")
+    store.cordon(Cordon("n1", "maintenance", "op", "operator", t.clock.now()), ev)
+    jobs = [t.submit(f"j{i}") for i in range(3)]
+    t.step()
+    assert {t.inc(j.id).node for j in jobs} == {"n2"}
+
+
+def test_pull_checkpoints_are_copied_and_shipped_to_the_new_node(
+    store: Store, tmp_path: Path
+) -> None:
+    t = make(store, grace_s=30, state_dir=str(tmp_path / "gpuctl"))
+    job = t.submit("train", checkpoint={"sync": "pull"})
+    t.step()
+    first = t.inc(job.id)
+    folder = f"~/.gpuctl/checkpoints/{job.id}"
+    t.clock.advance(5)
+    t.cluster.commit(folder, step=40, incarnation=1, committed_at=t.clock.now(), node=first.node)
+    report = t.step()
+    assert report.of("checkpoint")
+    local = tmp_path / "gpuctl" / "checkpoints" / job.id / "step-00000040"
+    assert (local / "COMMITTED").is_file()
+    assert [c.location for c in store.checkpoints(job.id)] == ["store"]
+    t.cluster.kill_node(first.node)
+    t.step(5)
+    t.step(31)
+    second = t.inc(job.id)
+    assert second.n == 2 and second.resume_step == 40
+    assert t.cluster.pushed == [(second.node, str(local), f"{folder}/step-00000040")]
+    assert t.runner.launches[-1][1].resume_from == f"{folder}/step-00000040"
+
+
+def test_a_dry_run_changes_nothing(store: Store) -> None:
+    t = make(store)
+    job = t.submit("train")
+    dry = Reconciler(
+        store,
+        t.fleet,
+        t.runner,
+        t.cluster.inventory(),
+        t.clock,
+        dataclasses.replace(t.loop.settings, dry_run=True),
+    )
+    before = len(store.events())
+    report = dry.run_once()
+    assert report.dry_run and [a.outcome for a in report.of("launch")] == ["would"]
+    assert t.job(job.id).state is JobState.QUEUED
+    assert t.runner.launches == [] and len(store.events()) == before
+    assert store.liveness() == {}
+
+
+def test_watch_runs_passes_until_stopped(store: Store) -> None:
+    t = make(store)
+    t.submit("train")
+    stop = threading.Event()
+    seen: list[PassReport | None] = []
+
+    def on_report(report: PassReport | None) -> None:
+        seen.append(report)
+        if len(seen) == 3:
+            stop.set()
+
+    assert t.loop.watch(0.0, stop, on_report) == 3
+    assert len(t.runner.launches) == 1 and all(r is not None for r in seen)
+
+
+def test_a_missing_secret_holds_the_job_without_its_value_anywhere(store: Store) -> None:
+    t = make(store)
+    job = t.submit("train", secret_env=["API_TOKEN"])
+    t.step()
+    held = t.job(job.id)
+    assert held.state is JobState.HELD
+    assert held.reason is not None and "API_TOKEN" in held.reason
+    t.loop.environ = {"API_TOKEN": "s3cr3t-value"}
+    store.update_job(job.id, expect=JobState.HELD, state=JobState.QUEUED)
+    t.step()
+    request = t.runner.launches[0][1]
+    assert request.secret_env == {"API_TOKEN": "s3cr3t-value"}
+    assert "s3cr3t-value" not in repr(request)
+    assert all("s3cr3t-value" not in f"{e.message}{e.data}" for e in store.events())
+
+
+def test_a_forced_cancel_kills_at_once(store: Store) -> None:
+    t = make(store)
+    t.runner.on_term = "ignore"
+    job = t.submit("train")
+    t.step()
+    jobs_service.cancel(store, job.id, actor="op", clock=t.clock, force=True)
+    report = t.step()
+    assert report.of("kill") and t.job(job.id).state is JobState.CANCELLED
+    assert [s[3] for s in t.runner.signals] == ["KILL"]
+    assert t.live(job.id) == []
