@@ -12,7 +12,7 @@ import typer
 from typer.core import TyperGroup
 
 from gpuctl import __version__
-from gpuctl.cli import bench, db, health, hosts, inventory_cmd, lab, nodes, place, status
+from gpuctl.cli import bench, db, health, hosts, inventory_cmd, jobs, lab, nodes, place, status
 from gpuctl.cli.context import AppContext
 from gpuctl.errors import ExitCode, GpuctlError
 
@@ -128,6 +128,7 @@ def _configure_logging(debug: bool) -> None:
 status.register(app)
 health.register(app)
 place.register(app)
+jobs.register(app)
 app.add_typer(nodes.app, name="nodes")
 app.add_typer(inventory_cmd.app, name="inventory")
 app.add_typer(hosts.app, name="hosts")

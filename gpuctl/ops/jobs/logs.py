@@ -10,7 +10,7 @@ from typing import Any
 from gpuctl.adapters.protocols import JobRunner, Store
 from gpuctl.core.jobs import Incarnation, Job, JobState
 from gpuctl.core.model import Inventory
-from gpuctl.errors import GpuctlError, TransportError
+from gpuctl.errors import GpuctlError
 from gpuctl.ops.jobs.service import find_job
 
 # --- logs -------------------------------------------------------------------------------------
@@ -79,7 +79,7 @@ def _follow(
             try:
                 yield from _drain(runner, _node(inventory, inc), job.id, n, offset[0], offset)
                 failing = False
-            except TransportError as exc:
+            except GpuctlError as exc:  # unreachable, or no run dir there (yet): poll on
                 if not failing:
                     yield LogChunk(n, inc.node, note=f"{inc.node}: cannot read the log: {exc}")
                 failing = True

@@ -1,0 +1,340 @@
+"""`gpuctl submit`, `gpuctl jobs list|show`, `gpuctl logs`, `gpuctl cancel`: thin shells over
+`gpuctl.ops.jobs`. Mutating commands open the store for writing (a store that cannot be trusted
+refuses: exit 6, hint `gpuctl db check`)."""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import typer
+
+from gpuctl.cli import context
+from gpuctl.cli.render import OUTPUT_OPTION, Output, emit_document, safe
+from gpuctl.errors import UsageError
+
+if TYPE_CHECKING:
+    from gpuctl.adapters.protocols import Store
+    from gpuctl.ops.jobs import JobDetail, JobView
+
+app = typer.Typer(help="Submitted jobs: list them, show one.", no_args_is_help=True)
+
+
+@contextlib.contextmanager
+def _store(ctx: typer.Context, *, write: bool) -> Iterator[Store]:
+    from gpuctl.adapters.store import open_store
+    from gpuctl.config.paths import state_dir
+
+    app_ctx = context.get(ctx)
+    store = open_store(state_dir(app_ctx.env, app_ctx.state_dir), write=write)
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+def _clock() -> Any:
+    from gpuctl.adapters.clock import SystemClock
+
+    return SystemClock()
+
+
+def submit(
+    ctx: typer.Context,
+    files: list[Path] = typer.Argument(..., metavar="JOB.yaml", help="Job spec files."),
+    replace: bool = typer.Option(
+        False, "--replace", help="Cancel an active job of the same name first."
+    ),
+    output: Output = OUTPUT_OPTION,
+) -> None:
+    """Queue the jobs in JOB.yaml...; `gpuctl reconcile` places and launches them.
+
+    Every file is checked first (exit 2 on a bad spec or a missing secret); nothing is queued
+    unless all of them are good.
+    """
+    from gpuctl.config.jobspec import load_specs
+    from gpuctl.ops import jobs as service
+
+    specs = load_specs(files, require_command=True)
+    app_ctx = context.get(ctx)
+    with _store(ctx, write=True) as store:
+        actor = service.operator(app_ctx.env)
+        clock = _clock()
+        added = service.submit(
+            store, specs, actor=actor, clock=clock, env=app_ctx.env, replace=replace
+        )
+        ids = {j.id for j in added}
+        views = [v for v in service.list_jobs(store, include_done=True) if v.job.id in ids]
+    if output in (Output.JSON, Output.YAML):
+        emit_document([service.job_summary(v, time.time()) for v in views], output)
+        return
+    for job in added:
+        sys.stdout.write(f"submitted {job.id} ({job.tier}, priority {job.priority})\n")
+
+
+@app.command("list")
+def list_cmd(
+    ctx: typer.Context,
+    all_jobs: bool = typer.Option(False, "--all", "-a", help="Finished jobs too."),
+    output: Output = OUTPUT_OPTION,
+) -> None:
+    """Jobs that are queued, running or held (with --all: every job), oldest first."""
+    from gpuctl.ops import jobs as service
+
+    with _store(ctx, write=False) as store:
+        views = service.list_jobs(store, include_done=all_jobs)
+    now = time.time()
+    if output in (Output.JSON, Output.YAML):
+        emit_document([service.job_summary(v, now) for v in views], output)
+        return
+    sys.stdout.write(safe(render_list(views, now, wide=output is Output.WIDE)))
+
+
+@app.command("show")
+def show_cmd(
+    ctx: typer.Context,
+    job: str = typer.Argument(..., metavar="JOB", help="Job id, or name (the newest of it)."),
+    output: Output = OUTPUT_OPTION,
+) -> None:
+    """One job: state, node and cards, incarnation, newest checkpoint, history, recent events."""
+    from gpuctl.ops import jobs as service
+
+    with _store(ctx, write=False) as store:
+        detail = service.show_job(store, job)
+    now = time.time()
+    if output in (Output.JSON, Output.YAML):
+        emit_document(service.job_document(detail, now), output)
+        return
+    sys.stdout.write(safe(render_detail(detail, now)))
+
+
+def logs(
+    ctx: typer.Context,
+    job: str = typer.Argument(..., metavar="JOB", help="Job id, or name (the newest of it)."),
+    follow: bool = typer.Option(
+        False, "--follow", "-f", help="Keep reading, across restarts, until the job ends."
+    ),
+    incarnation: int | None = typer.Option(
+        None, "--incarnation", min=1, help="An earlier incarnation's log (default: the current)."
+    ),
+) -> None:
+    """The job's output (stdout and stderr) from its node. Notes go to stderr."""
+    from gpuctl.config.inventory import load_inventory
+    from gpuctl.ops import jobs as service
+
+    app_ctx = context.get(ctx)
+    inventory = load_inventory(app_ctx.resolve_inventory_path())
+    runner, transport = _runner(app_ctx)
+    decoders: dict[int, Any] = {}
+    try:
+        with _store(ctx, write=False) as store:
+            chunks = service.read_logs(
+                store, runner, inventory, job, follow=follow, incarnation=incarnation
+            )
+            for chunk in chunks:
+                if chunk.note is not None:
+                    sys.stdout.flush()
+                    sys.stderr.write(f"[gpuctl] {safe(chunk.note)}\n")
+                    sys.stderr.flush()
+                    continue
+                decoder = decoders.setdefault(
+                    chunk.incarnation, codecs.getincrementaldecoder("utf-8")("replace")
+                )
+                sys.stdout.write(safe(decoder.decode(chunk.data)))
+                sys.stdout.flush()
+    finally:
+        transport.close()
+
+
+def _runner(app_ctx: context.AppContext) -> tuple[Any, Any]:
+    from gpuctl.ops.gather import default_transport
+    from gpuctl.ops.jobrunner import SshJobRunner
+
+    factory = app_ctx.transport_factory
+    transport = factory() if factory is not None else default_transport()
+    return SshJobRunner(transport), transport
+
+
+def cancel(
+    ctx: typer.Context,
+    job: str = typer.Argument(..., metavar="JOB", help="Job id, or name (the newest of it)."),
+    force: bool = typer.Option(False, "--force", help="KILL at once, without the grace."),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask."),
+    output: Output = OUTPUT_OPTION,
+) -> None:
+    """Cancel a job: a waiting job at once; a running one is stopped by the control loop
+    (SIGTERM, then KILL after the job's grace_s; --force: KILL at once)."""
+    from gpuctl.ops import jobs as service
+
+    app_ctx = context.get(ctx)
+    with _store(ctx, write=True) as store:
+        found = service.find_job(store, job)
+        if not yes:
+            _confirm(found.id, f"cancel {found.id} ({found.state})?")
+        done = service.cancel(
+            store, found.id, actor=service.operator(app_ctx.env), clock=_clock(), force=force
+        )
+        view = next(v for v in service.list_jobs(store, include_done=True) if v.job.id == done.id)
+    if output in (Output.JSON, Output.YAML):
+        emit_document(service.job_summary(view, time.time()), output)
+        return
+    if done.state.terminal:
+        sys.stdout.write(f"{done.id} {done.state}\n")
+    else:
+        how = "KILL at once" if force else "SIGTERM, then KILL after the grace"
+        sys.stdout.write(f"{done.id}: cancel requested; the control loop stops it ({how})\n")
+
+
+def _confirm(job_id: str, question: str) -> None:
+    if not sys.stdin.isatty():
+        raise UsageError(
+            f"not cancelling {job_id}: no terminal to confirm at", hint="pass --yes to cancel"
+        )
+    if not typer.confirm(question, default=False, err=True):
+        raise typer.Exit(1)
+
+
+# --- rendering --------------------------------------------------------------------------------
+
+
+def human_s(seconds: float | None) -> str:
+    """12s, 3m05s, 2h05m, 3d04h; N/A for None."""
+    if seconds is None:
+        return "N/A"
+    s = max(0, round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def _table(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "".join(
+        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() + "\n" for r in rows
+    )
+
+
+def render_list(views: list[JobView], now: float, *, wide: bool = False) -> str:
+    from gpuctl.ops.jobs import placed
+
+    if not views:
+        return "no jobs\n"
+    head = ["ID", "NAME", "STATE", "TIER", "PRI", "NODE", "GPUS", "INC", "CHECKPOINT", "AGE"]
+    head += ["WAITED", "RESTARTS", "REASON", "COMMAND"] if wide else ["REASON"]
+    rows = [head]
+    for v in views:
+        job, inc, ckpt = v.job, placed(v), v.checkpoint
+        cancelling = job.cancel_requested and not job.state.terminal
+        state = job.state.value + (" (cancelling)" if cancelling else "")
+        step = "-" if ckpt is None else f"{ckpt.step} ({human_s(now - ckpt.committed_at)} ago)"
+        row = [job.id, job.name, state, job.tier, str(job.priority)]
+        row += ["-" if inc is None else inc.node, _cards(inc), str(job.incarnation), step]
+        row.append(human_s(now - job.submitted_at))
+        if wide:
+            row += [human_s(_waited(job)), str(job.restarts), job.reason or "-"]
+            row.append(" ".join(job.spec.get("command") or []))
+        else:
+            row.append(job.reason or "-")
+        rows.append(row)
+    return _table(rows)
+
+
+def _waited(job: Any) -> float | None:
+    return None if job.first_started_at is None else job.first_started_at - job.submitted_at
+
+
+def _cards(inc: Any) -> str:
+    return "-" if inc is None else ",".join(str(c) for c in inc.cards) or "-"
+
+
+def _at(t: float | None) -> str:
+    return "-" if t is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+
+def render_detail(detail: JobDetail, now: float) -> str:
+    from gpuctl.ops.jobs import placed
+
+    view = detail.view
+    job, inc, ckpt = view.job, placed(view), view.checkpoint
+    where = "-"
+    if inc is not None:
+        where = f"{inc.node}  cards {_cards(inc)}  ({inc.mib_per_card / 1024:.1f} GiB per card)"
+    waited = _waited(job)
+    cancelling = job.cancel_requested and not job.state.terminal
+    lines = [
+        ("job", f"{job.id} ({job.name})"),
+        ("state", job.state.value + ("  (cancel requested)" if cancelling else "")),
+        ("reason", job.reason or "-"),
+        ("tier", f"{job.tier}, priority {job.priority}"),
+        ("node", where),
+        ("incarnation", f"{job.incarnation}  (restarts {job.restarts})"),
+        (
+            "checkpoint",
+            "none committed yet"
+            if ckpt is None
+            else f"step {ckpt.step}, {human_s(now - ckpt.committed_at)} ago "
+            f"(incarnation {ckpt.incarnation}, {ckpt.path})",
+        ),
+        ("submitted", f"{_at(job.submitted_at)}  (waited {human_s(waited)})"),
+        ("command", " ".join(job.spec.get("command") or [])),
+    ]
+    out = "".join(f"{k:<12} {v}\n" for k, v in lines)
+    if detail.incarnations:
+        rows = [["N", "NODE", "CARDS", "STATE", "STARTED", "ENDED", "EXIT", "WHY", "RESUMED"]]
+        for i in detail.incarnations:
+            rows.append(
+                [
+                    str(i.n),
+                    i.node,
+                    _cards(i),
+                    i.state.value,
+                    _at(i.started_at),
+                    _at(i.ended_at),
+                    "-" if i.exit_code is None else str(i.exit_code),
+                    "-" if i.end_reason is None else i.end_reason.value,
+                    "fresh" if i.resume_step is None else f"step {i.resume_step}",
+                ]
+            )
+        out += "\nincarnations:\n" + _indent(_table(rows))
+    if detail.events:
+        rows = [["AT", "ACTOR", "KIND", "MESSAGE"]]
+        rows += [[_at(e.at), e.actor, e.kind, e.message] for e in detail.events]
+        out += "\nevents:\n" + _indent(_table(rows))
+    return out
+
+
+def _indent(text: str) -> str:
+    return "".join(f"  {line}\n" for line in text.splitlines())
+
+
+def numbers_line(numbers: dict[str, Any]) -> str:
+    """The fleet numbers in one line, for `gpuctl status`."""
+    n = numbers
+    pct = "N/A" if n["failover_success_pct"] is None else f"{n['failover_success_pct']:.0f}%"
+    rate = "N/A" if n["preemptions_per_hour"] is None else f"{n['preemptions_per_hour']:.2f}/h"
+    spot = "" if n["spot_preempted_pct"] is None else f", {n['spot_preempted_pct']:.0f}% of spot"
+    return (
+        f"jobs: queue wait p50 {human_s(n['queue_wait_p50_s'])}"
+        f" p95 {human_s(n['queue_wait_p95_s'])}"
+        f", {n['queue_waiting']} waiting (oldest {human_s(n['queue_oldest_wait_s'])})"
+        f" · checkpoint age max {human_s(n['checkpoint_age_max_s'])}"
+        f" p95 {human_s(n['checkpoint_age_p95_s'])}"
+        f" · failover {pct} ({n['failovers_succeeded']} of {n['failovers_attempted']})"
+        f" · preemptions {rate}{spot}\n"
+    )
+
+
+def register(root: typer.Typer) -> None:
+    root.command("submit")(submit)
+    root.add_typer(app, name="jobs")
+    root.command("logs")(logs)
+    root.command("cancel")(cancel)
