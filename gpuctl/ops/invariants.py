@@ -186,7 +186,7 @@ def check_database(state_dir: Path) -> DbReport:
             return base
         problems = store.check()
         if not problems:
-            problems += check_invariants(store)
+            problems += check_invariants(store, capacity_mib=store.card_capacities())
         counts = store.counts()
         return dataclasses.replace(
             base,

@@ -27,11 +27,12 @@ def state_dir(tmp_path: Path) -> Path:
             Event(1.0, "alice", "submit", "submitted", "a-000001"),
         )
         store.begin_launch(
-            Incarnation("a-000001", 1, "n1", (0,), (), 100, False, IncarnationState.LAUNCHING,
-                        2.0, "/r"),
+            Incarnation(
+                "a-000001", 1, "n1", (0,), (), 100, False, IncarnationState.LAUNCHING, 2.0, "/r"
+            ),
             capacity_mib={("n1", 0): 1000},
             event=Event(2.0, "gpuctl", "launch", "launching", "a-000001"),
-        )  # fmt: skip
+        )
     return d
 
 
@@ -93,6 +94,29 @@ def test_a_broken_invariant_exits_6_naming_the_job(state_dir: Path) -> None:
     assert result.exit_code == 6
     assert (
         "problem    job a-000001: running, but its incarnation 1 is exited: nothing runs it"
+        in result.stdout
+    )
+
+
+def test_a_double_booked_card_exits_6_with_the_capacity_it_was_granted_under(
+    state_dir: Path,
+) -> None:
+    raw = sqlite3.connect(state_dir / "state.db")
+    with raw:  # a second holder forced in behind the store's back: 100 + 950 > 1000 MiB
+        raw.execute(
+            "INSERT INTO jobs (id, name, spec, state, priority, tier, submitted_at, "
+            "incarnation) VALUES ('b-000002', 'b', '{}', 'running', 0, 'spot', 3.0, 1)"
+        )
+        raw.execute(
+            "INSERT INTO incarnations (job_id, n, node, cards, gpu_uuids, mib_per_card, "
+            "whole, state, started_at, run_dir) VALUES ('b-000002', 1, 'n1', '[0]', '[]', "
+            "950, 0, 'running', 3.0, '/r')"
+        )
+    raw.close()
+    result = gpuctl("--state-dir", str(state_dir), "db", "check")
+    assert result.exit_code == 6
+    assert (
+        "problem    card 0 of n1: 1050 MiB held (a-000001#1, b-000002#1) on a 1000 MiB card\n"
         in result.stdout
     )
 

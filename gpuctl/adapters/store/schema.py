@@ -66,6 +66,7 @@ CREATE TABLE allocations (
     card INTEGER NOT NULL,
     mib INTEGER NOT NULL,
     whole INTEGER NOT NULL,
+    capacity_mib INTEGER,             -- the card's capacity as given when it was granted
     PRIMARY KEY (job_id, n, card),
     FOREIGN KEY (job_id, n) REFERENCES incarnations (job_id, n)
 );

@@ -17,16 +17,14 @@ import sqlite3
 import threading
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gpuctl.adapters.store import launch, lock, rows
+from gpuctl.adapters.store import integrity, launch, lock, rows
 from gpuctl.adapters.store.opening import (
     HINT,
     LOCK_NAME,
     MARKER_NAME,
     Opened,
-    one_line,
-    read_marker,
 )
 from gpuctl.core.jobs import (
     Checkpoint,
@@ -39,6 +37,9 @@ from gpuctl.core.jobs import (
     NodeLiveness,
 )
 from gpuctl.errors import StateError, StoreConflict
+
+if TYPE_CHECKING:
+    from gpuctl.adapters.protocols import Store
 
 
 class SqliteStore:
@@ -188,11 +189,12 @@ class SqliteStore:
             launch.check_allowed(c, inc, capacity_mib)
             c.execute(f"INSERT INTO incarnations ({rows.INC_COLS}) VALUES ({_marks(17)})", values)
             c.executemany(
-                "INSERT INTO allocations (job_id, n, node, card, mib, whole) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
+                "INSERT INTO allocations (job_id, n, node, card, mib, whole, capacity_mib) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
                 [
-                    (inc.job_id, inc.n, inc.node, card, inc.mib_per_card, int(inc.whole))
+                    (inc.job_id, inc.n, inc.node, card, inc.mib_per_card, int(inc.whole), cap)
                     for card in inc.cards
+                    for cap in [capacity_mib.get((inc.node, card))]
                 ],
             )
             c.execute(
@@ -363,6 +365,14 @@ class SqliteStore:
                 (lv.node, lv.last_ok_at, lv.failing_since, int(lv.down)),
             )
 
+    def card_capacities(self) -> dict[tuple[str, int], int]:
+        """Each card's capacity as given when its cards were last granted (for `db check`)."""
+        found = self._read(
+            "SELECT node, card, capacity_mib FROM allocations WHERE capacity_mib IS NOT NULL "
+            "ORDER BY rowid"
+        )
+        return {(r[0], int(r[1])): int(r[2]) for r in found}
+
     def counts(self) -> dict[str, int]:
         """Rows per table: jobs, incarnations, checkpoints, events, cordons."""
         tables = ("jobs", "incarnations", "checkpoints", "events", "cordons")
@@ -372,30 +382,13 @@ class SqliteStore:
 
     def check(self) -> list[str]:
         """`PRAGMA integrity_check`, foreign keys, schema version, the marker. Never raises."""
-        problems: list[str] = []
-        try:
-            with self._lock:
-                found = self._conn.execute("PRAGMA integrity_check").fetchall()
-                problems += [f"integrity: {one_line(r[0])}" for r in found if r[0] != "ok"]
-                for table, rowid, parent, _ in self._conn.execute("PRAGMA foreign_key_check"):
-                    problems.append(f"{table} row {rowid} refers to a missing {parent} row")
-                meta = dict(self._conn.execute("SELECT key, value FROM meta").fetchall())
-        except sqlite3.Error as exc:
-            return [*problems, f"{self.path}: {exc}"]
-        known = self.known_version
-        version = int(meta.get("schema_version", "0"))
-        if version > known:
-            problems.append(f"schema version {version} is newer than this gpuctl knows ({known})")
-        if not self.ephemeral:
-            marker = self.state_dir / MARKER_NAME
-            try:
-                marker_id = read_marker(marker)
-            except StateError as exc:
-                problems.append(exc.message)
-            else:
-                if marker_id not in (None, meta.get("database_id")):
-                    problems.append(f"{marker} names database {marker_id}, not {self.path}")
-        return problems
+        with self._lock:
+            return integrity.check(
+                self._conn,
+                self.path,
+                None if self.ephemeral else self.state_dir / MARKER_NAME,
+                self.known_version,
+            )
 
     def loop_lock(self, wait_s: float = 0.0) -> AbstractContextManager[None]:
         """One control loop at a time: flock on `state_dir/loop.lock`, released on exit."""
@@ -406,3 +399,9 @@ class SqliteStore:
 
 def _marks(n: int) -> str:
     return ", ".join("?" * n)
+
+
+if TYPE_CHECKING:  # mypy proves SqliteStore implements the Store protocol
+
+    def _is_a_store(store: SqliteStore) -> Store:
+        return store

@@ -248,8 +248,9 @@ def test_a_slice_that_does_not_fit_beside_the_cards_holders_is_refused(store: Sq
 def test_a_whole_card_is_shared_with_nobody(store: SqliteStore) -> None:
     for jid in ("a-000001", "b-000002", "c-000003"):
         submitted(store, jid)
-    store.begin_launch(inc("a-000001", cards=(1,), mib=40_000, whole=True), capacity_mib=CAP,
-                       event=ev("launch"))  # fmt: skip
+    store.begin_launch(
+        inc("a-000001", cards=(1,), mib=40_000, whole=True), capacity_mib=CAP, event=ev("launch")
+    )
     with pytest.raises(StoreConflict, match="card 1 of n1 is held whole by job a-000001"):
         store.begin_launch(inc("b-000002", cards=(1,), mib=1), capacity_mib=CAP, event=ev("l"))
     store.begin_launch(inc("b-000002", cards=(0,), mib=1), capacity_mib=CAP, event=ev("l"))
@@ -288,9 +289,13 @@ def test_a_lost_incarnation_keeps_its_cards_until_it_is_fenced(store: SqliteStor
     with pytest.raises(StoreConflict, match="has 0 MiB free"):
         store.begin_launch(inc("b-000002", mib=1), capacity_mib=CAP, event=ev("launch"))
     store.update_incarnation(
-        "a-000001", 1, expect=IncarnationState.LOST, state=IncarnationState.KILLED,
-        end_reason=EndReason.FENCED, ended_at=99.0,
-    )  # fmt: skip
+        "a-000001",
+        1,
+        expect=IncarnationState.LOST,
+        state=IncarnationState.KILLED,
+        end_reason=EndReason.FENCED,
+        ended_at=99.0,
+    )
     store.begin_launch(inc("b-000002", mib=40_000), capacity_mib=CAP, event=ev("launch"))
 
 
@@ -315,9 +320,13 @@ def test_update_incarnation_is_a_compare_and_set(store: SqliteStore) -> None:
     submitted(store)
     store.begin_launch(inc(), capacity_mib=CAP, event=ev("launch"))
     running = store.update_incarnation(
-        "train-a1b2c3", 1, expect=IncarnationState.LAUNCHING, event=ev("started"),
-        state=IncarnationState.RUNNING, pid=4242,
-    )  # fmt: skip
+        "train-a1b2c3",
+        1,
+        expect=IncarnationState.LAUNCHING,
+        event=ev("started"),
+        state=IncarnationState.RUNNING,
+        pid=4242,
+    )
     assert (running.state, running.pid) == (IncarnationState.RUNNING, 4242)
     with pytest.raises(StoreConflict, match="incarnation 1 is running, not launching"):
         store.update_incarnation(
@@ -415,8 +424,40 @@ def test_a_healthy_store_checks_clean(store: SqliteStore) -> None:
     submitted(store)
     store.begin_launch(inc(), capacity_mib=CAP, event=ev("launch"))
     assert store.check() == []
-    assert store.counts() == {"jobs": 1, "incarnations": 1, "checkpoints": 0, "events": 2,
-                              "cordons": 0}  # fmt: skip
+    assert store.counts() == {
+        "jobs": 1,
+        "incarnations": 1,
+        "checkpoints": 0,
+        "events": 2,
+        "cordons": 0,
+    }
+
+
+def test_check_reports_rows_that_point_nowhere_and_a_marker_for_another_database(
+    store: SqliteStore, state_dir: Path
+) -> None:
+    raw = sqlite3.connect(store.path)  # foreign keys are off on a plain connection
+    with raw:
+        raw.execute(
+            "INSERT INTO allocations (job_id, n, node, card, mib, whole) "
+            "VALUES ('ghost-000000', 1, 'n1', 0, 1, 0)"
+        )
+    raw.close()
+    (state_dir / "store.id").write_text('{"database_id": "0123"}')
+    assert store.check() == [
+        "allocations row 1 refers to a missing incarnations row",
+        f"{state_dir / 'store.id'} names database 0123, not {store.path}",
+    ]
+
+
+def test_card_capacities_remember_what_each_launch_was_given(store: SqliteStore) -> None:
+    submitted(store, "a-000001")
+    submitted(store, "b-000002")
+    store.begin_launch(inc("a-000001"), capacity_mib=CAP, event=ev("l"))
+    store.begin_launch(
+        inc("b-000002", node="n2", whole=True, mib=80_000), capacity_mib={}, event=ev("l")
+    )
+    assert store.card_capacities() == {("n1", 0): 40_000}
 
 
 # --- one control loop at a time -----------------------------------------------------------------
