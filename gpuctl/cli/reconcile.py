@@ -1,0 +1,176 @@
+"""`gpuctl reconcile [--watch]`: run the control loop, once or until Ctrl-C.
+
+A thin shell over `gpuctl.ops.reconcile`: it opens the store, builds the gatherer and the job
+runner over one SSH transport, runs a pass (or passes), and prints what they did. With `--watch`,
+what happens is streamed on stderr; Ctrl-C lets the current step finish, releases the loop lock
+and exits 0 (a second Ctrl-C stops at once).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING
+
+import typer
+
+from gpuctl.cli import context
+from gpuctl.cli.render import OUTPUT_OPTION, Output, emit_document, safe
+from gpuctl.errors import ExitCode, StateError, StoreConflict, UsageError
+
+if TYPE_CHECKING:
+    from gpuctl.ops.reconcile import Action, PassReport, Reconciler
+
+
+def reconcile(
+    ctx: typer.Context,
+    watch: bool = typer.Option(False, "--watch", help="Run pass after pass until Ctrl-C."),
+    interval: float = typer.Option(5.0, "--interval", help="Seconds between passes (--watch)."),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="Show what one pass would do; change nothing."
+    ),
+    wait: float = typer.Option(
+        0.0, "--wait", help="Wait this long for another running loop to finish its pass."
+    ),
+    grace: float | None = typer.Option(
+        None, "--grace", help="Seconds without an answer before a node is down (default 30)."
+    ),
+    output: Output = OUTPUT_OPTION,
+) -> None:
+    """Gather, observe jobs, fail over, fence, place and launch queued jobs: one pass.
+
+    Exit 0 when the pass ran, 6 when another loop holds the lock (or the store refuses).
+    """
+    if interval <= 0 or wait < 0 or (grace is not None and grace < 0):
+        raise UsageError("--interval must be positive; --wait and --grace never negative")
+    if watch and dry_run:
+        raise UsageError("--dry-run shows one pass; it cannot be combined with --watch")
+    loop, close = _build(ctx, dry_run=dry_run, wait=wait, grace=grace, stream=watch)
+    try:
+        if watch:
+            _watch(loop, interval, output)
+            return
+        try:
+            report = loop.run_once()
+        except StoreConflict as exc:
+            raise _busy(exc) from None
+        _print(report, output)
+    finally:
+        close()
+
+
+def _build(
+    ctx: typer.Context, *, dry_run: bool, wait: float, grace: float | None, stream: bool
+) -> tuple[Reconciler, Callable[[], None]]:
+    import dataclasses
+
+    from gpuctl.adapters.clock import SystemClock
+    from gpuctl.adapters.store import open_store
+    from gpuctl.cli import fleet
+    from gpuctl.config.paths import state_dir
+    from gpuctl.ops.gather import Gatherer, default_transport
+    from gpuctl.ops.jobrunner import SshJobRunner
+    from gpuctl.ops.reconcile import Reconciler, ReconcileSettings
+
+    app_ctx = context.get(ctx)
+    inventory = fleet.load_inventory(ctx)
+    folder: Path = state_dir(app_ctx.env, app_ctx.state_dir)
+    store = open_store(folder, write=not dry_run)
+    transport = app_ctx.transport_factory() if app_ctx.transport_factory else default_transport()
+    gatherer = Gatherer(transport)
+    settings = ReconcileSettings(lock_wait_s=wait, dry_run=dry_run)
+    if grace is not None:
+        settings = dataclasses.replace(settings, grace_s=grace)
+    loop = Reconciler(
+        store,
+        gatherer,
+        SshJobRunner(transport),
+        inventory,
+        SystemClock(),
+        settings,
+        environ=app_ctx.env,
+        state_dir=str(folder),
+        on_action=_stream if stream else None,
+    )
+
+    def close() -> None:
+        try:
+            gatherer.close()
+        finally:
+            store.close()
+
+    return loop, close
+
+
+def _busy(exc: StoreConflict) -> StateError:
+    return StateError(
+        f"another control loop is running ({exc.message})",
+        hint="let it work, or pass --wait SECONDS to queue behind it",
+    )
+
+
+def _stream(action: Action) -> None:
+    who = " ".join(x for x in (action.job_id, action.node) if x)
+    sys.stderr.write(safe(f"{action.kind}: {who + ': ' if who else ''}{action.message}") + "\n")
+    sys.stderr.flush()
+
+
+def _watch(loop: Reconciler, interval: float, output: Output) -> None:
+    stop = threading.Event()
+
+    def on_sigint(signum: int, frame: FrameType | None) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt
+        sys.stderr.write("stopping after this step (Ctrl-C again to stop at once)\n")
+        stop.set()
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+
+    def on_report(report: PassReport | None) -> None:
+        if report is None:
+            sys.stderr.write("another control loop holds the lock; trying again next pass\n")
+        elif output in (Output.JSON, Output.YAML):
+            sys.stdout.write(json.dumps(report.to_dict(), separators=(",", ":")) + "\n")
+            sys.stdout.flush()
+
+    try:
+        loop.watch(interval, stop, on_report)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    raise typer.Exit(int(ExitCode.OK))
+
+
+def _print(report: PassReport, output: Output) -> None:
+    if output in (Output.JSON, Output.YAML):
+        emit_document(report.to_dict(), output)
+        return
+    lines = []
+    for a in report.actions:
+        lines.append((a.kind, a.job_id or "-", a.node or "-", a.outcome or "-", a.message))
+    if lines:
+        head = ("ACTION", "JOB", "NODE", "OUTCOME", "WHAT")
+        widths = [max(len(row[i]) for row in [head, *lines]) for i in range(4)]
+        for row in [head, *lines]:
+            cells = [row[i].ljust(widths[i]) for i in range(4)]
+            sys.stdout.write(safe("  ".join([*cells, row[4]])) + "\n")
+    states = ", ".join(f"{n} {s}" for s, n in sorted(report.jobs.items())) or "no jobs"
+    down = [n.name for n in report.nodes if n.liveness == "down"]
+    tail = f"; down: {', '.join(down)}" if down else ""
+    suspect = "; suspecting gpuctl's own network" if report.suspect_network else ""
+    what = "would be done (dry run)" if report.dry_run else "done"
+    sys.stdout.write(
+        safe(f"{len(report.actions)} action(s) {what}; jobs: {states}{tail}{suspect}") + "\n"
+    )
+    if output is Output.WIDE:
+        for n in report.nodes:
+            ghost = f", ghost {n.ghost_mib} MiB (pids {list(n.ghost_pids)})" if n.ghost_mib else ""
+            sys.stdout.write(safe(f"  {n.name}: {n.reach}, {n.liveness}{ghost}") + "\n")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("reconcile")(reconcile)

@@ -1,0 +1,172 @@
+"""`gpuctl reconcile`: one pass launches a queued job on a node (a local shell standing in for it),
+the next records its exit; -o json, --dry-run, a second loop refused, --watch stops on Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner, Result
+
+from gpuctl.adapters.clock import SystemClock
+from gpuctl.adapters.store import open_store
+from gpuctl.cli.context import AppContext
+from gpuctl.cli.main import app
+from gpuctl.config.jobspec import load_specs
+from gpuctl.core.jobs import JobState
+from gpuctl.lab import nodestate
+from gpuctl.ops import jobs as service
+from gpuctl.testing.fakes import ShellTransport
+
+NODES = ("gpu01", "gpu02")
+
+
+@pytest.fixture
+def fleet(tmp_path: Path) -> Iterator[tuple[Path, ShellTransport]]:
+    nodestate.install_node_tools(tmp_path / "bin", python="/usr/bin/python3")
+    envs = {}
+    lines = ["nodes:"]
+    for i, name in enumerate(NODES):
+        state = tmp_path / name / "state.json"
+        state.parent.mkdir()
+        nodestate.write_state(
+            state,
+            nodestate.new_node_state(
+                name, gpus=2, model="NVIDIA H100 80GB HBM3", mem_gib=80, node_index=i
+            ),
+        )
+        home = tmp_path / name / "home"
+        home.mkdir()
+        envs[name] = {
+            "PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin",
+            "GPUCTL_LAB_STATE": str(state),
+            "GPUCTL_LAB_NODE": name,
+            "HOME": str(home),
+        }
+        lines.append(f"  - {{name: {name}, host: 127.0.0.1, port: {2201 + i}, gpus: 2}}")
+    inventory = tmp_path / "fleet.yaml"
+    inventory.write_text("\n".join(lines) + "\n")
+    yield inventory, ShellTransport(envs)
+
+
+def submit(state_dir: Path, tmp_path: Path, command: str) -> str:
+    spec = tmp_path / "job.yaml"
+    spec.write_text(
+        "name: quick\n"
+        f"command: [sh, -c, {json.dumps(command)}]\n"
+        "resources: {gpus: 1, mem_per_gpu: 8GiB}\n"
+    )
+    store = open_store(state_dir, write=True)
+    try:
+        (job,) = service.submit(store, load_specs([spec]), actor="test", clock=SystemClock())
+    finally:
+        store.close()
+    return job.id
+
+
+def invoke(inventory: Path, state_dir: Path, transport: ShellTransport, *args: str) -> Result:
+    ctx = AppContext(transport_factory=lambda: transport)  # type: ignore[arg-type,return-value]
+    argv = ["-i", str(inventory), "--state-dir", str(state_dir), "reconcile", *args]
+    return CliRunner().invoke(app, argv, obj=ctx)
+
+
+def test_one_pass_launches_the_queued_job_and_the_next_records_its_exit(
+    fleet: tuple[Path, ShellTransport], tmp_path: Path
+) -> None:
+    inventory, transport = fleet
+    state = tmp_path / "state"
+    job_id = submit(state, tmp_path, "exit 0")
+    first = invoke(inventory, state, transport, "-o", "json")
+    assert first.exit_code == 0, first.output
+    report = json.loads(first.stdout)
+    kinds = [(a["kind"], a["outcome"]) for a in report["actions"] if a["job_id"] == job_id]
+    assert kinds == [("launch", "intent"), ("launched", "ok")]
+    assert {n["name"]: n["liveness"] for n in report["nodes"]} == {"gpu01": "ok", "gpu02": "ok"}
+    deadline = time.monotonic() + 10
+    while True:
+        second = invoke(inventory, state, transport)
+        assert second.exit_code == 0, second.output
+        store = open_store(state, write=False)
+        job = store.job(job_id)
+        store.close()
+        assert job is not None
+        if job.state is JobState.SUCCEEDED or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert job.state is JobState.SUCCEEDED
+    assert "succeeded" in second.stdout and "1 succeeded" in second.stdout
+
+
+def test_a_dry_run_shows_the_launch_and_changes_nothing(
+    fleet: tuple[Path, ShellTransport], tmp_path: Path
+) -> None:
+    inventory, transport = fleet
+    state = tmp_path / "state"
+    job_id = submit(state, tmp_path, "exit 0")
+    result = invoke(inventory, state, transport, "--dry-run")
+    assert result.exit_code == 0, result.output
+    assert "launch" in result.stdout and "would" in result.stdout
+    assert "would be done (dry run)" in result.stdout
+    store = open_store(state, write=False)
+    try:
+        job = store.job(job_id)
+        assert job is not None and job.state is JobState.QUEUED
+        assert store.incarnations(job_id) == []
+    finally:
+        store.close()
+
+
+def test_a_second_loop_is_refused_while_one_holds_the_lock(
+    fleet: tuple[Path, ShellTransport], tmp_path: Path
+) -> None:
+    inventory, transport = fleet
+    state = tmp_path / "state"
+    submit(state, tmp_path, "exit 0")
+    store = open_store(state, write=True)
+    try:
+        with store.loop_lock():
+            result = invoke(inventory, state, transport)
+    finally:
+        store.close()
+    assert result.exit_code == 6
+    assert "another control loop is running" in result.stderr
+    assert "--wait" in result.stderr
+    assert result.stdout == ""
+
+
+def test_watch_stops_cleanly_on_ctrl_c_and_releases_the_lock(tmp_path: Path) -> None:
+    inventory = tmp_path / "fleet.yaml"
+    inventory.write_text("nodes:\n  - {name: gone, host: 127.0.0.1, port: 9, gpus: 1}\n")
+    state = tmp_path / "state"
+    env = {**os.environ, "GPUCTL_STATE_DIR": str(state)}
+    argv = [sys.executable, "-c", "from gpuctl.cli.main import run; run()"]
+    argv += ["-i", str(inventory), "reconcile"]
+    proc = subprocess.Popen(
+        [*argv, "--watch", "--interval", "0.2"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        seen = [proc.stderr.readline() for _ in range(2)]  # the first pass's events
+        assert any(line.startswith("node_failing: gone") for line in seen), seen
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    assert "stopping after this step" in err and "Traceback" not in err
+    again = subprocess.run([*argv, "-o", "json"], env=env, capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["nodes"][0]["liveness"] == "failing"
