@@ -12,7 +12,19 @@ import typer
 from typer.core import TyperGroup
 
 from gpuctl import __version__
-from gpuctl.cli import bench, db, health, hosts, inventory_cmd, jobs, lab, nodes, place, status
+from gpuctl.cli import (
+    bench,
+    db,
+    health,
+    hosts,
+    inventory_cmd,
+    jobs,
+    lab,
+    nodes,
+    place,
+    reconcile,
+    status,
+)
 from gpuctl.cli.context import AppContext
 from gpuctl.errors import ExitCode, GpuctlError
 
@@ -128,6 +140,7 @@ def _configure_logging(debug: bool) -> None:
 status.register(app)
 health.register(app)
 place.register(app)
+reconcile.register(app)
 jobs.register(app)
 app.add_typer(nodes.app, name="nodes")
 app.add_typer(inventory_cmd.app, name="inventory")
