@@ -285,7 +285,7 @@ def launch_command(request: LaunchRequest) -> RemoteCommand:
 
 def _marked_lines(stdout: bytes, mark: str) -> list[list[str]]:
     """Lines that start with `mark ` (login shells may print other things first)."""
-    text = stdout[: 1 << 20].decode("utf-8", errors="replace")
+    text = stdout.decode("utf-8", errors="replace")  # bounded by the transport's output cap
     return [line.split(" ")[1:] for line in text.splitlines() if line.startswith(mark + " ")]
 
 
@@ -417,14 +417,13 @@ def logs_command(job_id: str, incarnation: int, offset: int, limit: int) -> Remo
 
 def parse_logs(stdout: bytes, offset: int, limit: int) -> tuple[bytes, int] | None:
     """(bytes from `offset`, next offset), or None when the incarnation has no run dir."""
-    head, sep, data = stdout.partition(b"\n")
-    start = head.rfind(b"gpuctl-log ")
-    if not sep or start < 0:
+    start = stdout.find(b"gpuctl-log ")  # the header precedes the log's own bytes
+    end = stdout.find(b"\n", start)
+    if start < 0 or end < 0:
         return (b"", offset)
-    word = head[start + len(b"gpuctl-log ") :].strip()
-    if word == b"missing":
+    if stdout[start + len(b"gpuctl-log ") : end].strip() == b"missing":
         return None
-    data = data[: min(limit, MAX_LOG_CHUNK_BYTES)]
+    data = stdout[end + 1 :][: min(limit, MAX_LOG_CHUNK_BYTES)]
     return data, offset + len(data)
 
 

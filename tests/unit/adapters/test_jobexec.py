@@ -16,6 +16,7 @@ from typing import TypeVar
 import pytest
 
 from gpuctl.adapters import jobexec
+from gpuctl.adapters.protocols import ExecResult
 from gpuctl.core.jobs import LaunchRequest, RunStatus
 from gpuctl.core.model import NodeSpec
 from gpuctl.errors import UsageError
@@ -580,3 +581,23 @@ def test_an_unreachable_node_is_a_transport_error_from_the_runner() -> None:
     runner = SshJobRunner(FakeTransport({"n1": ConnectRefused("n1: connection refused")}))
     with pytest.raises(ConnectRefused):
         runner.observe(NODE)
+
+
+def test_the_log_header_is_found_after_login_shell_noise() -> None:
+    out = b"motd\ngpuctl-log 12\nline one\ngpuctl-log fake\n"
+    assert jobexec.parse_logs(out, 100, 1000) == (b"line one\ngpuctl-log fake\n", 125)
+    assert jobexec.parse_logs(b"gpuctl-log missing\n", 0, 10) is None
+    assert jobexec.parse_logs(b"", 7, 10) == (b"", 7)
+
+
+def test_the_launch_sends_secrets_on_stdin_and_the_rest_on_the_command_line() -> None:
+    answer = ExecResult(0, b"gpuctl-launch started 77 0 /h/.gpuctl/runs/j1/4\n", b"", 0.01)
+    fake = FakeTransport({"n1": answer})
+    status = SshJobRunner(fake).launch(
+        NODE, request("j1", 4, "python3", "train.py", secret_env={"TOKEN": "t0ps3cret"})
+    )
+    assert status == RunStatus("j1", 4, 77, True, None, "/h/.gpuctl/runs/j1/4")
+    ((_, command),) = fake.calls
+    assert "train.py" in command and "GPUCTL_INCARNATION=4" in command
+    assert "t0ps3cret" not in command and "dDBwczNjcmV0" not in command
+    assert fake.stdins == [b"1\nTOKEN=dDBwczNjcmV0\n"]
