@@ -300,3 +300,31 @@ def test_logs_read_the_node_log_through_the_job_runner_and_follow_to_the_end(
     assert followed.exit_code == 0, followed.output
     assert followed.stdout == "step 1 é\nstep 2\n"
     assert followed.stderr == (f"[gpuctl] incarnation 1 on gpu-01\n[gpuctl] {job_id} succeeded\n")
+
+
+# --- the numbers line for `gpuctl status` ----------------------------------------------------
+
+
+def test_the_numbers_line_shows_each_number_or_na(tmp_path: Path, state: Path) -> None:
+    from gpuctl.cli.jobs import human_s, numbers_line
+    from gpuctl.ops.jobs import fleet_numbers
+
+    assert [human_s(s) for s in (None, 4.4, 185, 7500, 90000)] == [
+        "N/A",
+        "4s",
+        "3m05s",
+        "2h05m",
+        "1d01h",
+    ]
+    job_id = submitted_id(gpuctl(state, "submit", str(job_file(tmp_path))))
+    launch(state, job_id, step=10)
+    store = open_store(state, write=False)
+    try:
+        submitted = store.job(job_id).submitted_at  # type: ignore[union-attr]
+        line = numbers_line(fleet_numbers(store, now=submitted + 64))
+    finally:
+        store.close()
+    assert line == (
+        "jobs: queue wait p50 3s p95 3s, 0 waiting (oldest N/A) · checkpoint age max 1m00s "
+        "p95 1m00s · failover N/A (0 of 0) · preemptions 0.00/h\n"
+    )

@@ -1,8 +1,11 @@
 """The fleet's job numbers, computed by hand on small histories."""
 
 import dataclasses
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpuctl.core.jobs import (
     Checkpoint,
@@ -196,3 +199,36 @@ def test_numbers_serialise_with_units_in_their_names() -> None:
     assert doc["failover_success_pct"] is None
     assert all(isinstance(k, str) for k in doc)
     assert dataclasses.is_dataclass(fleet_numbers([], [], {}, NOW))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 3),  # job
+            st.floats(0, 7200),  # started, seconds before now
+            st.one_of(st.none(), st.floats(0, 7200)),  # ended, seconds after start
+            st.sampled_from([None, *EndReason]),
+            st.booleans(),  # got a pid
+        ),
+        max_size=12,
+    )
+)
+def test_failover_and_preemption_figures_stay_in_range(rows: list[Any]) -> None:
+    incs = []
+    seen: dict[str, int] = {}
+    for j, ago, dur, reason, pid in rows:
+        jid = f"j{j}"
+        seen[jid] = seen.get(jid, 0) + 1
+        ended = None if dur is None else min(NOW, NOW - ago + dur)
+        incs.append(
+            inc(jid, seen[jid], NOW - ago, ended=ended, reason=reason, pid=100 if pid else None)
+        )
+    jobs = [job(f"j{j}", tier="spot" if j % 2 else "standard") for j in range(4)]
+    n = fleet_numbers(jobs, incs, {}, NOW)
+    assert 0 <= n.failovers_succeeded <= n.failovers_attempted
+    assert (n.failover_success_pct is None) == (n.failovers_attempted == 0)
+    if n.failover_success_pct is not None:
+        assert 0.0 <= n.failover_success_pct <= 100.0
+    assert 0 <= n.spot_jobs_preempted <= n.spot_jobs
+    assert n.preemptions >= n.spot_jobs_preempted
