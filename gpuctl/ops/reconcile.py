@@ -284,7 +284,16 @@ class Pass:
         if self.dry:
             self.act("adopt", msg, job=job.id, node=inc.node, inc=inc.n, outcome="would")
             return
-        try:
+        try:  # the job first: a crash between the two leaves a running job whose latest
+            # incarnation is lost, which the next pass requeues and adopts again
+            self.store.update_job(
+                job.id,
+                expect=JobState.QUEUED,
+                event=self.event("adopt", msg, job=job.id, node=inc.node, inc=inc.n),
+                state=JobState.RUNNING,
+                reason=None,
+                updated_at=self.now,
+            )
             self.store.update_incarnation(
                 inc.job_id,
                 inc.n,
@@ -293,14 +302,6 @@ class Pass:
                 end_reason=None,
                 ended_at=None,
                 pid=run.pid if run.pid is not None else inc.pid,
-            )
-            self.store.update_job(
-                job.id,
-                expect=JobState.QUEUED,
-                event=self.event("adopt", msg, job=job.id, node=inc.node, inc=inc.n),
-                state=JobState.RUNNING,
-                reason=None,
-                updated_at=self.now,
             )
         except StoreConflict as exc:
             self.note("adopt", f"{job.id}: {exc}", job=job.id)

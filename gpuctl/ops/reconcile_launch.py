@@ -130,6 +130,12 @@ def resume_point(p: Pass, job: Job, n: int, node: str) -> tuple[str, int | None]
         if not p.dry:
             p.runner.push_checkpoint(p.spec(node), chosen.path, remote)
         return remote, chosen.step
+    known = {(c.incarnation, c.step) for c in p.store.checkpoints(job.id)}
+    key = (chosen.incarnation, chosen.step)
+    if key[0] is not None and key[1] is not None and key not in known and not p.dry:
+        # committed since the last scan: the store records what each incarnation resumed from
+        ckpt = Checkpoint(job.id, key[0], key[1], chosen.path, chosen.committed_at or 0.0, "shared")
+        p.store.add_checkpoint(ckpt)
     return chosen.path, chosen.step
 
 

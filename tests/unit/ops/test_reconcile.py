@@ -28,6 +28,7 @@ from gpuctl.core.model import GpuProcess
 from gpuctl.core.placement.model import Settings
 from gpuctl.errors import StoreConflict
 from gpuctl.ops import jobs as jobs_service
+from gpuctl.ops.invariants import check_invariants
 from gpuctl.ops.jobrunner import LaunchFailed
 from gpuctl.ops.reconcile import PassReport, Reconciler, ReconcileSettings
 from gpuctl.testing.fakerunner import FakeCluster, FakeFleet, FakeRunner, ManualClock
@@ -140,7 +141,7 @@ def test_a_queued_job_is_placed_and_launched_with_the_checkpoint_contract(store:
     assert request.checkpoint_dir == f"{CKPT}/{job.id}" and request.resume_from == ""
     assert [a.kind for a in report.actions if a.job_id == job.id] == ["launch", "launched"]
     assert t.kinds(job.id) == ["launch", "launched"]
-    assert store.check() == []
+    assert store.check() == [] and check_invariants(store) == []
 
 
 def test_exit_zero_means_succeeded_and_the_cards_are_free(store: Store) -> None:
@@ -235,6 +236,7 @@ def test_past_the_grace_the_job_restarts_elsewhere_from_its_newest_committed_che
     assert t.job(job.id).state is JobState.RUNNING and t.job(job.id).incarnation == 2
     assert "checkpoint_skipped" in t.kinds(job.id)  # the corrupt step 300, loudly
     assert [c.step for c in store.checkpoints(job.id)][:1] == [200]
+    assert check_invariants(store) == []
 
 
 def test_a_node_that_returns_has_its_stale_incarnation_killed_and_cards_released(
@@ -257,7 +259,7 @@ def test_a_node_that_returns_has_its_stale_incarnation_killed_and_cards_released
     assert not t.cluster.run(job.id, 1).alive
     assert [i.n for i in t.live(job.id)] == [2]
     assert report.of("fence") and report.of("node_back")
-    assert store.check() == []
+    assert store.check() == [] and check_invariants(store) == []
 
 
 def test_a_node_back_before_its_job_could_restart_elsewhere_keeps_its_copy(store: Store) -> None:
@@ -324,7 +326,7 @@ def test_spot_work_is_preempted_for_standard_work_most_recently_checkpointed_fir
     assert t.job(old.id).state is JobState.RUNNING
     t.step()
     assert t.job(fresh.id).state is JobState.QUEUED  # no room, and spot never preempts spot
-    assert store.check() == []
+    assert store.check() == [] and check_invariants(store) == []
 
 
 def test_a_spot_job_that_ignores_sigterm_is_killed_after_its_grace(store: Store) -> None:
@@ -384,7 +386,7 @@ def test_a_crash_between_intent_and_launch_is_reobserved_and_never_launched_twic
     t.step()
     assert t.inc(job.id).state is IncarnationState.RUNNING and t.inc(job.id).n == 1
     assert len(t.runner.launches) == 1
-    assert store.check() == []
+    assert store.check() == [] and check_invariants(store) == []
 
 
 def test_an_intent_whose_launch_never_reached_the_node_is_requeued_after_the_settle_time(
@@ -441,7 +443,7 @@ def test_two_reconcilers_on_one_store_never_double_book_a_card(store: Store) -> 
     assert len({(i.node, i.cards) for i in held}) == 2
     assert len(t.runner.launches) == 2
     assert all("another control loop" in str(e) for e in errors)
-    assert store.check() == []
+    assert store.check() == [] and check_invariants(store) == []
 
 
 def test_a_second_loop_is_told_another_one_runs(store: Store) -> None:
@@ -556,3 +558,74 @@ def test_a_forced_cancel_kills_at_once(store: Store) -> None:
     assert report.of("kill") and t.job(job.id).state is JobState.CANCELLED
     assert [s[3] for s in t.runner.signals] == ["KILL"]
     assert t.live(job.id) == []
+
+
+def test_a_checkpoint_committed_since_the_last_scan_is_resumed_from_and_recorded(
+    store: Store,
+) -> None:
+    t = make(store, grace_s=30)
+    job = t.submit("train")
+    t.step()
+    first = t.inc(job.id)
+    t.clock.advance(3)
+    t.cluster.commit(f"{CKPT}/{job.id}", step=7, incarnation=1, committed_at=t.clock.now())
+    t.cluster.kill_node(first.node)  # before any pass read the checkpoint
+    t.step(5)
+    t.step(31)
+    assert t.inc(job.id).resume_step == 7
+    assert [c.step for c in store.checkpoints(job.id)] == [7]
+    assert check_invariants(store) == []
+
+
+class Crashing:
+    """A store that dies (raises) at its `at`-th write, as if gpuctl were SIGKILLed there."""
+
+    WRITES = frozenset(
+        {"update_job", "begin_launch", "update_incarnation", "add_checkpoint", "append_event",
+         "set_liveness"}
+    )  # fmt: skip
+
+    def __init__(self, inner: Store, at: int) -> None:
+        self.inner, self.at, self.writes = inner, at, 0
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.inner, name)
+        if name not in self.WRITES:
+            return attr
+
+        def write(*args: Any, **kwargs: Any) -> Any:
+            self.writes += 1
+            if self.writes == self.at:
+                raise SystemExit(f"killed at write {self.at}")
+            return attr(*args, **kwargs)
+
+        return write
+
+
+@pytest.mark.parametrize("at", range(1, 40, 3))
+def test_gpuctl_killed_at_any_write_loses_no_job_and_launches_nothing_twice(
+    store: Store, at: int
+) -> None:
+    crashing = Crashing(store, at)
+    t = make(crashing, ("n1", "n2", "n3"), grace_s=30)  # type: ignore[arg-type]
+    jobs = [t.submit(name) for name in ("a", "b")]
+    script = [
+        lambda: None,
+        lambda: t.cluster.commit(
+            f"{CKPT}/{jobs[0].id}", step=3, incarnation=1, committed_at=t.clock.now()
+        ),
+        lambda: t.cluster.kill_node(t.cluster.where(jobs[0].id, 1)),
+        lambda: None,
+        lambda: None,
+        lambda: [t.cluster.finish(r.key[0], r.key[1], 0) for r in t.cluster.runs(alive=True)],
+    ]
+    for action in [*script, *[lambda: None] * 4]:
+        action()
+        try:
+            t.step(31)
+        except SystemExit:
+            continue
+    assert check_invariants(store) == []
+    assert {t.job(j.id).state for j in jobs} == {JobState.SUCCEEDED}
+    launched = [(r.job_id, r.incarnation) for _, r in t.runner.launches]
+    assert len(launched) == len(set(launched))
