@@ -12,23 +12,26 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import ParamSpec, Protocol
 
 from gpuctl.adapters.protocols import Clock, JobRunner, Store
-from gpuctl.core.failover import LivenessChange, suspect_own_network, update_liveness
 from gpuctl.core.jobs import (
     Event,
     Incarnation,
     IncarnationState,
     Job,
-    JobState,
     NodeLiveness,
     RunStatus,
 )
-from gpuctl.core.model import FleetSnapshot, Inventory, NodeSpec, Reach
-from gpuctl.errors import GpuctlError, StoreConflict, TransportError
-from gpuctl.ops import reconcile_jobs, reconcile_launch
+from gpuctl.core.model import FleetSnapshot, Inventory, NodeSpec
+from gpuctl.errors import GpuctlError, StoreConflict
+from gpuctl.ops import (
+    reconcile_checkpoints,
+    reconcile_jobs,
+    reconcile_launch,
+    reconcile_nodes,
+)
 from gpuctl.ops.reconcile_report import Action, NodeReport, PassReport, ReconcileSettings
 
 log = logging.getLogger(__name__)
@@ -44,10 +47,6 @@ class FleetSource(Protocol):
     """One poll of the fleet (`gpuctl.ops.gather.Gatherer` is one)."""
 
     def gather(self, nodes: Inventory) -> FleetSnapshot: ...
-
-
-class Stopped(Exception):
-    """A stop was requested: the pass ends between two steps."""
 
 
 class Reconciler:
@@ -133,19 +132,19 @@ class Pass:
         started = self.loop.clock.monotonic()
         interrupted = False
         steps: tuple[Callable[[], None], ...] = (
-            self.gather,
-            self.observe,
-            self.fence,
+            lambda: reconcile_nodes.gather(self),
+            lambda: reconcile_nodes.observe(self),
+            lambda: reconcile_nodes.fence(self),
             self.settle,
             self.stop_overdue,
             self.cancel,
             self.failover,
-            lambda: reconcile_launch.sync_checkpoints(self),
+            lambda: reconcile_checkpoints.sync_checkpoints(self),
             lambda: reconcile_launch.hold_slices(self),
             lambda: reconcile_launch.place_and_launch(self),
         )
         for step in steps:
-            if self.stop is not None and self.stop.is_set() and step is not self.gather:
+            if self.stop is not None and self.stop.is_set() and step is not steps[0]:
                 interrupted = True
                 break
             step()
@@ -162,151 +161,6 @@ class Pass:
             jobs=counts,
             interrupted=interrupted,
         )
-
-    def gather(self) -> None:
-        """One poll; liveness per node; mass-failure suspicion."""
-        self.snapshot = self.loop.fleet.gather(self.loop.inventory)
-        prev = self.store.liveness()
-        answered = {n.name: n.reach is Reach.OK for n in self.snapshot.nodes}
-        total = len(answered)
-        prev_failing = sum(
-            1 for name in answered if name in prev and prev[name].failing_since is not None
-        )
-        failing = sum(1 for ok in answered.values() if not ok)
-        self.suspect = suspect_own_network(failing, total, self.settings.mass_failure_fraction)
-        if self.suspect and not suspect_own_network(
-            prev_failing, total, self.settings.mass_failure_fraction
-        ):
-            self.act(
-                "suspect_network",
-                f"{failing} of {total} nodes do not answer at once: suspecting gpuctl's own "
-                "network; no job is requeued until most nodes answer again",
-                outcome="waiting",
-                data={"failing": failing, "total": total},
-            )
-        for node in self.snapshot.nodes:
-            up = update_liveness(
-                prev.get(node.name),
-                node.name,
-                answered=answered[node.name],
-                now=self.now,
-                grace_s=self.settings.grace_s,
-            )
-            live = up.liveness
-            self.liveness[node.name] = live
-            if not self.dry and live != prev.get(node.name):
-                self.store.set_liveness(live)
-            if live.down:
-                self.down.add(node.name)
-            elif answered[node.name]:
-                self.answering.add(node.name)
-            self._liveness_event(node.name, up.change, live, node.error)
-            state = "down" if live.down else "failing" if live.failing_since is not None else "ok"
-            since = live.failing_since
-            self.node_reports[node.name] = NodeReport(
-                node.name,
-                node.reach.value,
-                state,
-                failing_for_s=None if since is None else self.now - since,
-            )
-
-    def _liveness_event(
-        self, node: str, change: LivenessChange, live: NodeLiveness, error: str | None
-    ) -> None:
-        why = f": {error}" if error else ""
-        if change is LivenessChange.FAILING:
-            self.act(
-                "node_failing",
-                f"{node} did not answer{why}; down after {self.settings.grace_s:g}s without an "
-                "answer",
-                node=node,
-            )
-        elif change is LivenessChange.RECOVERED:
-            self.act("node_recovered", f"{node} answers again (within the grace)", node=node)
-        elif change is LivenessChange.DOWN:
-            silent = self.now - (live.failing_since or self.now)
-            self.act("node_down", f"{node} is down: no answer for {silent:.0f}s{why}", node=node)
-        elif change is LivenessChange.BACK:
-            self.act("node_back", f"{node} answers again after being down", node=node)
-
-    def observe(self) -> None:
-        """Ask each answering node that holds incarnations what runs there."""
-        nodes = sorted({i.node for i in self.store.incarnations(holding=True)} & self.answering)
-        for name in nodes:
-            spec = self.specs.get(name)
-            if spec is None:
-                continue
-            try:
-                runs = self.runner.observe(spec)
-            except TransportError as exc:
-                self.note("observe", f"{name}: could not list its runs: {exc}", node=name)
-                continue
-            self.observed[name] = {(r.job_id, r.incarnation): r for r in runs}
-
-    def fence(self) -> None:
-        """Nodes that answer again: kill their lost incarnations, or adopt one whose job has not
-        been started anywhere else yet."""
-        for inc in self.store.incarnations(holding=True):
-            if inc.state is not IncarnationState.LOST or inc.node not in self.observed:
-                continue
-            run = self.observed[inc.node].get((inc.job_id, inc.n))
-            job = self.store.job(inc.job_id)
-            if (
-                job is not None
-                and job.state is JobState.QUEUED
-                and job.incarnation == inc.n
-                and not job.cancel_requested
-                and run is not None
-                and run.alive
-            ):
-                self.adopt(job, inc, run)
-                continue
-            self.guard(self._fence_one, inc, run)
-
-    def _fence_one(self, inc: Incarnation, run: RunStatus | None) -> None:
-        spec = self.specs[inc.node]
-        alive = run is not None and run.alive
-        if alive and not self.dry:
-            self.runner.signal(spec, inc.job_id, inc.n, "KILL")
-        state = IncarnationState.KILLED if alive else IncarnationState.EXITED
-        what = "killed the stale copy" if alive else "the stale copy had already ended"
-        self.update_inc(
-            inc,
-            IncarnationState.LOST,
-            "fence",
-            f"{inc.node} is back: {what} (incarnation {inc.n} of {inc.job_id}); its cards are free",
-            state=state,
-            exit_code=None if run is None else run.exit_code,
-        )
-
-    def adopt(self, job: Job, inc: Incarnation, run: RunStatus) -> None:
-        msg = f"{inc.node} is back and incarnation {inc.n} still runs: adopted, not restarted"
-        if self.dry:
-            self.act("adopt", msg, job=job.id, node=inc.node, inc=inc.n, outcome="would")
-            return
-        try:  # the job first: a crash between the two leaves a running job whose latest
-            # incarnation is lost, which the next pass requeues and adopts again
-            self.store.update_job(
-                job.id,
-                expect=JobState.QUEUED,
-                event=self.event("adopt", msg, job=job.id, node=inc.node, inc=inc.n),
-                state=JobState.RUNNING,
-                reason=None,
-                updated_at=self.now,
-            )
-            self.store.update_incarnation(
-                inc.job_id,
-                inc.n,
-                expect=IncarnationState.LOST,
-                state=IncarnationState.RUNNING,
-                end_reason=None,
-                ended_at=None,
-                pid=run.pid if run.pid is not None else inc.pid,
-            )
-        except StoreConflict as exc:
-            self.note("adopt", f"{job.id}: {exc}", job=job.id)
-            return
-        self.record("adopt", msg, job=job.id, node=inc.node, inc=inc.n)
 
     def settle(self) -> None:
         """Launches confirmed or failed; exits recorded."""
@@ -510,6 +364,3 @@ class Pass:
 
     def spec(self, node: str) -> NodeSpec:
         return self.specs[node]
-
-    def jobs_in(self, states: Iterable[JobState]) -> list[Job]:
-        return self.store.jobs(states)

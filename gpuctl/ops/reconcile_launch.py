@@ -1,15 +1,12 @@
-"""The control loop's forward steps: read running jobs' checkpoints (and copy them, for
-`checkpoint.sync: pull`), hold jobs to their slices, then place queued jobs (standard work first,
-preempting spot work when it needs the room) and launch them: intent, launch, confirmation."""
+"""The control loop's forward steps: hold running jobs to their slices, then place queued jobs
+(standard work first, preempting spot work when it needs the room) and launch them: intent,
+launch, confirmation."""
 
 from __future__ import annotations
 
 import dataclasses
-import posixpath
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpuctl.core.checkpoints import choose_resume
 from gpuctl.core.failover import (
     SliceUse,
     SpotVictim,
@@ -20,9 +17,6 @@ from gpuctl.core.failover import (
     without,
 )
 from gpuctl.core.jobs import (
-    Checkpoint,
-    CheckpointMarker,
-    CheckpointSync,
     EndReason,
     Incarnation,
     IncarnationState,
@@ -35,108 +29,13 @@ from gpuctl.core.placement.model import Allocation, FleetState, JobRequest, Sett
 from gpuctl.core.plan import Placed, apply_plan
 from gpuctl.errors import ConfigError, GpuctlError, StateError, StoreConflict, TransportError
 from gpuctl.ops import jobs as jobspecs
-from gpuctl.ops import reconcile_jobs
+from gpuctl.ops import reconcile_checkpoints, reconcile_jobs
 from gpuctl.ops import reconcile_spec as specs
 from gpuctl.ops.jobrunner import LaunchFailed, LaunchRefused
 from gpuctl.ops.place import fleet_state_from_snapshot
 
 if TYPE_CHECKING:
     from gpuctl.ops.reconcile import Pass
-
-
-# --- checkpoints -------------------------------------------------------------------------------
-
-
-def sync_checkpoints(p: Pass) -> None:
-    """Record each running job's newest committed checkpoint; for `sync: pull`, copy it into
-    gpuctl's own checkpoint store first."""
-    for inc in p.store.incarnations(holding=True):
-        if inc.state is not IncarnationState.RUNNING or inc.node not in p.observed:
-            continue
-        last = p.loop.scanned_at.get(inc.job_id)
-        if last is not None and p.now - last < p.settings.checkpoint_scan_s:
-            continue
-        job = p.store.job(inc.job_id)
-        if job is None:
-            continue
-        p.guard(_sync_one, p, job, inc)
-
-
-def _sync_one(p: Pass, job: Job, inc: Incarnation) -> None:
-    folder = jobspecs.checkpoint_dir(job)
-    markers = p.runner.checkpoints(p.spec(inc.node), folder)
-    if not p.dry:
-        p.loop.scanned_at[job.id] = p.now
-    mine = [
-        m
-        for m in markers
-        if m.valid and m.incarnation == inc.n and m.step is not None and m.committed_at is not None
-    ]
-    if not mine:
-        return
-    newest = max(mine, key=lambda m: (m.step or 0, m.path))
-    known = [c.step for c in p.store.checkpoints(job.id) if c.incarnation == inc.n]
-    if known and (newest.step or 0) <= max(known):
-        return
-    step, committed_at = newest.step or 0, newest.committed_at or 0.0
-    if specs.checkpoint_sync(job) is CheckpointSync.PULL:
-        if p.loop.state_dir is None:
-            raise ConfigError(f"job {job.id}: checkpoint.sync is pull but gpuctl has no state dir")
-        local = str(
-            Path(p.loop.state_dir) / "checkpoints" / job.id / posixpath.basename(newest.path)
-        )
-        if not p.dry:
-            p.runner.pull_checkpoint(p.spec(inc.node), newest.path, local)
-            p.store.add_checkpoint(Checkpoint(job.id, inc.n, step, local, committed_at, "store"))
-        where = "copied to gpuctl's checkpoint store"
-    else:
-        if not p.dry:
-            p.store.add_checkpoint(
-                Checkpoint(job.id, inc.n, step, newest.path, committed_at, "shared")
-            )
-        where = "on shared storage"
-    p.act(
-        "checkpoint",
-        f"{job.id}: step {step} committed by incarnation {inc.n} ({where})",
-        job=job.id,
-        node=inc.node,
-        inc=inc.n,
-        data={"step": step, "committed_at": committed_at},
-    )
-
-
-def resume_point(p: Pass, job: Job, n: int, node: str) -> tuple[str, int | None]:
-    """The checkpoint incarnation `n` resumes from (shipped to `node` for `sync: pull`):
-    (path on the node, step); ("", None) for a fresh start. Skipped newer ones are events."""
-    if n == 1:
-        return "", None
-    history = p.store.incarnations(job.id)
-    sync = specs.checkpoint_sync(job)
-    if sync is CheckpointSync.SHARED:
-        markers = p.runner.checkpoints(p.spec(node), jobspecs.checkpoint_dir(job))
-    else:
-        markers = [
-            CheckpointMarker(c.path, c.incarnation, c.step, c.committed_at, True)
-            for c in p.store.checkpoints(job.id)
-            if c.location == "store"
-        ]
-    chosen, warnings = choose_resume(markers, history=history, next_incarnation=n)
-    for w in warnings:
-        p.act("checkpoint_skipped", f"{job.id}: {w}", job=job.id, node=node, outcome="failed")
-    if chosen is None:
-        return "", None
-    if sync is CheckpointSync.PULL:
-        remote = f"{jobspecs.checkpoint_dir(job)}/{posixpath.basename(chosen.path)}"
-        if not p.dry:
-            p.runner.push_checkpoint(p.spec(node), chosen.path, remote)
-        return remote, chosen.step
-    known = {(c.incarnation, c.step) for c in p.store.checkpoints(job.id)}
-    key = (chosen.incarnation, chosen.step)
-    if key[0] is not None and key[1] is not None and key not in known and not p.dry:
-        # committed since the last scan: the store records what each incarnation resumed from
-        ckpt = Checkpoint(job.id, key[0], key[1], chosen.path, chosen.committed_at or 0.0, "shared")
-        p.store.add_checkpoint(ckpt)
-    return chosen.path, chosen.step
 
 
 # --- slices ------------------------------------------------------------------------------------
@@ -337,7 +236,7 @@ def _launch(p: Pass, job: Job, placed: Placed, state: FleetState) -> bool:
         p.note("launch", f"{job.id}: {node} is not in the inventory", job=job.id)
         return False
     secrets = jobspecs.resolve_secrets(job, p.loop.environ)
-    resume_from, resume_step = resume_point(p, job, n, node)
+    resume_from, resume_step = reconcile_checkpoints.resume_point(p, job, n, node)
     alloc = placed.allocation
     inc = Incarnation(
         job_id=job.id,
@@ -355,7 +254,14 @@ def _launch(p: Pass, job: Job, placed: Placed, state: FleetState) -> bool:
         host_mem_mib=alloc.host_mem_mib,
     )
     request = jobspecs.launch_request(
-        job, n, inc.cards, inc.gpu_uuids, inc.mib_per_card, resume_from, secrets
+        job,
+        n,
+        inc.cards,
+        inc.gpu_uuids,
+        inc.mib_per_card,
+        resume_from,
+        secrets,
+        mps_limit_mib=None if inc.whole or not inc.cards else inc.mib_per_card,
     )
     cards = ",".join(str(c) for c in inc.cards) or "none"
     start = f"step {resume_step}" if resume_step is not None else "a fresh start"
