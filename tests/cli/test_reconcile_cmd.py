@@ -72,7 +72,7 @@ def submit(state_dir: Path, tmp_path: Path, command: str) -> str:
 
 
 def invoke(inventory: Path, state_dir: Path, transport: ShellTransport, *args: str) -> Result:
-    ctx = AppContext(transport_factory=lambda: transport)  # type: ignore[arg-type,return-value]
+    ctx = AppContext(transport_factory=lambda: transport)
     argv = ["-i", str(inventory), "--state-dir", str(state_dir), "reconcile", *args]
     return CliRunner().invoke(app, argv, obj=ctx)
 

@@ -607,19 +607,23 @@ def test_gpuctl_killed_at_any_write_loses_no_job_and_launches_nothing_twice(
     store: Store, at: int
 ) -> None:
     crashing = Crashing(store, at)
-    t = make(crashing, ("n1", "n2", "n3"), grace_s=30)  # type: ignore[arg-type]
+    t = make(crashing, ("n1", "n2", "n3"), grace_s=30)
     jobs = [t.submit(name) for name in ("a", "b")]
-    script = [
-        lambda: None,
-        lambda: t.cluster.commit(
-            f"{CKPT}/{jobs[0].id}", step=3, incarnation=1, committed_at=t.clock.now()
-        ),
-        lambda: t.cluster.kill_node(t.cluster.where(jobs[0].id, 1)),
-        lambda: None,
-        lambda: None,
-        lambda: [t.cluster.finish(r.key[0], r.key[1], 0) for r in t.cluster.runs(alive=True)],
-    ]
-    for action in [*script, *[lambda: None] * 4]:
+
+    def checkpoint() -> None:
+        t.cluster.commit(f"{CKPT}/{jobs[0].id}", step=3, incarnation=1, committed_at=t.clock.now())
+
+    def kill() -> None:
+        t.cluster.kill_node(t.cluster.where(jobs[0].id, 1))
+
+    def finish() -> None:
+        for run in t.cluster.runs(alive=True):
+            t.cluster.finish(*run.key, 0)
+
+    def nothing() -> None:
+        pass
+
+    for action in (nothing, checkpoint, kill, nothing, nothing, finish, *[nothing] * 4):
         action()
         try:
             t.step(31)
