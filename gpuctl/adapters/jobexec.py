@@ -49,6 +49,16 @@ LAUNCH_WAIT_S = 10  # how long the launcher waits for the wrapper to record its 
 # recorded start time (a recycled pid has another), or the leader is gone but a live member of its
 # process group carries GPUCTL_JOB_ID=JOB and GPUCTL_INCARNATION=N (a worker the job left behind).
 # Sets p (the process group id).
+# `~` and `~/...` in a path mean the node user's $HOME (as a shell assignment would read them);
+# the value is rewritten in place, without a fork. `$1` is always a literal variable name.
+_TILDE = r"""
+gpuctl_tilde() {
+  eval "gpuctl_v=\${$1}"
+  case $gpuctl_v in "~") gpuctl_v=$HOME ;; "~/"*) gpuctl_v="$HOME/${gpuctl_v#"~/"}" ;; esac
+  eval "$1=\$gpuctl_v"
+}
+"""
+
 _FUNCTIONS = r"""
 gpuctl_st() {
   { IFS= read -r l <"/proc/$1/stat"; } 2>/dev/null || return 1
@@ -103,12 +113,15 @@ printf '%s\n' "$c" >"$d/exit.tmp" && mv -f "$d/exit.tmp" "$d/exit"
 
 # Positional parameters: WRAPPER JOB N WORKDIR MPS_LIMIT NENV ENV... -- ARGV...
 # stdin: a count line, then that many `NAME=base64(value)` lines (the secret env).
-_LAUNCH = r"""
+_LAUNCH = (
+    _TILDE
+    + r"""
 say() { printf 'gpuctl-launch %s\n' "$*"; }
 [ -n "${HOME:-}" ] || { say failed "HOME is not set on the node"; exit 0; }
 umask 077
 w=$1 job=$2 n=$3 wd=$4 mps=$5 nenv=$6
 shift 6
+gpuctl_tilde wd
 runs="$HOME/.gpuctl/runs"
 d="$runs/$job/$n"
 if ! mkdir -p "$runs/$job" 2>/dev/null || ! chmod 700 "$HOME/.gpuctl" "$runs" "$runs/$job"; then
@@ -141,7 +154,11 @@ limited=0
 if [ -n "$mps" ] && [ -p "${CUDA_MPS_PIPE_DIRECTORY:-/tmp/nvidia-mps}/control" ]; then limited=1; fi
 (
   i=0
-  while [ "$i" -lt "$nenv" ]; do export "$1"; shift; i=$((i + 1)); done
+  while [ "$i" -lt "$nenv" ]; do
+    e=$1 v=${1#*=}
+    case $v in "~" | "~/"*) gpuctl_tilde v; e="${1%%=*}=$v" ;; esac
+    export "$e"; shift; i=$((i + 1))
+  done
   shift
   i=0
   while [ "$i" -lt "$count" ]; do
@@ -160,6 +177,7 @@ done
 read -r p s <"$d/pid"
 say started "$p" "$limited" "$d"
 """.replace("__TRIES__", str(LAUNCH_WAIT_S * 100))
+)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -431,8 +449,11 @@ def parse_logs(stdout: bytes, offset: int, limit: int) -> tuple[bytes, int] | No
 
 # Positional parameters: DIR MAX. Prints the newest MAX step folders (by step number), each with
 # its marker base64-encoded on one line when the marker is there and small enough.
-_LIST_CHECKPOINTS = r"""
-cd "$1" 2>/dev/null || { echo "gpuctl-ckpt nodir"; exit 0; }
+_LIST_CHECKPOINTS = (
+    _TILDE
+    + r"""
+d=$1; gpuctl_tilde d
+cd "$d" 2>/dev/null || { echo "gpuctl-ckpt nodir"; exit 0; }
 for s in step-*; do
   case $s in step- | step-*[!0-9]*) continue ;; esac
   [ -d "$s" ] && printf '%s\n' "$s"
@@ -446,10 +467,14 @@ done | sort -t- -k2,2n | tail -n "$2" | while IFS= read -r s; do
   echo
 done
 """.replace("__MAX__", str(MAX_MARKER_BYTES))
+)
 
 # Positional parameters: DIR. stdin: pairs of lines (index, path relative to DIR).
-_HASH = r"""
-cd "$1" 2>/dev/null || { echo "gpuctl-ckpt nodir"; exit 0; }
+_HASH = (
+    _TILDE
+    + r"""
+d=$1; gpuctl_tilde d
+cd "$d" 2>/dev/null || { echo "gpuctl-ckpt nodir"; exit 0; }
 while IFS= read -r i && IFS= read -r f; do
   if [ -f "$f" ] && h=$(sha256sum <"$f" 2>/dev/null); then
     echo "gpuctl-sum $i ${h%% *}"
@@ -458,6 +483,7 @@ while IFS= read -r i && IFS= read -r f; do
   fi
 done
 """
+)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

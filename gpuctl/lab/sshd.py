@@ -98,6 +98,7 @@ def render_sshd_config(
         "MaxStartups 100:30:200",
         "MaxSessions 50",
         "LogLevel INFO",
+        "Subsystem sftp internal-sftp",  # checkpoint copies (sync: pull), as on a real node
         f"SetEnv {set_env}",
     ]
     if sshd_version is not None and sshd_version >= (9, 8):

@@ -231,6 +231,7 @@ class SshJobRunner:
         once complete and verified (temp name, marker last, checksums checked, rename). A
         `local_dir` already holding the same committed checkpoint is left as it is."""
         trees = self._trees()
+        remote_path = self._expand_home(node, remote_path)
         dest = Path(local_dir)
         if dest.exists():
             if verify_local(dest) is None:
@@ -263,6 +264,7 @@ class SshJobRunner:
         last, then rename). The source is verified first; a `remote_path` already holding the
         same marker is left as it is."""
         trees = self._trees()
+        remote_path = self._expand_home(node, remote_path)
         src = Path(local_dir)
         problem = verify_local(src)
         if problem is not None:
@@ -282,6 +284,17 @@ class SshJobRunner:
             raise CheckpointCopyError(
                 f"{node.name}: {remote_path} already exists and holds another checkpoint"
             ) from None
+
+    def _expand_home(self, node: NodeSpec, remote_path: str) -> str:
+        """SFTP starts in the account's home, which need not be the $HOME jobs see: resolve a
+        leading `~` as the launch does, on the node."""
+        if remote_path != "~" and not remote_path.startswith("~/"):
+            return remote_path
+        result = self._run(node, jobexec.RemoteCommand('printf "%s" "$HOME"'))
+        home = result.stdout.decode("utf-8", "replace")
+        if result.exit_code != 0 or not home.startswith("/"):
+            raise CheckpointCopyError(f"{node.name}: cannot resolve {remote_path}: no $HOME")
+        return home + remote_path[1:]
 
     def _remote_marker(self, node: NodeSpec, remote_path: str) -> bytes | None:
         path = posixpath.join(remote_path, MARKER)

@@ -601,3 +601,29 @@ def test_the_launch_sends_secrets_on_stdin_and_the_rest_on_the_command_line() ->
     assert "train.py" in command and "GPUCTL_INCARNATION=4" in command
     assert "t0ps3cret" not in command and "dDBwczNjcmV0" not in command
     assert fake.stdins == [b"1\nTOKEN=dDBwczNjcmV0\n"]
+
+
+def test_a_tilde_means_the_node_users_home_in_workdir_and_the_checkpoint_env(node: Node) -> None:
+    (node.home / "work").mkdir()
+    script = 'pwd; printf "%s\\n" "$GPUCTL_CHECKPOINT_DIR" "$GPUCTL_RESUME_FROM" "$PLAIN"'
+    node.runner.launch(
+        NODE,
+        request(
+            "j1", 1, *sh(script),
+            workdir="~/work", ckpt="~/ckpt/j1", resume_from="~/ckpt/j1/step-00000010",
+            env={"PLAIN": "a~b"},
+        ),
+    )  # fmt: skip
+    wait_for(lambda: node.ended("j1", 1))
+    assert node.log("j1", 1).decode().splitlines() == [
+        f"{node.home}/work",
+        f"{node.home}/ckpt/j1",
+        f"{node.home}/ckpt/j1/step-00000010",
+        "a~b",
+    ]
+
+
+def test_checkpoints_under_a_tilde_dir_are_found_in_the_node_users_home(node: Node) -> None:
+    commit(node.home / "ckpt", 10, {"model.pt": b"ten"})
+    (marker,) = node.runner.checkpoints(NODE, "~/ckpt")
+    assert (marker.step, marker.valid) == (10, True)
