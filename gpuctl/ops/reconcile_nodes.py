@@ -15,6 +15,8 @@ from gpuctl.ops.reconcile_report import NodeReport
 if TYPE_CHECKING:
     from gpuctl.ops.reconcile import Pass
 
+LIVENESS_REFRESH_S = 60.0
+
 
 def gather(p: Pass) -> None:
     """One poll; liveness per node; mass-failure suspicion."""
@@ -45,7 +47,7 @@ def gather(p: Pass) -> None:
         )
         live = up.liveness
         p.liveness[node.name] = live
-        if not p.dry and live != prev.get(node.name):
+        if not p.dry and _worth_writing(prev.get(node.name), live):
             p.store.set_liveness(live)
         if live.down:
             p.down.add(node.name)
@@ -60,6 +62,14 @@ def gather(p: Pass) -> None:
             state,
             failing_for_s=None if since is None else p.now - since,
         )
+
+
+def _worth_writing(before: NodeLiveness | None, after: NodeLiveness) -> bool:
+    """A change of state, or a last answer older than a minute: not a write per node per pass."""
+    if before is None or (before.failing_since, before.down) != (after.failing_since, after.down):
+        return True
+    last, now = before.last_ok_at, after.last_ok_at
+    return last is None or (now is not None and now - last >= LIVENESS_REFRESH_S)
 
 
 def _liveness_event(

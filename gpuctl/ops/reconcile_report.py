@@ -11,7 +11,7 @@ from gpuctl.core.failover import DEFAULT_GRACE_S, DEFAULT_MASS_FAILURE_FRACTION,
 from gpuctl.core.placement.model import Settings
 
 DEFAULT_LAUNCH_SETTLE_S = 20.0
-DEFAULT_CHECKPOINT_SCAN_S = 15.0
+DEFAULT_CHECKPOINT_SCAN_S = 30.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
