@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import typer
 
 from gpuctl.cli import context
 from gpuctl.core.model import FleetSnapshot, Inventory, NodeSpec, Reach
 from gpuctl.errors import ExitCode, UsageError
+
+if TYPE_CHECKING:
+    from gpuctl.adapters.protocols import Store
 
 
 def load_inventory(ctx: typer.Context) -> Inventory:
@@ -60,3 +66,19 @@ def exit_code_for(fleet: FleetSnapshot) -> ExitCode:
     if answered == len(fleet.nodes):
         return ExitCode.OK
     return ExitCode.PARTIAL if answered else ExitCode.UNREACHABLE
+
+
+@contextlib.contextmanager
+def open_state(ctx: typer.Context, *, write: bool) -> Iterator[Store]:
+    """The state store of `--state-dir` / `GPUCTL_STATE_DIR` / the XDG state dir. Opened for
+    writing it fails closed (`StateError`, exit 6); read-only on a folder without a store it is
+    an empty view and creates nothing."""
+    from gpuctl.adapters.store import open_store
+    from gpuctl.config.paths import state_dir
+
+    app_ctx = context.get(ctx)
+    store = open_store(state_dir(app_ctx.env, app_ctx.state_dir), write=write)
+    try:
+        yield store
+    finally:
+        store.close()

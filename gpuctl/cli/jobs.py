@@ -5,37 +5,23 @@ refuses: exit 6, hint `gpuctl db check`)."""
 from __future__ import annotations
 
 import codecs
-import contextlib
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
 
 from gpuctl.cli import context
+from gpuctl.cli.fleet import open_state
+from gpuctl.cli.numbers_view import human_s
 from gpuctl.cli.render import OUTPUT_OPTION, Output, emit_document, safe
 from gpuctl.errors import UsageError
 
 if TYPE_CHECKING:
-    from gpuctl.adapters.protocols import Store
     from gpuctl.ops.jobs import JobDetail, JobView
 
 app = typer.Typer(help="Submitted jobs: list them, show one.", no_args_is_help=True)
-
-
-@contextlib.contextmanager
-def _store(ctx: typer.Context, *, write: bool) -> Iterator[Store]:
-    from gpuctl.adapters.store import open_store
-    from gpuctl.config.paths import state_dir
-
-    app_ctx = context.get(ctx)
-    store = open_store(state_dir(app_ctx.env, app_ctx.state_dir), write=write)
-    try:
-        yield store
-    finally:
-        store.close()
 
 
 def _clock() -> Any:
@@ -62,7 +48,7 @@ def submit(
 
     specs = load_specs(files, require_command=True)
     app_ctx = context.get(ctx)
-    with _store(ctx, write=True) as store:
+    with open_state(ctx, write=True) as store:
         actor = service.operator(app_ctx.env)
         clock = _clock()
         added = service.submit(
@@ -86,7 +72,7 @@ def list_cmd(
     """Jobs that are queued, running or held (with --all: every job), oldest first."""
     from gpuctl.ops import jobs as service
 
-    with _store(ctx, write=False) as store:
+    with open_state(ctx, write=False) as store:
         views = service.list_jobs(store, include_done=all_jobs)
     now = time.time()
     if output in (Output.JSON, Output.YAML):
@@ -104,7 +90,7 @@ def show_cmd(
     """One job: state, node and cards, incarnation, newest checkpoint, history, recent events."""
     from gpuctl.ops import jobs as service
 
-    with _store(ctx, write=False) as store:
+    with open_state(ctx, write=False) as store:
         detail = service.show_job(store, job)
     now = time.time()
     if output in (Output.JSON, Output.YAML):
@@ -132,7 +118,7 @@ def logs(
     runner, transport = _runner(app_ctx)
     decoders: dict[int, Any] = {}
     try:
-        with _store(ctx, write=False) as store:
+        with open_state(ctx, write=False) as store:
             chunks = service.read_logs(
                 store, runner, inventory, job, follow=follow, incarnation=incarnation
             )
@@ -172,7 +158,7 @@ def cancel(
     from gpuctl.ops import jobs as service
 
     app_ctx = context.get(ctx)
-    with _store(ctx, write=True) as store:
+    with open_state(ctx, write=True) as store:
         found = service.find_job(store, job)
         if not yes:
             _confirm(found.id, f"cancel {found.id} ({found.state})?")
@@ -200,20 +186,6 @@ def _confirm(job_id: str, question: str) -> None:
 
 
 # --- rendering --------------------------------------------------------------------------------
-
-
-def human_s(seconds: float | None) -> str:
-    """12s, 3m05s, 2h05m, 3d04h; N/A for None."""
-    if seconds is None:
-        return "N/A"
-    s = max(0, round(seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
 
 
 def _table(rows: list[list[str]]) -> str:
@@ -314,23 +286,6 @@ def render_detail(detail: JobDetail, now: float) -> str:
 
 def _indent(text: str) -> str:
     return "".join(f"  {line}\n" for line in text.splitlines())
-
-
-def numbers_line(numbers: dict[str, Any]) -> str:
-    """The fleet numbers in one line, for `gpuctl status`."""
-    n = numbers
-    pct = "N/A" if n["failover_success_pct"] is None else f"{n['failover_success_pct']:.0f}%"
-    rate = "N/A" if n["preemptions_per_hour"] is None else f"{n['preemptions_per_hour']:.2f}/h"
-    spot = "" if n["spot_preempted_pct"] is None else f", {n['spot_preempted_pct']:.0f}% of spot"
-    return (
-        f"jobs: queue wait p50 {human_s(n['queue_wait_p50_s'])}"
-        f" p95 {human_s(n['queue_wait_p95_s'])}"
-        f", {n['queue_waiting']} waiting (oldest {human_s(n['queue_oldest_wait_s'])})"
-        f" · checkpoint age max {human_s(n['checkpoint_age_max_s'])}"
-        f" p95 {human_s(n['checkpoint_age_p95_s'])}"
-        f" · failover {pct} ({n['failovers_succeeded']} of {n['failovers_attempted']})"
-        f" · preemptions {rate}{spot}\n"
-    )
 
 
 def register(root: typer.Typer) -> None:

@@ -306,7 +306,7 @@ def test_logs_read_the_node_log_through_the_job_runner_and_follow_to_the_end(
 
 
 def test_the_numbers_line_shows_each_number_or_na(tmp_path: Path, state: Path) -> None:
-    from gpuctl.cli.jobs import human_s, numbers_line
+    from gpuctl.cli.numbers_view import human_s, numbers_line
     from gpuctl.ops.jobs import fleet_numbers
 
     assert [human_s(s) for s in (None, 4.4, 185, 7500, 90000)] == [

@@ -45,7 +45,10 @@ def inventory(tmp_path: Path) -> Path:
 
 def _invoke(inventory: Path, transport: object, *args: str) -> object:
     ctx = AppContext(transport_factory=lambda: transport)  # type: ignore[arg-type,return-value]
-    return CliRunner().invoke(app, ["-i", str(inventory), *args], obj=ctx)
+    state = inventory.parent / "state"  # never the machine's own state dir
+    return CliRunner().invoke(
+        app, ["-i", str(inventory), "--state-dir", str(state), *args], obj=ctx
+    )
 
 
 def _transport(node_env: dict[str, str], **down: Exception) -> FakeTransport:
@@ -174,3 +177,23 @@ def test_nodes_list_polls_only_the_named_nodes(inventory: Path, node_env: dict[s
     assert result.exit_code == 0
     assert [n["name"] for n in json.loads(result.stdout)["nodes"]] == ["gpu02"]
     assert [name for name, _ in transport.calls] == ["gpu02"]
+
+
+def test_status_json_carries_the_fleet_numbers(inventory: Path, node_env: dict[str, str]) -> None:
+    result = _invoke(inventory, _transport(node_env), "status", "-o", "json")
+    assert result.exit_code == 0, result.output
+    numbers = json.loads(result.stdout)["numbers"]
+    assert numbers["utilization_pct"] == 0.0  # nothing allocated yet
+    assert numbers["band"] == "idle"
+    assert numbers["capacity_mib"] == 6 * 81559
+    assert numbers["observed_util_pct"] == 0.0
+    assert numbers["queue_waiting"] == 0
+    assert numbers["failover_success_pct"] is None
+    assert not (inventory.parent / "state").exists()  # a read-only look creates nothing
+
+
+def test_status_table_ends_with_the_numbers(inventory: Path, node_env: dict[str, str]) -> None:
+    result = _invoke(inventory, _transport(node_env), "status")
+    lines = result.stdout.splitlines()
+    assert lines[-2].startswith("fleet: utilization 0% (idle silicon, < 50%) · fragmentation")
+    assert lines[-1].startswith("jobs: queue wait p50 N/A")

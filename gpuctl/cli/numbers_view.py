@@ -1,0 +1,59 @@
+"""Durations and the fleet numbers as people read them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def human_s(seconds: float | None) -> str:
+    """12s, 3m05s, 2h05m, 3d04h; N/A for None."""
+    if seconds is None:
+        return "N/A"
+    s = max(0, round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def numbers_line(numbers: dict[str, Any]) -> str:
+    """The fleet numbers in one line, for `gpuctl status`."""
+    n = numbers
+    pct = "N/A" if n["failover_success_pct"] is None else f"{n['failover_success_pct']:.0f}%"
+    rate = "N/A" if n["preemptions_per_hour"] is None else f"{n['preemptions_per_hour']:.2f}/h"
+    spot = "" if n["spot_preempted_pct"] is None else f", {n['spot_preempted_pct']:.0f}% of spot"
+    return (
+        f"jobs: queue wait p50 {human_s(n['queue_wait_p50_s'])}"
+        f" p95 {human_s(n['queue_wait_p95_s'])}"
+        f", {n['queue_waiting']} waiting (oldest {human_s(n['queue_oldest_wait_s'])})"
+        f" · checkpoint age max {human_s(n['checkpoint_age_max_s'])}"
+        f" p95 {human_s(n['checkpoint_age_p95_s'])}"
+        f" · failover {pct} ({n['failovers_succeeded']} of {n['failovers_attempted']})"
+        f" · preemptions {rate}{spot}\n"
+    )
+
+
+def _pct(value: float | None) -> str:
+    return "N/A" if value is None else f"{value:.0f}%"
+
+
+BAND_TEXT = {
+    "idle": "idle silicon, < 50%",
+    "low": "below the 60-80% band",
+    "target": "in the 60-80% band",
+    "over": "over-committed, > 80%: failover cannot land",
+}
+
+
+def fleet_line(n: dict[str, Any]) -> str:
+    """Utilization (with its band), fragmentation and observed SM use in one line."""
+    band = BAND_TEXT.get(n.get("band") or "", "")
+    util = _pct(n["utilization_pct"]) + (f" ({band})" if band else "")
+    stranded = "" if n["stranded_gib"] is None else f", {n['stranded_gib']:.1f} GiB stranded"
+    return (
+        f"fleet: utilization {util} · fragmentation {_pct(n['fragmentation_pct'])}{stranded}"
+        f" · observed SM {_pct(n['observed_util_pct'])}\n"
+    )
