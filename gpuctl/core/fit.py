@@ -20,6 +20,7 @@ class NodeFree:
     capacity: tuple[int, ...]  # capacity units per card
     cpu_free_milli: int | None = None  # None: not tracked, never limits
     mem_free_mib: int | None = None  # host memory; None: not tracked
+    gpu_model: str | None = None  # the node's card model; None: unknown
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -35,6 +36,7 @@ class Demand:
     whole: bool = False
     cpu_milli: int = 0
     mem_mib: int = 0
+    gpu_models: tuple[str, ...] = ()  # acceptable card models; empty: any
 
     def __post_init__(self) -> None:
         if self.gpus < 0 or self.per_gpu < 0 or self.cpu_milli < 0 or self.mem_mib < 0:
@@ -59,6 +61,13 @@ def host_fits(node: NodeFree, demand: Demand) -> bool:
     return node.mem_free_mib is None or node.mem_free_mib >= demand.mem_mib
 
 
+def model_fits(node: NodeFree, demand: Demand) -> bool:
+    """Does the node's card model satisfy the demand's model constraint (if any)?"""
+    if demand.gpus == 0 or not demand.gpu_models:
+        return True
+    return node.gpu_model is not None and node.gpu_model in demand.gpu_models
+
+
 def card_fits(free: int, capacity: int, demand: Demand) -> bool:
     """Can one card host one share of `demand`?"""
     if demand.whole or demand.gpus > 1:
@@ -73,7 +82,7 @@ def fitting_cards(node: NodeFree, demand: Demand) -> tuple[int, ...]:
 
 
 def fits(node: NodeFree, demand: Demand) -> bool:
-    if not host_fits(node, demand):
+    if not host_fits(node, demand) or not model_fits(node, demand):
         return False
     if demand.gpus == 0:
         return True

@@ -1,0 +1,333 @@
+"""Fragmentation: the share of free GPU capacity that the expected workload cannot use.
+
+The measure follows FGD (Weng et al., USENIX ATC '23). A *target workload* is a set of job shapes
+(`Demand`) with probabilities. For one node and one shape, the free capacity the shape cannot use is
+*stranded*:
+
+* the shape fits the node (its card-model constraint, enough host CPU/memory, and enough cards that
+  can each hold one share): the free units of the cards too small for a share are stranded, the
+  rest is usable;
+* otherwise (including CPU-only shapes, which use no card at all): every free unit of the node is
+  stranded.
+
+A node's stranded amount is the probability-weighted sum over the shapes; the fleet's is the sum
+over nodes. Units are whatever the cards count in: MiB on a real fleet, milli-GPU in the openb
+benchmark. Callers convert for display.
+
+Everything here is pure. `WorkloadIndex` is the fast path the policies use: the same definition,
+computed with exact integer weights (so equal states give bit-equal results, whatever the order)
+and memoised per node state.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+from collections.abc import Hashable, Iterable
+from fractions import Fraction
+
+from gpuctl.core.fit import Demand, NodeFree, Workload, card_fits, host_fits, model_fits
+
+# ---------------------------------------------------------------------------------------------
+# The definition
+
+
+def _shape_stranded(node: NodeFree, demand: Demand) -> int:
+    total = sum(node.free)
+    if demand.gpus == 0 or not model_fits(node, demand) or not host_fits(node, demand):
+        return total
+    usable = [f for f, c in zip(node.free, node.capacity, strict=True) if card_fits(f, c, demand)]
+    if len(usable) < demand.gpus:
+        return total
+    return total - sum(usable)
+
+
+def node_stranded(node: NodeFree, workload: Workload) -> float:
+    """Free units of `node` that the target workload cannot use (probability-weighted)."""
+    return sum(p * _shape_stranded(node, d) for d, p in workload)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NodeFragmentation:
+    name: str
+    stranded_units: float
+    free_units: int
+    capacity_units: int
+
+    @property
+    def pct_of_free(self) -> float | None:
+        return None if self.free_units == 0 else 100.0 * self.stranded_units / self.free_units
+
+    @property
+    def pct_of_capacity(self) -> float | None:
+        if self.capacity_units == 0:
+            return None
+        return 100.0 * self.stranded_units / self.capacity_units
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FragmentationReport:
+    """Fleet-wide fragmentation; `None` percentages when there is nothing free (or no capacity)."""
+
+    stranded_units: float
+    free_units: int
+    capacity_units: int
+    pct_of_free: float | None
+    pct_of_capacity: float | None
+    nodes: tuple[NodeFragmentation, ...]
+
+
+def fleet_fragmentation(nodes: Iterable[NodeFree], workload: Workload) -> FragmentationReport:
+    """Per node and fleet-wide stranded capacity against `workload`."""
+    index = WorkloadIndex(workload)
+    per_node = tuple(
+        NodeFragmentation(
+            name=n.name,
+            stranded_units=index.stranded(n),
+            free_units=sum(n.free),
+            capacity_units=sum(n.capacity),
+        )
+        for n in nodes
+    )
+    stranded = sum(n.stranded_units for n in per_node)
+    free = sum(n.free_units for n in per_node)
+    capacity = sum(n.capacity_units for n in per_node)
+    return FragmentationReport(
+        stranded_units=stranded,
+        free_units=free,
+        capacity_units=capacity,
+        pct_of_free=None if free == 0 else 100.0 * stranded / free,
+        pct_of_capacity=None if capacity == 0 else 100.0 * stranded / capacity,
+        nodes=per_node,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Target workloads
+
+
+def shape_key(demand: Demand) -> tuple[int, int, int, str]:
+    """The order used to break equal counts (descending): CPU, units per card, cards, models."""
+    return (demand.cpu_milli, demand.per_gpu, demand.gpus, "|".join(demand.gpu_models))
+
+
+def workload_from_counts(
+    counts: Iterable[tuple[Demand, int]], *, coverage_pct: int = 95
+) -> Workload:
+    """The target workload from observed shapes: the most frequent shapes that together cover
+    `coverage_pct` % of all observations, with probabilities renormalised over the kept shapes.
+
+    Equal counts are ordered by `shape_key`, descending, so the result is deterministic.
+    Returns `()` when there are no observations (see `default_workload`).
+    """
+    if not 0 < coverage_pct <= 100:
+        raise ValueError("coverage_pct must be in (0, 100]")
+    merged: dict[Demand, int] = {}
+    for demand, count in counts:
+        if count < 0:
+            raise ValueError("a shape count is never negative")
+        if count:
+            merged[demand] = merged.get(demand, 0) + count
+    total = sum(merged.values())
+    if total == 0:
+        return ()
+    ordered = sorted(merged.items(), key=lambda dc: (dc[1], shape_key(dc[0])), reverse=True)
+    kept: list[tuple[Demand, int]] = []
+    cumulative = 0
+    for demand, count in ordered:
+        kept.append((demand, count))
+        cumulative += count
+        if cumulative * 100 >= coverage_pct * total:
+            break
+    return tuple((d, c / cumulative) for d, c in kept)
+
+
+def default_workload(card_units: int) -> Workload:
+    """A neutral workload for when nothing has been observed yet: mostly one-card jobs, some
+    slices of a card and some multi-card jobs (`card_units` is one card's capacity)."""
+    if card_units <= 0:
+        raise ValueError("card_units must be positive")
+    return (
+        (Demand(gpus=1, per_gpu=card_units, whole=True), 0.35),
+        (Demand(gpus=1, per_gpu=card_units // 2), 0.20),
+        (Demand(gpus=1, per_gpu=card_units // 4), 0.15),
+        (Demand(gpus=2, per_gpu=card_units, whole=True), 0.15),
+        (Demand(gpus=4, per_gpu=card_units, whole=True), 0.10),
+        (Demand(gpus=8, per_gpu=card_units, whole=True), 0.05),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Host stranding
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class HostRatio:
+    """What the workload's card-using shapes ask of the host per card unit, on average
+    (probability-weighted). 0 means "not asked" (the resource is then ignored)."""
+
+    cpu_milli_per_unit: float
+    mem_mib_per_unit: float
+
+
+def host_ratio(workload: Workload) -> HostRatio:
+    """CPU and host memory per card unit over the shapes that use cards (CPU-only shapes do not
+    feed cards). A whole-card shape counts `gpus * per_gpu` units, so give it the card size."""
+    units = cpu = mem = 0.0
+    for d, p in workload:
+        u = d.gpus * d.per_gpu
+        if u <= 0:
+            continue
+        units += p * u
+        cpu += p * d.cpu_milli
+        mem += p * d.mem_mib
+    if units <= 0:
+        return HostRatio(0.0, 0.0)
+    return HostRatio(cpu_milli_per_unit=cpu / units, mem_mib_per_unit=mem / units)
+
+
+def host_stranded(node: NodeFree, ratio: HostRatio) -> float:
+    """Free card units that the node's remaining CPU and host memory cannot feed, at the
+    workload's average CPU and memory per card unit (0 when the host has enough)."""
+    total = sum(node.free)
+    usable = float(total)
+    if node.cpu_free_milli is not None and ratio.cpu_milli_per_unit > 0:
+        usable = min(usable, max(node.cpu_free_milli, 0) / ratio.cpu_milli_per_unit)
+    if node.mem_free_mib is not None and ratio.mem_mib_per_unit > 0:
+        usable = min(usable, max(node.mem_free_mib, 0) / ratio.mem_mib_per_unit)
+    return total - usable
+
+
+# ---------------------------------------------------------------------------------------------
+# The fast path
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Group:
+    """Shapes that ask the same of the cards (count, size, models); they differ only on the host."""
+
+    gpus: int
+    per_gpu: int
+    whole: bool
+    models: frozenset[str]
+    hosts: tuple[tuple[int, int, int], ...]  # (cpu_milli, mem_mib, integer weight)
+    weight: int  # the sum of the hosts' weights
+
+
+class WorkloadIndex:
+    """`node_stranded` for one workload, fast and exact.
+
+    Probabilities are turned into exact integers over one power-of-two denominator, so a node's
+    stranded amount is an exact integer numerator (`stranded_num`): equal states give equal
+    numbers, and a change of zero is exactly zero. Results are memoised by node state.
+    """
+
+    __slots__ = (
+        "_cache",
+        "_cpu_only",
+        "_cpu_steps",
+        "_groups",
+        "_mem_steps",
+        "denominator",
+        "host_ratio",
+        "workload",
+    )
+
+    def __init__(self, workload: Workload) -> None:
+        self.workload = workload
+        fracs = [Fraction(p) for _, p in workload]
+        if any(f < 0 for f in fracs):
+            raise ValueError("a workload probability is never negative")
+        self.denominator = max((f.denominator for f in fracs), default=1)
+        weights = [int(f * self.denominator) for f in fracs]
+        cpu_only = 0
+        groups: dict[tuple[int, int, bool, frozenset[str]], list[tuple[int, int, int]]] = {}
+        for (demand, _), w in zip(workload, weights, strict=True):
+            if demand.gpus == 0:
+                cpu_only += w
+                continue
+            whole = demand.whole or demand.gpus > 1
+            key = (demand.gpus, 0 if whole else demand.per_gpu, whole, frozenset(demand.gpu_models))
+            groups.setdefault(key, []).append((demand.cpu_milli, demand.mem_mib, w))
+        self._cpu_only = cpu_only
+        self._groups = tuple(
+            _Group(
+                gpus=k[0],
+                per_gpu=k[1],
+                whole=k[2],
+                models=k[3],
+                hosts=tuple(v),
+                weight=sum(w for _, _, w in v),
+            )
+            for k, v in groups.items()
+        )
+        # Host resources matter only through "at least this much" tests: key the memo by step.
+        self._cpu_steps = sorted({rc for g in self._groups for rc, _, _ in g.hosts})
+        self._mem_steps = sorted({rm for g in self._groups for _, rm, _ in g.hosts})
+        self._cache: dict[Hashable, int] = {}
+        self.host_ratio = host_ratio(workload)
+
+    @property
+    def total_weight(self) -> int:
+        return self._cpu_only + sum(g.weight for g in self._groups)
+
+    def _key(self, node: NodeFree) -> Hashable:
+        cpu, mem = node.cpu_free_milli, node.mem_free_mib
+        return (
+            node.gpu_model,
+            None if cpu is None else bisect.bisect_right(self._cpu_steps, cpu),
+            None if mem is None else bisect.bisect_right(self._mem_steps, mem),
+            tuple(sorted(zip(node.free, node.capacity, strict=True))),
+        )
+
+    def stranded_num(self, node: NodeFree) -> int:
+        """Stranded units times `denominator` (an exact integer)."""
+        key = self._key(node)
+        hit = self._cache.get(key)
+        if hit is None:
+            hit = self._compute(node)
+            if len(self._cache) > 1_000_000:
+                self._cache.clear()
+            self._cache[key] = hit
+        return hit
+
+    def stranded(self, node: NodeFree) -> float:
+        return self.stranded_num(node) / self.denominator
+
+    def _compute(self, node: NodeFree) -> int:
+        free = node.free
+        total = sum(free)
+        cpu = node.cpu_free_milli
+        mem = node.mem_free_mib
+        stranded = self._cpu_only * total
+        for g in self._groups:
+            if g.models and node.gpu_model not in g.models:
+                stranded += g.weight * total
+                continue
+            if g.whole:
+                usable = [f for f, c in zip(free, node.capacity, strict=True) if f == c and c > 0]
+            else:
+                usable = [f for f in free if f >= g.per_gpu and g.per_gpu > 0]
+            if len(usable) < g.gpus:
+                stranded += g.weight * total
+                continue
+            left = total - sum(usable)
+            for rc, rm, w in g.hosts:
+                host_ok = (cpu is None or cpu >= rc) and (mem is None or mem >= rm)
+                stranded += w * (left if host_ok else total)
+        return stranded
+
+
+_INDEXES: dict[int, WorkloadIndex] = {}
+
+
+def index_for(workload: Workload) -> WorkloadIndex:
+    """The (shared, memoised) index of `workload`; cheap to call on every decision."""
+    hit = _INDEXES.get(id(workload))
+    if hit is not None and hit.workload is workload:
+        return hit
+    index = WorkloadIndex(workload)
+    if len(_INDEXES) > 64:
+        _INDEXES.clear()
+    _INDEXES[id(workload)] = index
+    return index
