@@ -5,8 +5,12 @@
 - **no job lost**: a running job has exactly one live incarnation, its current one; a queued, held
   or finished job has none (a live copy of a job gpuctl no longer runs is an orphan);
 - **at most one live incarnation per job** (live: launching, running, stopping);
-- **no double-booked card**: a whole card is held by one incarnation only, and the slices held on a
-  card fit its capacity (when capacities are given);
+- **no double-booked card**: a whole card is held by one incarnation (or reservation) only, and the
+  slices held on a card fit its capacity (when capacities are given); a *reservation* (the cards
+  a migration holds for a job's next incarnation) counts as holding its cards, but it is not a
+  second live incarnation of its job;
+- **reservations are current**: a job holding one is running (or queued: its old copy stopped)
+  at the incarnation the reservation moves, and it holds at most one;
 - **incarnations numbered 1, 2, ... n** with no gap, and the job's `incarnation` is n;
 - **resume step = the last committed step**: each incarnation resumed from the newest committed
   checkpoint the store knew of before it started (one of an older incarnation, committed at or
@@ -26,6 +30,7 @@ from typing import Any
 
 from gpuctl.adapters.protocols import Store
 from gpuctl.core.jobs import Incarnation, IncarnationState, Job, JobState
+from gpuctl.core.migration import Reservation
 
 LIVE = frozenset({IncarnationState.LAUNCHING, IncarnationState.RUNNING, IncarnationState.STOPPING})
 
@@ -46,7 +51,11 @@ def check_invariants(
             continue
         problems += _job_problems(job, incs)
         problems += _resume_problems(store, job, incs)
-    problems += _card_problems([i for incs in by_job.values() for i in incs], capacity_mib)
+    reservations = store.reservations()
+    problems += _reservation_problems(jobs, reservations)
+    problems += _card_problems(
+        [i for incs in by_job.values() for i in incs], reservations, capacity_mib
+    )
     return problems
 
 
@@ -109,22 +118,48 @@ def _resume_problems(store: Store, job: Job, incs: list[Incarnation]) -> list[st
     return out
 
 
+def _reservation_problems(jobs: Mapping[str, Job], reservations: list[Reservation]) -> list[str]:
+    out: list[str] = []
+    for res in reservations:
+        job = jobs.get(res.job_id)
+        if job is None:
+            out.append(f"reservation on {res.node}: job {res.job_id} does not exist")
+        elif job.state not in (JobState.RUNNING, JobState.QUEUED):
+            out.append(f"job {job.id}: {job.state}, but it still holds a reservation on {res.node}")
+        elif job.incarnation != res.from_incarnation:
+            out.append(
+                f"job {job.id}: at incarnation {job.incarnation}, but its reservation on "
+                f"{res.node} moves incarnation {res.from_incarnation}"
+            )
+    return out
+
+
 def _card_problems(
-    incs: list[Incarnation], capacity_mib: Mapping[tuple[str, int], int] | None
+    incs: list[Incarnation],
+    reservations: list[Reservation],
+    capacity_mib: Mapping[tuple[str, int], int] | None,
 ) -> list[str]:
-    holders: dict[tuple[str, int], list[Incarnation]] = defaultdict(list)
+    # (name, MiB, whole) of each holder of (node, card)
+    holders: dict[tuple[str, int], list[tuple[str, int, bool]]] = defaultdict(list)
     for inc in incs:
         if inc.state.holds_cards:
             for card in inc.cards:
-                holders[(inc.node, card)].append(inc)
+                holders[(inc.node, card)].append(
+                    (f"{inc.job_id}#{inc.n}", inc.mib_per_card, inc.whole)
+                )
+    for res in reservations:
+        for card in res.cards:
+            holders[(res.node, card)].append(
+                (f"{res.job_id}#reserved", res.mib_per_card, res.whole)
+            )
     out: list[str] = []
     for (node, card), held in sorted(holders.items()):
-        names = ", ".join(f"{i.job_id}#{i.n}" for i in held)
-        if len(held) > 1 and any(i.whole for i in held):
+        names = ", ".join(h[0] for h in held)
+        if len(held) > 1 and any(h[2] for h in held):
             out.append(f"card {card} of {node}: a whole card is held by {len(held)} ({names})")
             continue
         capacity = None if capacity_mib is None else capacity_mib.get((node, card))
-        used = sum(i.mib_per_card for i in held)
+        used = sum(h[1] for h in held)
         if capacity is not None and used > capacity:
             out.append(f"card {card} of {node}: {used} MiB held ({names}) on a {capacity} MiB card")
     return out

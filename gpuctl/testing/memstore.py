@@ -22,6 +22,8 @@ from gpuctl.core.jobs import (
     JobState,
     NodeLiveness,
 )
+from gpuctl.core.migration import Phase, Reservation, check_changes
+from gpuctl.core.nodehealth import NodeHealth
 from gpuctl.errors import StoreConflict
 
 _JOB_FIELDS = frozenset(f.name for f in dataclasses.fields(Job)) - {"id"}
@@ -47,6 +49,8 @@ class MemoryStore:
         self._events: list[Event] = []
         self._cordons: dict[str, Cordon] = {}
         self._liveness: dict[str, NodeLiveness] = {}
+        self._reservations: dict[str, Reservation] = {}
+        self._health: dict[str, NodeHealth] = {}
         self.closed = False
 
     def close(self) -> None:
@@ -113,22 +117,20 @@ class MemoryStore:
                 raise StoreConflict(f"job {job.id} is at incarnation {have}, not {inc.n - 1}")
             if any(i.job_id == job.id and _live(i) for i in self._incs.values()):
                 raise StoreConflict(f"job {job.id} has a live incarnation already")
+            self._not_cordoned(inc.node)
+            own = self._reservations.get(job.id)
+            if own is not None:
+                if (own.node, sorted(own.cards), own.mib_per_card, own.whole) != (
+                    inc.node,
+                    sorted(inc.cards),
+                    inc.mib_per_card,
+                    inc.whole,
+                ):
+                    raise StoreConflict(f"job {job.id} holds a reservation on {own.node}")
+                capacity_mib = {**own.capacity(), **capacity_mib}
             for card in inc.cards:
-                key = (inc.node, card)
-                if key not in capacity_mib:
-                    raise StoreConflict(f"{inc.node} card {card}: capacity unknown")
-                held = [
-                    i
-                    for i in self._incs.values()
-                    if i.state.holds_cards and i.node == inc.node and card in i.cards
-                ]
-                if inc.whole and held:
-                    raise StoreConflict(f"{inc.node} card {card} is not free for a whole card")
-                if any(i.whole for i in held):
-                    raise StoreConflict(f"{inc.node} card {card} is held whole by another job")
-                used = sum(i.mib_per_card for i in held)
-                if used + inc.mib_per_card > capacity_mib[key]:
-                    raise StoreConflict(f"{inc.node} card {card} would be double-booked")
+                self._check_card(inc.node, card, inc.mib_per_card, inc.whole, capacity_mib, job.id)
+            self._reservations.pop(job.id, None)
             self._incs[(inc.job_id, inc.n)] = inc
             job = dataclasses.replace(
                 job,
@@ -225,18 +227,128 @@ class MemoryStore:
             ]
             return out[-limit:] if limit else out
 
-    # --- cordons and liveness ----------------------------------------------------------------
+    def _not_cordoned(self, node: str) -> None:
+        if node in self._cordons:
+            raise StoreConflict(f"{node} is cordoned ({self._cordons[node].reason})")
 
-    def cordon(self, cordon: Cordon, event: Event) -> None:
+    def _check_card(
+        self,
+        node: str,
+        card: int,
+        mib: int,
+        whole: bool,
+        capacity_mib: Mapping[tuple[str, int], int],
+        job_id: str,
+    ) -> None:
+        key = (node, card)
+        if key not in capacity_mib:
+            raise StoreConflict(f"{node} card {card}: capacity unknown")
+        held = [
+            (i.mib_per_card, i.whole)
+            for i in self._incs.values()
+            if i.state.holds_cards and i.node == node and card in i.cards
+        ]
+        held += [
+            (r.mib_per_card, r.whole)
+            for r in self._reservations.values()
+            if r.job_id != job_id and r.node == node and card in r.cards
+        ]
+        if whole and held:
+            raise StoreConflict(f"{node} card {card} is not free for a whole card")
+        if any(w for _, w in held):
+            raise StoreConflict(f"{node} card {card} is held whole by another job")
+        if sum(m for m, _ in held) + mib > capacity_mib[key]:
+            raise StoreConflict(f"{node} card {card} would be double-booked")
+
+    # --- reservations ------------------------------------------------------------------------
+
+    def reserve(self, reservation: Reservation, *, event: Event) -> None:
+        res = reservation
         with self._lock:
-            self._cordons[cordon.node] = cordon
+            job = self._jobs.get(res.job_id)
+            if job is None or job.cancel_requested:
+                raise StoreConflict(f"job {res.job_id} does not exist or is being cancelled")
+            if job.state is not JobState.RUNNING or job.incarnation != res.from_incarnation:
+                raise StoreConflict(
+                    f"job {job.id} is {job.state.value} at incarnation {job.incarnation}, "
+                    f"not running incarnation {res.from_incarnation}"
+                )
+            inc = self._incs.get((job.id, res.from_incarnation))
+            if inc is None or inc.state is not IncarnationState.RUNNING:
+                raise StoreConflict(f"job {job.id} incarnation {res.from_incarnation} not running")
+            if inc.node != res.source_node:
+                raise StoreConflict(f"job {job.id} runs on {inc.node}")
+            if job.id in self._reservations:
+                raise StoreConflict(f"job {job.id} is being moved already")
+            self._not_cordoned(res.node)
+            for card in res.cards:
+                self._check_card(
+                    res.node, card, res.mib_per_card, res.whole, res.capacity(), job.id
+                )
+            self._reservations[job.id] = res
             self._append(event)
 
-    def uncordon(self, node: str, event: Event) -> Cordon | None:
+    def reservations(self, node: str | None = None) -> list[Reservation]:
         with self._lock:
+            found = [r for r in self._reservations.values() if node is None or r.node == node]
+            return sorted(found, key=lambda r: r.job_id)
+
+    def update_reservation(
+        self,
+        job_id: str,
+        *,
+        expect: Phase | None = None,
+        event: Event | None = None,
+        **changes: Any,
+    ) -> Reservation:
+        values = check_changes(changes)
+        with self._lock:
+            res = self._reservations.get(job_id)
+            if res is None:
+                raise StoreConflict(f"job {job_id} holds no reservation")
+            if expect is not None and res.phase is not expect:
+                raise StoreConflict(f"the reservation of {job_id} is {res.phase}, not {expect}")
+            res = dataclasses.replace(res, **values)
+            self._reservations[job_id] = res
+            if event is not None:
+                self._append(event)
+            return res
+
+    def release_reservation(self, job_id: str, *, event: Event) -> Reservation | None:
+        with self._lock:
+            gone = self._reservations.pop(job_id, None)
+            if gone is not None:
+                self._append(event)
+            return gone
+
+    # --- cordons and liveness ----------------------------------------------------------------
+
+    def cordon(self, cordon: Cordon, event: Event, *, keep_existing: bool = False) -> bool:
+        with self._lock:
+            if keep_existing and cordon.node in self._cordons:
+                return False
+            self._cordons[cordon.node] = cordon
+            self._append(event)
+            return True
+
+    def uncordon(
+        self, node: str, event: Event, *, expect_source: str | None = None
+    ) -> Cordon | None:
+        with self._lock:
+            there = self._cordons.get(node)
+            if expect_source is not None and (there is None or there.source != expect_source):
+                raise StoreConflict(f"{node}'s cordon is not one of {expect_source}")
             gone = self._cordons.pop(node, None)
             self._append(event)
             return gone
+
+    def node_health(self) -> dict[str, NodeHealth]:
+        with self._lock:
+            return dict(sorted(self._health.items()))
+
+    def set_node_health(self, health: NodeHealth) -> None:
+        with self._lock:
+            self._health[health.node] = health
 
     def cordons(self) -> list[Cordon]:
         with self._lock:

@@ -7,6 +7,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from gpuctl.core.health_model import Action
 from gpuctl.core.jobs import (
     Checkpoint,
     Cordon,
@@ -18,6 +19,8 @@ from gpuctl.core.jobs import (
     JobState,
     NodeLiveness,
 )
+from gpuctl.core.migration import Phase, Reservation
+from gpuctl.core.nodehealth import NodeHealth
 
 JOB_COLS = (
     "id, name, spec, state, priority, tier, submitted_at, reason, incarnation, restarts, "
@@ -30,6 +33,13 @@ INC_COLS = (
 CHECKPOINT_COLS = "job_id, incarnation, step, path, committed_at, location"
 EVENT_COLS = "id, at, actor, kind, message, job_id, node, outcome, data"
 CORDON_COLS = "node, reason, operator, source, at"
+RES_COLS = (
+    "job_id, from_incarnation, source_node, node, cards, capacity_mib, gpu_uuids, mib_per_card, "
+    "whole, cpu_milli, host_mem_mib, created_at, deadline_at, grace_s, checkpoint_wait_s, reason, "
+    "actor, source, phase, checkpoint_requested_at, baseline_step, stop_requested_at"
+)
+RES_N = 22
+HEALTH_COLS = "node, action, streak, since, healthy_since, reason, drain_started_at, updated_at"
 
 HOLDING = tuple(s.value for s in IncarnationState if s.holds_cards)
 LIVE = (
@@ -274,3 +284,83 @@ def check_launch(inc: Incarnation) -> None:
         raise ValueError(f"{where}: {len(inc.gpu_uuids)} gpu_uuids for {len(inc.cards)} cards")
     if inc.mib_per_card <= 0:
         raise ValueError(f"{where}: mib_per_card must be positive, got {inc.mib_per_card}")
+
+
+def res_values(r: Reservation) -> tuple[Any, ...]:
+    return (
+        r.job_id,
+        r.from_incarnation,
+        r.source_node,
+        r.node,
+        dumps(list(r.cards), "cards"),
+        dumps(list(r.capacity_mib), "capacity_mib"),
+        dumps(list(r.gpu_uuids), "gpu_uuids"),
+        r.mib_per_card,
+        int(r.whole),
+        r.cpu_milli,
+        r.host_mem_mib,
+        r.created_at,
+        r.deadline_at,
+        r.grace_s,
+        r.checkpoint_wait_s,
+        r.reason,
+        r.actor,
+        r.source,
+        Phase(r.phase).value,
+        r.checkpoint_requested_at,
+        r.baseline_step,
+        r.stop_requested_at,
+    )
+
+
+def res_from(row: tuple[Any, ...]) -> Reservation:
+    return Reservation(
+        job_id=row[0],
+        from_incarnation=row[1],
+        source_node=row[2],
+        node=row[3],
+        cards=tuple(json.loads(row[4])),
+        capacity_mib=tuple(json.loads(row[5])),
+        gpu_uuids=tuple(json.loads(row[6])),
+        mib_per_card=row[7],
+        whole=bool(row[8]),
+        cpu_milli=row[9],
+        host_mem_mib=row[10],
+        created_at=row[11],
+        deadline_at=row[12],
+        grace_s=row[13],
+        checkpoint_wait_s=row[14],
+        reason=row[15],
+        actor=row[16],
+        source=row[17],
+        phase=Phase(row[18]),
+        checkpoint_requested_at=row[19],
+        baseline_step=row[20],
+        stop_requested_at=row[21],
+    )
+
+
+def health_values(h: NodeHealth) -> tuple[Any, ...]:
+    return (
+        h.node,
+        Action(h.action).value,
+        h.streak,
+        h.since,
+        h.healthy_since,
+        h.reason,
+        h.drain_started_at,
+        h.updated_at,
+    )
+
+
+def health_from(row: tuple[Any, ...]) -> NodeHealth:
+    return NodeHealth(
+        node=row[0],
+        action=Action(row[1]),
+        streak=row[2],
+        since=row[3],
+        healthy_since=row[4],
+        reason=row[5],
+        drain_started_at=row[6],
+        updated_at=row[7],
+    )

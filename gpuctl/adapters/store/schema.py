@@ -149,8 +149,57 @@ def _statements(script: str) -> list[str]:
     return out
 
 
+V2 = """
+-- Cards held for a job's next incarnation while its current one is moved off (a migration: drain,
+-- consolidation). At most one per job; begin_launch consumes it in the transaction granting them.
+CREATE TABLE reservations (
+    job_id TEXT PRIMARY KEY REFERENCES jobs (id),
+    from_incarnation INTEGER NOT NULL,
+    source_node TEXT NOT NULL,
+    node TEXT NOT NULL,
+    cards TEXT NOT NULL,              -- JSON list of card indexes
+    capacity_mib TEXT NOT NULL,       -- JSON list: each card's capacity when it was reserved
+    gpu_uuids TEXT NOT NULL,          -- JSON list
+    mib_per_card INTEGER NOT NULL,
+    whole INTEGER NOT NULL,
+    cpu_milli INTEGER NOT NULL DEFAULT 0,
+    host_mem_mib INTEGER NOT NULL DEFAULT 0,
+    created_at REAL NOT NULL,
+    deadline_at REAL NOT NULL,
+    grace_s REAL NOT NULL,
+    checkpoint_wait_s REAL NOT NULL,
+    reason TEXT NOT NULL,
+    actor TEXT NOT NULL,
+    source TEXT NOT NULL,
+    phase TEXT NOT NULL,
+    checkpoint_requested_at REAL,
+    baseline_step INTEGER,
+    stop_requested_at REAL
+);
+CREATE INDEX reservations_by_node ON reservations (node);
+
+-- Each node's health as the control loop tracks it across passes (hysteresis, cool-down).
+CREATE TABLE node_health (
+    node TEXT PRIMARY KEY,
+    action TEXT NOT NULL,
+    streak INTEGER NOT NULL,
+    since REAL NOT NULL,
+    healthy_since REAL,
+    reason TEXT NOT NULL DEFAULT '',
+    drain_started_at REAL,
+    updated_at REAL NOT NULL
+);
+"""
+
+
+def _v2(conn: sqlite3.Connection) -> None:
+    for statement in _statements(V2):
+        conn.execute(statement)
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "jobs, incarnations, cards, events, cordons", _v1),
+    Migration(2, "reservations (migration targets), node health", _v2),
 )
 
 

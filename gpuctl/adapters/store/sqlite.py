@@ -36,10 +36,14 @@ from gpuctl.core.jobs import (
     JobState,
     NodeLiveness,
 )
+from gpuctl.core.migration import Phase, Reservation, check_changes
+from gpuctl.core.nodehealth import NodeHealth
 from gpuctl.errors import StateError, StoreConflict
 
 if TYPE_CHECKING:
     from gpuctl.adapters.protocols import Store
+
+RESERVATIONS_SINCE = 2  # the schema version that added reservations and node health
 
 
 class SqliteStore:
@@ -182,11 +186,16 @@ class SqliteStore:
     def begin_launch(
         self, inc: Incarnation, *, capacity_mib: Mapping[tuple[str, int], int], event: Event
     ) -> Job:
-        """Write the intent to launch `inc` and grant its cards, or raise StoreConflict."""
+        """Write the intent to launch `inc` and grant its cards, or raise StoreConflict (also
+        for a cordoned node). A reservation the job holds is consumed: `inc` must take its
+        cards."""
         rows.check_launch(inc)
         values = rows.inc_values(inc)
         with self._tx() as c:
-            launch.check_allowed(c, inc, capacity_mib)
+            own = launch.check_allowed(c, inc, capacity_mib)
+            if own is not None:
+                capacity_mib = {**own.capacity(), **capacity_mib}
+                c.execute("DELETE FROM reservations WHERE job_id = ?", (inc.job_id,))
             c.execute(f"INSERT INTO incarnations ({rows.INC_COLS}) VALUES ({_marks(17)})", values)
             c.executemany(
                 "INSERT INTO allocations (job_id, n, node, card, mib, whole, capacity_mib) "
@@ -324,11 +333,83 @@ class SqliteStore:
             params.append(max(0, int(limit)))
         return [rows.event_from(r) for r in reversed(self._read(sql, params))]
 
+    # --- reservations (migration targets) -----------------------------------------------------
+
+    def reserve(self, reservation: Reservation, *, event: Event) -> None:
+        """Hold cards for the job's next incarnation, or raise StoreConflict (a card taken, the
+        target cordoned, the job not running `from_incarnation`, already being moved)."""
+        values = rows.res_values(reservation)
+        with self._tx() as c:
+            launch.check_reserve(c, reservation)
+            c.execute(
+                f"INSERT INTO reservations ({rows.RES_COLS}) VALUES ({_marks(rows.RES_N)})",
+                values,
+            )
+            self._append(c, event)
+
+    def reservations(self, node: str | None = None) -> list[Reservation]:
+        """By job id; with `node`, those whose target is that node. (An older store read
+        without migrating has none.)"""
+        if self.schema_version < RESERVATIONS_SINCE:
+            return []
+        sql = f"SELECT {rows.RES_COLS} FROM reservations"
+        params: tuple[str, ...] = ()
+        if node is not None:
+            sql, params = sql + " WHERE node = ?", (node,)
+        return [rows.res_from(r) for r in self._read(sql + " ORDER BY job_id", params)]
+
+    def update_reservation(
+        self,
+        job_id: str,
+        *,
+        expect: Phase | None = None,
+        event: Event | None = None,
+        **changes: Any,
+    ) -> Reservation:
+        """Compare-and-set on the phase; only the phase and its times may change."""
+        values = check_changes(changes)
+        if "phase" in values:
+            values["phase"] = Phase(values["phase"]).value
+        with self._tx() as c:
+            res = launch.reservation(c, job_id)
+            if res is None:
+                raise StoreConflict(f"job {job_id} holds no reservation")
+            if expect is not None and res.phase is not Phase(expect):
+                raise StoreConflict(
+                    f"the reservation of job {job_id} is {res.phase}, not {Phase(expect)}"
+                )
+            if values:
+                sets = ", ".join(f"{k} = ?" for k in values)
+                c.execute(
+                    f"UPDATE reservations SET {sets} WHERE job_id = ?", (*values.values(), job_id)
+                )
+            if event is not None:
+                self._append(c, event)
+            updated = launch.reservation(c, job_id)
+        assert updated is not None
+        return updated
+
+    def release_reservation(self, job_id: str, *, event: Event) -> Reservation | None:
+        """Drop the job's reservation (a rolled-back migration); None when it held none (then
+        nothing is recorded)."""
+        with self._tx() as c:
+            res = launch.reservation(c, job_id)
+            if res is None:
+                return None
+            c.execute("DELETE FROM reservations WHERE job_id = ?", (job_id,))
+            self._append(c, event)
+        return res
+
     # --- cordons and liveness ----------------------------------------------------------------
 
-    def cordon(self, cordon: Cordon, event: Event) -> None:
-        """Cordon a node (a cordon already there is replaced: newest reason wins)."""
+    def cordon(self, cordon: Cordon, event: Event, *, keep_existing: bool = False) -> bool:
+        """Cordon a node (a cordon already there is replaced: newest reason wins), or with
+        `keep_existing` leave one that is there alone. True when this cordon was written."""
         with self._tx() as c:
+            if keep_existing:
+                there = c.execute("SELECT 1 FROM cordons WHERE node = ?", (cordon.node,))
+                if there.fetchone() is not None:
+                    return False
             c.execute(
                 f"INSERT INTO cordons ({rows.CORDON_COLS}) VALUES ({_marks(5)}) "
                 "ON CONFLICT (node) DO UPDATE SET reason = excluded.reason, "
@@ -336,13 +417,21 @@ class SqliteStore:
                 (cordon.node, cordon.reason, cordon.operator, cordon.source, cordon.at),
             )
             self._append(c, event)
+        return True
 
-    def uncordon(self, node: str, event: Event) -> Cordon | None:
-        """Remove a node's cordon; the event is recorded even when there was none."""
+    def uncordon(
+        self, node: str, event: Event, *, expect_source: str | None = None
+    ) -> Cordon | None:
+        """Remove a node's cordon; the event is recorded even when there was none. With
+        `expect_source`, only a cordon of that source is removed (StoreConflict otherwise):
+        gpuctl lifting its own health cordon never lifts one a person put there meanwhile."""
         with self._tx() as c:
             row = c.execute(
                 f"SELECT {rows.CORDON_COLS} FROM cordons WHERE node = ?", (node,)
             ).fetchone()
+            if expect_source is not None and (row is None or row[3] != expect_source):
+                now = "not cordoned" if row is None else f"cordoned by {row[2]} ({row[3]})"
+                raise StoreConflict(f"{node} is {now}, not by {expect_source}")
             c.execute("DELETE FROM cordons WHERE node = ?", (node,))
             self._append(c, event)
         return None if row is None else rows.cordon_from(row)
@@ -365,17 +454,39 @@ class SqliteStore:
                 (lv.node, lv.last_ok_at, lv.failing_since, int(lv.down)),
             )
 
+    def node_health(self) -> dict[str, NodeHealth]:
+        if self.schema_version < RESERVATIONS_SINCE:
+            return {}
+        found = self._read(f"SELECT {rows.HEALTH_COLS} FROM node_health ORDER BY node")
+        return {r[0]: rows.health_from(r) for r in found}
+
+    def set_node_health(self, health: NodeHealth) -> None:
+        with self._tx() as c:
+            c.execute(
+                f"INSERT INTO node_health ({rows.HEALTH_COLS}) VALUES ({_marks(8)}) "
+                "ON CONFLICT (node) DO UPDATE SET action = excluded.action, "
+                "streak = excluded.streak, since = excluded.since, "
+                "healthy_since = excluded.healthy_since, reason = excluded.reason, "
+                "drain_started_at = excluded.drain_started_at, updated_at = excluded.updated_at",
+                rows.health_values(health),
+            )
+
     def card_capacities(self) -> dict[tuple[str, int], int]:
         """Each card's capacity as given when its cards were last granted (for `db check`)."""
         found = self._read(
             "SELECT node, card, capacity_mib FROM allocations WHERE capacity_mib IS NOT NULL "
             "ORDER BY rowid"
         )
-        return {(r[0], int(r[1])): int(r[2]) for r in found}
+        out = {(r[0], int(r[1])): int(r[2]) for r in found}
+        for res in self.reservations():
+            out.update(res.capacity())
+        return out
 
     def counts(self) -> dict[str, int]:
-        """Rows per table: jobs, incarnations, checkpoints, events, cordons."""
-        tables = ("jobs", "incarnations", "checkpoints", "events", "cordons")
+        """Rows per table: jobs, incarnations, checkpoints, events, cordons, reservations."""
+        tables = ["jobs", "incarnations", "checkpoints", "events", "cordons"]
+        if self.schema_version >= RESERVATIONS_SINCE:
+            tables.append("reservations")
         return {t: int(self._read(f"SELECT count(*) FROM {t}")[0][0]) for t in tables}
 
     # --- integrity and the loop lock ---------------------------------------------------------

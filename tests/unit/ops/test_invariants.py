@@ -15,6 +15,7 @@ from gpuctl.core.jobs import (
     Job,
     JobState,
 )
+from gpuctl.core.migration import Reservation
 from gpuctl.ops.invariants import check_invariants
 
 R, L, X = IncarnationState.RUNNING, IncarnationState.LOST, IncarnationState.EXITED
@@ -46,6 +47,10 @@ class Records:
     job_list: list[Job]
     inc_list: list[Incarnation]
     checkpoint_list: list[Checkpoint] = dataclasses.field(default_factory=list)
+    reservation_list: list[Reservation] = dataclasses.field(default_factory=list)
+
+    def reservations(self) -> list[Reservation]:
+        return self.reservation_list
 
     def jobs(self) -> list[Job]:
         return self.job_list
@@ -174,3 +179,35 @@ def test_the_checker_reads_a_real_store(tmp_path: Path) -> None:
         assert check_invariants(store, capacity_mib=CAP) == [
             "job a-000001: running, but its incarnation 1 is killed: nothing runs it (a lost job)"
         ]
+
+
+def reserved(
+    job_id: str = "a-000001",
+    *,
+    node: str = "n2",
+    mib: int = 10_000,
+    whole: bool = False,
+    n: int = 1,
+) -> Reservation:
+    return Reservation(
+        job_id, n, "n1", node, (0,), mib, whole, (40_000,), 5.0, 600.0, 30.0, 30.0, "drain", "op"
+    )
+
+
+def test_a_reservation_is_not_a_second_live_incarnation_but_holds_its_cards() -> None:
+    records = Records([job(), job("b-000002")], [inc(), inc(job_id="b-000002", node="n2")])
+    records.reservation_list = [reserved(mib=30_000)]
+    assert check(records, CAP) == []  # a running job and its reserved target: sound
+    records.reservation_list = [reserved(whole=True, mib=40_000)]
+    assert check(records, CAP) == [
+        "card 0 of n2: a whole card is held by 2 (b-000002#1, a-000001#reserved)"
+    ]
+
+
+def test_a_reservation_of_a_job_that_moved_on_or_ended_is_reported() -> None:
+    stale = Records([job(n=2)], [inc(1, X), inc(2, R, node="n2")], [], [reserved(n=1)])
+    assert check(stale) == [
+        "job a-000001: at incarnation 2, but its reservation on n2 moves incarnation 1"
+    ]
+    done = Records([job(state=JobState.SUCCEEDED)], [inc(1, X)], [], [reserved()])
+    assert check(done) == ["job a-000001: succeeded, but it still holds a reservation on n2"]

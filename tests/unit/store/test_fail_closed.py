@@ -99,36 +99,41 @@ def test_a_database_that_cannot_be_opened_is_refused(tmp_path: Path) -> None:
     refused(d, write=True, match="not a regular file")
 
 
-def v2_chain() -> tuple[Migration, ...]:
+NOW = len(MIGRATIONS)  # the schema version of this gpuctl
+NEXT = NOW + 1
+
+
+def next_chain() -> tuple[Migration, ...]:
     def add_column(conn: sqlite3.Connection) -> None:
         conn.execute("ALTER TABLE jobs ADD COLUMN owner TEXT")
 
-    return (*MIGRATIONS, Migration(2, "jobs.owner", add_column))
+    return (*MIGRATIONS, Migration(NEXT, "jobs.owner", add_column))
 
 
 def test_a_newer_schema_is_refused_for_writing_and_left_untouched(state_dir: Path) -> None:
-    SqliteStore(open_connection(state_dir, write=True, migrations=v2_chain())).close()
-    error = refused(state_dir, write=True, match="schema version 2 is newer than this gpuctl")
-    assert "(1)" in error.message
-    refused(state_dir, write=False, match="schema version 2 is newer")
+    SqliteStore(open_connection(state_dir, write=True, migrations=next_chain())).close()
+    error = refused(state_dir, write=True, match=f"schema version {NEXT} is newer than this gpuctl")
+    assert f"({NOW})" in error.message
+    refused(state_dir, write=False, match=f"schema version {NEXT} is newer")
 
 
 def test_an_older_schema_is_migrated_on_write_after_a_backup_and_read_as_it_is(
     state_dir: Path,
 ) -> None:
-    with SqliteStore(open_connection(state_dir, write=False, migrations=v2_chain())) as ro:
-        assert ro.schema_version == 1  # a read never migrates
+    with SqliteStore(open_connection(state_dir, write=False, migrations=next_chain())) as ro:
+        assert ro.schema_version == NOW  # a read never migrates
         assert len(ro.jobs()) == 30
-    assert not (state_dir / "state.db.v1.bak").exists()
-    with SqliteStore(open_connection(state_dir, write=True, migrations=v2_chain())) as rw:
-        assert (rw.schema_version, rw.known_version) == (2, 2)
+    assert not (state_dir / f"state.db.v{NOW}.bak").exists()
+    with SqliteStore(open_connection(state_dir, write=True, migrations=next_chain())) as rw:
+        assert (rw.schema_version, rw.known_version) == (NEXT, NEXT)
         assert len(rw.jobs()) == 30
         assert rw.check() == []
     conn = sqlite3.connect(state_dir / "state.db")
     assert "owner" in [r[1] for r in conn.execute("PRAGMA table_info(jobs)")]
     conn.close()
-    backup = sqlite3.connect(state_dir / "state.db.v1.bak")
-    assert backup.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("1",)
+    backup = sqlite3.connect(state_dir / f"state.db.v{NOW}.bak")
+    version = backup.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+    assert version == (str(NOW),)
     assert backup.execute("SELECT count(*) FROM jobs").fetchone() == (30,)
     backup.close()
 
@@ -144,7 +149,7 @@ def test_a_creation_that_never_finished_is_completed(tmp_path: Path) -> None:
     d.mkdir(mode=0o700)
     (d / "state.db").write_bytes(b"")  # crashed after creating the file, before the schema
     with open_store(d, write=True) as s:
-        assert s.schema_version == 1 and s.jobs() == []
+        assert s.schema_version == NOW and s.jobs() == []
         assert s.database_id in (d / "store.id").read_text()
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuctl.adapters.store import open_store
+from gpuctl.adapters.store import SCHEMA_VERSION, open_store
 from gpuctl.adapters.store.sqlite import SqliteStore
 from gpuctl.core.jobs import (
     Checkpoint,
@@ -96,7 +96,7 @@ def test_a_new_store_is_a_0700_folder_with_0600_files_in_wal_mode(state_dir: Pat
         other = sqlite3.connect(s.path)
         assert other.execute("PRAGMA journal_mode").fetchone() == ("wal",)
         other.close()
-        assert s.schema_version == 1
+        assert s.schema_version == SCHEMA_VERSION
         assert s.database_id and s.database_id in (state_dir / "store.id").read_text()
 
 
@@ -430,6 +430,7 @@ def test_a_healthy_store_checks_clean(store: SqliteStore) -> None:
         "checkpoints": 0,
         "events": 2,
         "cordons": 0,
+        "reservations": 0,
     }
 
 
