@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from gpuctl.cli.render import OUTPUT_OPTION, Output, emit_document, safe
 from gpuctl.errors import UsageError
+
+if TYPE_CHECKING:
+    from gpuctl.lab.fleet import NodeStatus
 
 app = typer.Typer(
     help="A local fleet of real sshd nodes with simulated GPUs, for demos and tests.",
@@ -58,6 +62,12 @@ def down(lab_dir: Path = DIR_OPTION) -> None:
     _note(f"lab down: stopped {stopped} process(es)")
 
 
+def _state(s: NodeStatus) -> str:
+    if s.partitioned:
+        return "partitioned"
+    return "frozen" if s.frozen else "up" if s.running else "down"
+
+
 @app.command("list")
 def list_nodes(lab_dir: Path = DIR_OPTION, output: Output = OUTPUT_OPTION) -> None:
     """The lab's nodes and whether each sshd runs."""
@@ -67,7 +77,7 @@ def list_nodes(lab_dir: Path = DIR_OPTION, output: Output = OUTPUT_OPTION) -> No
         {
             "name": s.node.name,
             "address": f"{s.node.host}:{s.node.port}",
-            "state": "frozen" if s.frozen else "up" if s.running else "down",
+            "state": _state(s),
             "pid": s.node.pid if s.running else None,
             "gpus": s.node.gpus,
             "gpu_model": s.node.gpu_model,
@@ -83,12 +93,40 @@ def list_nodes(lab_dir: Path = DIR_OPTION, output: Output = OUTPUT_OPTION) -> No
 
 
 @app.command("kill")
-def kill(node: str = NODE_ARG, lab_dir: Path = DIR_OPTION) -> None:
+def kill(
+    node: str = NODE_ARG,
+    lab_dir: Path = DIR_OPTION,
+    sshd_only: bool = typer.Option(
+        False, "--sshd-only", help="Kill only its sshd and SSH sessions; its jobs run on."
+    ),
+) -> None:
     """Simulate node death: SIGKILL its sshd and all its processes."""
-    from gpuctl.lab import fleet
+    from gpuctl.lab import faults, fleet
 
+    if sshd_only:
+        stopped = faults.kill_sshd(lab_dir, node)
+        _note(f"{node}: sshd killed ({stopped} process(es)); its jobs run on")
+        return
     stopped = fleet.kill(lab_dir, node)
     _note(f"{node}: killed ({stopped} process(es))")
+
+
+@app.command("partition")
+def partition(node: str = NODE_ARG, lab_dir: Path = DIR_OPTION) -> None:
+    """Cut the node off the network (its link goes down); its jobs run on. Needs root."""
+    from gpuctl.lab import faults
+
+    faults.partition(lab_dir, node)
+    _note(f"{node}: partitioned (undo with gpuctl lab heal {node})")
+
+
+@app.command("heal")
+def heal(node: str = NODE_ARG, lab_dir: Path = DIR_OPTION) -> None:
+    """Bring a partitioned node's link back up."""
+    from gpuctl.lab import faults
+
+    faults.heal(lab_dir, node)
+    _note(f"{node}: link up again")
 
 
 @app.command("revive")

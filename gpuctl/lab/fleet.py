@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from gpuctl.errors import LabError
-from gpuctl.lab import nodestate, record
+from gpuctl.lab import netns, nodestate, record
 from gpuctl.lab import sshd as sshd_mod
 from gpuctl.lab.record import Lab, LabNode, load
 
@@ -54,6 +54,7 @@ class NodeStatus:
     node: LabNode
     running: bool
     frozen: bool
+    partitioned: bool = False
 
 
 # -- up ----------------------------------------------------------------------------------------
@@ -147,7 +148,7 @@ def _write_config(lab: Lab, node: LabNode, version: tuple[int, int] | None) -> N
         "PATH": f"{node_dir / 'bin'}:/usr/local/bin:/usr/bin:/bin",
     }
     text = sshd_mod.render_sshd_config(
-        host=node.host,
+        host=netns.NODE_ADDR if node.netns else node.host,
         port=node.port,
         host_key=node_dir / "ssh_host_ed25519_key",
         authorized_keys=lab.dir / "authorized_keys",
@@ -232,7 +233,8 @@ def status(lab_dir: Path) -> list[NodeStatus]:
     for node in lab.nodes:
         running = node.pid is not None and sshd_mod.is_sshd_of(node.pid, lab.config_path(node.name))
         frozen = running and node.pid is not None and _stopped(node.pid)
-        out.append(NodeStatus(node, running, frozen))
+        partitioned = node.netns is not None and not netns.link_up(node.netns)
+        out.append(NodeStatus(node, running, frozen, partitioned))
     return out
 
 
@@ -290,8 +292,23 @@ def down(lab_dir: Path) -> int:
     with record.locked(lab_dir):
         lab = load(lab_dir)
         stopped = _stop_all(lab)
-        record.save(dataclasses.replace(lab, nodes=tuple(_without_pid(n) for n in lab.nodes)))
+        for node in lab.nodes:
+            stopped += _stop_relay(lab, node)
+            if node.netns is not None:
+                netns.delete(*netns.names(lab.dir, node.name))
+        nodes = tuple(
+            dataclasses.replace(n, pid=None, netns=None, relay_pid=None) for n in lab.nodes
+        )
+        record.save(dataclasses.replace(lab, nodes=nodes))
     return stopped
+
+
+def _stop_relay(lab: Lab, node: LabNode) -> int:
+    pid = node.relay_pid
+    if pid is None or not netns.is_relay_of(pid, lab.node_dir(node.name)):
+        return 0
+    sshd_mod.signal_all([pid], signal.SIGKILL)
+    return 1
 
 
 def _without_pid(node: LabNode) -> LabNode:
@@ -322,7 +339,7 @@ def revive(lab_dir: Path, name: str, *, timeout_s: float = 10.0) -> LabNode:
         sshd_mod.check_sshd(Path(lab.sshd))
         log = lab.log_path(name)
         offset = sshd_mod.log_size(log)
-        pid = sshd_mod.spawn_sshd(Path(lab.sshd), lab.config_path(name), log)
+        pid = sshd_mod.spawn_sshd(Path(lab.sshd), lab.config_path(name), log, netns=node.netns)
         node = dataclasses.replace(node, pid=pid)
         record.save(lab.with_node(node))
         why = sshd_mod.wait_listening(pid, log, time.monotonic() + timeout_s, offset=offset)

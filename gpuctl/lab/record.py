@@ -28,6 +28,8 @@ class LabNode:
     gpus: int
     gpu_model: str
     gpu_mem_gib: int
+    netns: str | None = None  # the node's network namespace, once enclosed (gpuctl lab partition)
+    relay_pid: int | None = None  # the relay to its sshd across the namespace's link
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

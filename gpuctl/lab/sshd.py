@@ -20,6 +20,7 @@ from pathlib import Path
 from gpuctl.errors import LabError
 
 DEFAULT_SSHD = Path("/usr/sbin/sshd")
+IP = "/usr/sbin/ip" if Path("/usr/sbin/ip").exists() else "/sbin/ip"  # iproute2
 LAB_USER = "gpuctl-lab"
 _UNSAFE_IN_CONFIG = re.compile(r'["\n\r\\#]')
 
@@ -126,26 +127,40 @@ def check_sshd(sshd: Path) -> None:
         )
 
 
-def spawn_sshd(sshd: Path, config: Path, log: Path) -> int:
+def spawn_sshd(sshd: Path, config: Path, log: Path, *, netns: str | None = None) -> int:
     """Start `sshd -D -e -f CONFIG` detached (own session, parent exits at once); return its pid.
+    With `netns`, sshd runs inside that network namespace (`ip netns exec`, which execs sshd:
+    the pid is sshd's)."""
+    argv = [str(sshd), "-D", "-e", "-f", str(config)]
+    if netns is not None:
+        argv = [IP, "netns", "exec", netns, *argv]
+    try:
+        return spawn_detached(argv, log)
+    except LabError as exc:
+        raise LabError(f"could not start sshd for {config}: {exc.message}") from None
 
-    A throw-away shell backgrounds sshd and exits, so sshd is re-parented to init: it outlives the
-    command that started it and never becomes a zombie of ours.
+
+def spawn_detached(argv: list[str], log: Path, *, pass_fds: tuple[int, ...] = ()) -> int:
+    """Start `argv` detached, its output appended to `log`; return its pid.
+
+    A throw-away shell backgrounds the command and exits, so the command is re-parented to init:
+    it outlives the process that started it and never becomes a zombie of ours.
     """
     script = 'log=$1; shift; "$@" </dev/null >>"$log" 2>&1 & echo $!'
     out = subprocess.run(
-        ["/bin/sh", "-c", script, "sh", str(log), str(sshd), "-D", "-e", "-f", str(config)],
+        ["/bin/sh", "-c", script, "sh", str(log), *argv],
         capture_output=True,
         text=True,
         env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C"},
         start_new_session=True,
         timeout=10,
         check=False,
+        pass_fds=pass_fds,
     )
     try:
         return int(out.stdout.strip())
     except ValueError:
-        raise LabError(f"could not start sshd for {config}: {out.stderr.strip()}") from None
+        raise LabError(out.stderr.strip() or f"{argv[0]} did not start") from None
 
 
 def free_ports(host: str, count: int) -> list[int]:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuctl.core.model import NodeSpec
-from gpuctl.lab import fleet, sshd
+from gpuctl.lab import faults, fleet, sshd
 
 
 @dataclasses.dataclass
@@ -57,6 +57,25 @@ class LabFleet:
         killed = fleet.kill(self.dir, name)
         self.lab = fleet.load(self.dir)
         return killed
+
+    def kill_sshd(self, name: str) -> int:
+        """Only the node's sshd (and its sessions) dies; its jobs run on."""
+        killed = faults.kill_sshd(self.dir, name)
+        self.lab = fleet.load(self.dir)
+        return killed
+
+    def enclose(self, name: str) -> None:
+        """Move the node into its own network namespace (needs root), ready for `partition`."""
+        faults.enclose(self.dir, name)
+        self.lab = fleet.load(self.dir)
+
+    def partition(self, name: str) -> None:
+        """The node's link goes down: it stops answering, its processes run on."""
+        faults.partition(self.dir, name)
+        self.lab = fleet.load(self.dir)
+
+    def heal(self, name: str) -> None:
+        faults.heal(self.dir, name)
 
     def revive(self, name: str) -> None:
         fleet.revive(self.dir, name)
