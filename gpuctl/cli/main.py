@@ -20,6 +20,7 @@ from gpuctl.cli import (
     inventory_cmd,
     jobs,
     lab,
+    metrics,
     nodes,
     place,
     reconcile,
@@ -148,6 +149,7 @@ app.add_typer(hosts.app, name="hosts")
 app.add_typer(lab.app, name="lab")
 app.add_typer(bench.app, name="bench")
 app.add_typer(db.app, name="db")
+app.add_typer(metrics.app, name="metrics")
 
 
 def run() -> None:

@@ -1,0 +1,170 @@
+"""`gpuctl metrics serve|dump`: the fleet in the Prometheus exposition format.
+
+A thin shell over `gpuctl.ops.metrics`: it builds the refresher (one gatherer for the server's
+life, the store opened read-only at each refresh), serves the latest values on an HTTP endpoint
+and stops cleanly on Ctrl-C or SIGTERM.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING
+
+import typer
+
+from gpuctl.cli import context, fleet
+from gpuctl.cli.render import safe
+from gpuctl.errors import ExitCode, UsageError
+
+if TYPE_CHECKING:
+    from gpuctl.ops.metrics import Reading, Refresher
+
+app = typer.Typer(
+    help="Prometheus metrics: the five numbers, nodes, GPUs and event counters.",
+    no_args_is_help=True,
+)
+
+FROM_STORE = typer.Option(
+    False, "--from-store", help="Poll nothing: job figures, counters and liveness from the store."
+)
+RULES = typer.Option(None, "--rules", help="A health rules file overriding the built-in rules.")
+
+
+@app.command("serve")
+def serve(
+    ctx: typer.Context,
+    port: int = typer.Option(9400, "--port", min=0, max=65535, help="TCP port (0: any free)."),
+    address: str = typer.Option("127.0.0.1", "--address", help="Address to listen on."),
+    interval: float = typer.Option(15.0, "--interval", help="Seconds between refreshes (>= 1)."),
+    from_store: bool = FROM_STORE,
+    rules: Path | None = RULES,
+) -> None:
+    """Serve /metrics until Ctrl-C or SIGTERM; one line per refresh on stderr. Scrapes read the
+    latest values and never trigger a poll. Exit 0 on a clean stop."""
+    from gpuctl.ops.metrics import FleetCollector, MetricsServer
+
+    if not interval >= 1.0:
+        raise UsageError(f"--interval must be at least 1 second, got {interval:g}")
+    collector = FleetCollector()
+    with _refresher(ctx, from_store, rules) as refresher:
+        server = MetricsServer(collector, address, port)
+        try:
+            sys.stderr.write(f"serving metrics on {server.url} (refresh every {interval:g}s)\n")
+            if address not in ("127.0.0.1", "::1", "localhost"):
+                sys.stderr.write("warning: the endpoint has no authentication; firewall it\n")
+            stop = threading.Event()
+            worker = threading.Thread(
+                target=refresher.run,
+                args=(collector, interval, stop, _log_refresh),
+                name="gpuctl-metrics-refresh",
+                daemon=True,
+            )
+            with _stop_on_signals(stop):
+                worker.start()
+                while not stop.wait(0.5):
+                    pass
+            worker.join(timeout=30.0)  # a poll in flight ends within its nodes' deadlines
+        finally:
+            server.close()
+    sys.stderr.write("metrics: stopped\n")
+    raise typer.Exit(int(ExitCode.OK))
+
+
+@app.command("dump")
+def dump(ctx: typer.Context, from_store: bool = FROM_STORE, rules: Path | None = RULES) -> None:
+    """Refresh once and print the exposition on stdout (for scripts and tests).
+
+    Exit 0 when every node answered (or --from-store), 3 when some did not, 4 when none did."""
+    from gpuctl.ops.metrics import exposition
+
+    with _refresher(ctx, from_store, rules) as refresher:
+        reading = refresher.refresh()
+    sys.stdout.write(exposition(reading).decode("utf-8"))
+    sys.stdout.flush()
+    _log_refresh(reading, None)
+    down = [n for n in reading.nodes if n.up is False]
+    if reading.source == "store" or not down:
+        raise typer.Exit(int(ExitCode.OK))
+    partial = len(down) < len(reading.nodes)
+    raise typer.Exit(int(ExitCode.PARTIAL if partial else ExitCode.UNREACHABLE))
+
+
+@contextmanager
+def _refresher(
+    ctx: typer.Context, from_store: bool, rules_file: Path | None
+) -> Iterator[Refresher]:
+    from gpuctl.adapters.clock import SystemClock
+    from gpuctl.adapters.store import open_store
+    from gpuctl.config.health_rules import load_rules
+    from gpuctl.config.paths import state_dir
+    from gpuctl.ops.gather import Gatherer, default_transport
+    from gpuctl.ops.metrics import Refresher
+
+    app_ctx = context.get(ctx)
+    folder = state_dir(app_ctx.env, app_ctx.state_dir)
+    opener = lambda: open_store(folder, write=False)  # noqa: E731
+    rules = load_rules(rules_file)
+    if from_store:
+        yield Refresher(open_store=opener, clock=SystemClock(), rules=rules)
+        return
+    inventory = fleet.load_inventory(ctx)
+    transport = app_ctx.transport_factory() if app_ctx.transport_factory else default_transport()
+    with Gatherer(transport) as gatherer:
+        yield Refresher(
+            open_store=opener,
+            clock=SystemClock(),
+            rules=rules,
+            inventory=inventory,
+            gatherer=gatherer,
+        )
+
+
+@contextmanager
+def _stop_on_signals(stop: threading.Event) -> Iterator[None]:
+    """SIGTERM and the first Ctrl-C set `stop`; a second Ctrl-C stops at once."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signals reach only the main thread; the caller sets `stop` itself
+        return
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        if signum == signal.SIGINT and stop.is_set():
+            raise KeyboardInterrupt
+        sys.stderr.write(f"metrics: {signal.Signals(signum).name}: stopping\n")
+        stop.set()
+
+    previous: dict[signal.Signals, Callable[[int, FrameType | None], object] | int | None] = {}
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        previous[signum] = signal.signal(signum, on_signal)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _log_refresh(reading: Reading | None, error: str | None) -> None:
+    """One line per refresh on stderr."""
+    if reading is None:
+        line = f"refresh failed: {error}; serving the previous values"
+    elif reading.source == "store":
+        counters = reading.counters or {}
+        counts = ", ".join(f"{k} {v}" for k, v in counters.items()) or "no store"
+        line = f"refresh (store): {len(reading.nodes)} node(s) known; events: {counts}"
+    else:
+        up = sum(1 for n in reading.nodes if n.up)
+        util = reading.numbers.get("utilization_pct")
+        util_text = "N/A" if util is None else f"{util:g}%"
+        line = (
+            f"refresh: {up}/{len(reading.nodes)} node(s) up, {len(reading.gpus)} GPU(s), "
+            f"utilization {util_text}, {reading.duration_s:.2f}s"
+        )
+    if reading is not None and reading.store_error:
+        line += f"; store unreadable: {reading.store_error}"
+    sys.stderr.write(safe(line) + "\n")
+    sys.stderr.flush()

@@ -1,0 +1,324 @@
+"""What the metrics exposition holds: the reading of one refresh, every metric's name and HELP
+text, and the families built from a reading. Pure: a `Reading` in, Prometheus metric families out.
+
+Names follow Prometheus conventions: base units (`_bytes`, `_seconds`, `_celsius`), ratios 0-1
+(`_ratio`), counters `_total`. A figure that is undefined (`None`: nothing to measure) has no
+sample, never a 0 in its place. `docs/metrics.md` describes each metric.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from gpuctl.core.health import Verdict
+
+MIB = float(1 << 20)
+GIB = float(1 << 30)
+PCT = 0.01
+
+# event kind -> the counter it feeds (counted over the whole audit log, which only grows)
+COUNTED_EVENTS = {
+    "failover": (
+        "gpuctl_failovers",
+        "Failovers recorded by the control loop (incarnations lost "
+        "with their node and requeued), from the store's audit log.",
+    ),
+    "preempt": (
+        "gpuctl_preemptions",
+        "Spot-tier preemptions (SIGTERM to make room for standard "
+        "work or failover), from the store's audit log.",
+    ),
+    "drain": ("gpuctl_drains", "Node drains, from the store's audit log."),
+}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Figure:
+    """One sample of a fleet gauge: `numbers[key] × scale`, with fixed labels."""
+
+    key: str
+    scale: float = 1.0
+    labels: tuple[tuple[str, str], ...] = ()
+
+
+# (metric name, HELP, the figures it shows); a figure that is None (undefined) has no sample
+NUMBER_GAUGES: tuple[tuple[str, str, tuple[Figure, ...]], ...] = (
+    (
+        "gpuctl_utilization_ratio",
+        "Allocated GPU memory / total GPU memory of schedulable nodes (the band metric, 0-1).",
+        (Figure("utilization_pct", PCT),),
+    ),
+    (
+        "gpuctl_memory_allocated_bytes",
+        "GPU memory gpuctl granted on schedulable nodes.",
+        (Figure("allocated_mib", MIB),),
+    ),
+    (
+        "gpuctl_memory_capacity_bytes",
+        "GPU memory of healthy cards on schedulable nodes.",
+        (Figure("capacity_mib", MIB),),
+    ),
+    (
+        "gpuctl_observed_utilization_ratio",
+        "Mean SM utilization NVML reports over the GPUs that answered (0-1).",
+        (Figure("observed_util_pct", PCT),),
+    ),
+    (
+        "gpuctl_fragmentation_ratio",
+        "Share of free GPU memory the expected workload cannot use (stranded / free, 0-1).",
+        (Figure("fragmentation_pct", PCT),),
+    ),
+    (
+        "gpuctl_stranded_memory_bytes",
+        "Free GPU memory the expected workload cannot use.",
+        (Figure("stranded_gib", GIB),),
+    ),
+    (
+        "gpuctl_queue_wait_seconds",
+        "Submit to first start of the jobs that first started in the "
+        "window, by quantile (nearest rank).",
+        (
+            Figure("queue_wait_p50_s", labels=(("quantile", "0.5"),)),
+            Figure("queue_wait_p95_s", labels=(("quantile", "0.95"),)),
+        ),
+    ),
+    ("gpuctl_queue_waiting_jobs", "Jobs queued that never started.", (Figure("queue_waiting"),)),
+    (
+        "gpuctl_queue_oldest_wait_seconds",
+        "How long the oldest never-started queued job has waited.",
+        (Figure("queue_oldest_wait_s"),),
+    ),
+    ("gpuctl_running_jobs", "Jobs running now.", (Figure("checkpoint_running_jobs"),)),
+    (
+        "gpuctl_checkpoint_age_seconds",
+        "Now minus the newest committed checkpoint over running "
+        "jobs (a job without one counts from its first start), max and p95.",
+        (
+            Figure("checkpoint_age_max_s", labels=(("stat", "max"),)),
+            Figure("checkpoint_age_p95_s", labels=(("stat", "p95"),)),
+        ),
+    ),
+    (
+        "gpuctl_checkpoint_missing_jobs",
+        "Running jobs without a committed checkpoint yet.",
+        (Figure("checkpoint_missing"),),
+    ),
+    (
+        "gpuctl_failover_success_ratio",
+        "Failovers in the window whose job ran again within its "
+        "restart budget / failovers decided (0-1).",
+        (Figure("failover_success_pct", PCT),),
+    ),
+    (
+        "gpuctl_failovers_pending",
+        "Failovers in the window still inside their restart budget.",
+        (Figure("failovers_pending"),),
+    ),
+    (
+        "gpuctl_preemptions_per_hour",
+        "Spot-tier preemptions per hour over the window.",
+        (Figure("preemptions_per_hour"),),
+    ),
+    (
+        "gpuctl_spot_preempted_ratio",
+        "Share of the spot jobs that ran in the window that were preempted at least once (0-1).",
+        (Figure("spot_preempted_pct", PCT),),
+    ),
+    (
+        "gpuctl_numbers_window_seconds",
+        "The window the job figures are measured over.",
+        (Figure("window_s"),),
+    ),
+)
+BANDS = ("idle", "low", "target", "over")
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _label(text: object, limit: int = 128) -> str:
+    """Label values from node output are untrusted: no control characters, bounded length."""
+    return _CONTROL.sub("", str(text))[:limit]
+
+
+# --- the reading ---------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NodeReading:
+    name: str
+    up: bool | None  # answered the poll (from the store: not down); None: unknown
+    schedulable: bool | None
+    verdict: Verdict | None  # None: not judged (--from-store)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GpuReading:
+    node: str
+    index: int
+    uuid: str | None
+    model: str | None
+    total_mib: int | None
+    observed_mib: int | None  # NVML memory.used
+    allocated_mib: int | None  # granted by gpuctl (placement's view)
+    ghost_mib: int | None  # in use by processes gpuctl does not account for
+    util_pct: int | None
+    temp_c: int | None
+    verdict: Verdict | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Reading:
+    """What one refresh saw. `counters` is None when the store could not be read."""
+
+    taken_at: float
+    duration_s: float
+    source: str  # "gather" or "store"
+    numbers: Mapping[str, Any]
+    nodes: tuple[NodeReading, ...] = ()
+    gpus: tuple[GpuReading, ...] = ()
+    counters: Mapping[str, int] | None = None
+    store_error: str | None = None
+
+
+# --- the exposition ------------------------------------------------------------------------------
+
+
+def families(reading: Reading | None) -> list[Metric]:
+    """The metric families of `reading` (an empty exposition before the first refresh)."""
+    if reading is None:
+        return []
+    out: list[Metric] = [*_number_families(reading.numbers)]
+    out.extend(_node_families(reading.nodes))
+    out.extend(_gpu_families(reading.gpus))
+    if reading.counters is not None:
+        for kind, (name, help_text) in COUNTED_EVENTS.items():
+            counter = CounterMetricFamily(name, help_text)
+            counter.add_metric([], float(reading.counters.get(kind, 0)))
+            out.append(counter)
+    meta = [
+        (
+            "gpuctl_refresh_timestamp_seconds",
+            "When the values were read (Unix time).",
+            reading.taken_at,
+        ),
+        (
+            "gpuctl_refresh_duration_seconds",
+            "How long the last refresh (poll and store read) took.",
+            reading.duration_s,
+        ),
+        (
+            "gpuctl_store_readable",
+            "1 when the last refresh could read the state store.",
+            0.0 if reading.store_error else 1.0,
+        ),
+    ]
+    for name, help_text, value in meta:
+        out.append(GaugeMetricFamily(name, help_text, value=value))
+    return out
+
+
+def _number_families(numbers: Mapping[str, Any]) -> Iterator[Metric]:
+    for name, help_text, figures in NUMBER_GAUGES:
+        labels = [k for k, _ in figures[0].labels]
+        family = GaugeMetricFamily(name, help_text, labels=labels)
+        for f in figures:
+            value = numbers.get(f.key)
+            if value is not None:
+                family.add_metric([v for _, v in f.labels], float(value) * f.scale)
+        yield family
+    band = GaugeMetricFamily(
+        "gpuctl_utilization_band",
+        "1 for the band utilization is in: idle (< 50%), low (50-60%), target (60-80%), "
+        "over (> 80%: failover cannot land).",
+        labels=["band"],
+    )
+    if numbers.get("band") is not None:
+        for b in BANDS:
+            band.add_metric([b], 1.0 if numbers["band"] == b else 0.0)
+    yield band
+
+
+def _node_families(nodes: Sequence[NodeReading]) -> Iterator[Metric]:
+    up = GaugeMetricFamily(
+        "gpuctl_node_up",
+        "1 when the node answered the last poll "
+        "(--from-store: when the control loop does not hold it down).",
+        labels=["node"],
+    )
+    sched = GaugeMetricFamily(
+        "gpuctl_node_schedulable",
+        "1 when placement may put new work on the node (answered, readable, not cordoned).",
+        labels=["node"],
+    )
+    health = GaugeMetricFamily(
+        "gpuctl_node_health",
+        "1 for the node's health verdict (healthy, degraded, unhealthy, unknown).",
+        labels=["node", "verdict"],
+    )
+    for n in nodes:
+        _add(up, [n.name], n.up)
+        _add(sched, [n.name], n.schedulable)
+        if n.verdict is not None:
+            for v in Verdict:
+                health.add_metric([n.name, v.value], 1.0 if n.verdict is v else 0.0)
+    yield from (up, sched, health)
+
+
+GPU_LABELS = ["node", "gpu", "uuid"]
+GPU_GAUGES: tuple[tuple[str, str, str, float], ...] = (
+    ("gpuctl_gpu_memory_total_bytes", "GPU memory the card reports.", "total_mib", MIB),
+    (
+        "gpuctl_gpu_memory_observed_bytes",
+        "GPU memory in use as NVML reports it.",
+        "observed_mib",
+        MIB,
+    ),
+    (
+        "gpuctl_gpu_memory_allocated_bytes",
+        "GPU memory gpuctl granted on the card (a whole card: all of it).",
+        "allocated_mib",
+        MIB,
+    ),
+    (
+        "gpuctl_gpu_memory_ghost_bytes",
+        "GPU memory in use by processes gpuctl does not account for.",
+        "ghost_mib",
+        MIB,
+    ),
+    ("gpuctl_gpu_utilization_ratio", "SM utilization NVML reports (0-1).", "util_pct", PCT),
+    ("gpuctl_gpu_temperature_celsius", "GPU temperature.", "temp_c", 1.0),
+)
+
+
+def _gpu_families(gpus: Sequence[GpuReading]) -> Iterator[Metric]:
+    info = GaugeMetricFamily(
+        "gpuctl_gpu_info", "1 per GPU, with its model.", labels=[*GPU_LABELS, "model"]
+    )
+    gauges = [(GaugeMetricFamily(n, h, labels=GPU_LABELS), attr, s) for n, h, attr, s in GPU_GAUGES]
+    health = GaugeMetricFamily(
+        "gpuctl_gpu_health",
+        "1 for the GPU's health verdict (healthy, degraded, unhealthy, unknown).",
+        labels=[*GPU_LABELS, "verdict"],
+    )
+    for g in gpus:
+        labels = [g.node, str(g.index), _label(g.uuid or "")]
+        info.add_metric([*labels, _label(g.model or "")], 1.0)
+        for family, attr, scale in gauges:
+            value = getattr(g, attr)
+            _add(family, labels, None if value is None else value * scale)
+        if g.verdict is not None:
+            for v in Verdict:
+                health.add_metric([*labels, v.value], 1.0 if g.verdict is v else 0.0)
+    yield info
+    yield from (family for family, _, _ in gauges)
+    yield health
+
+
+def _add(family: GaugeMetricFamily, labels: list[str], value: float | bool | None) -> None:
+    if value is not None:
+        family.add_metric(labels, float(value))
