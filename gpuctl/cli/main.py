@@ -24,6 +24,7 @@ from gpuctl.cli import (
     nodes,
     place,
     reconcile,
+    report,
     status,
 )
 from gpuctl.cli.context import AppContext
@@ -150,6 +151,7 @@ app.add_typer(lab.app, name="lab")
 app.add_typer(bench.app, name="bench")
 app.add_typer(db.app, name="db")
 app.add_typer(metrics.app, name="metrics")
+report.register(app)
 
 
 def run() -> None:

@@ -1,0 +1,88 @@
+"""`gpuctl report`: the fleet report (the five numbers now and over a window, the worst nodes,
+stranded capacity, notable events) as Markdown for people or one JSON document."""
+
+from __future__ import annotations
+
+import enum
+import json
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import typer
+
+from gpuctl.cli import context, fleet
+from gpuctl.cli.render import safe
+from gpuctl.errors import StateError
+
+if TYPE_CHECKING:
+    from gpuctl.adapters.protocols import Store
+    from gpuctl.ops.health import History
+
+
+class ReportFormat(enum.StrEnum):
+    MARKDOWN = "markdown"
+    JSON = "json"
+
+
+def report(
+    ctx: typer.Context,
+    window: str = typer.Option("24h", "--window", help="The window: 24h, 90m, 7d, 1h30m."),
+    output: ReportFormat = typer.Option(
+        ReportFormat.MARKDOWN, "-o", "--output", help="markdown or json.", case_sensitive=False
+    ),
+    rules: Path | None = typer.Option(None, "--rules", help="A health rules file to merge."),
+) -> None:
+    """Poll the fleet and write the report on stdout.
+
+    Exit 0 when every node answered, 3 when some did not, 4 when none did."""
+    from gpuctl.config.health_rules import load_rules
+    from gpuctl.ops import report as service
+
+    window_s = service.parse_window(window)
+    health_rules = load_rules(rules)
+    inventory = fleet.load_inventory(ctx)
+    snapshot = fleet.gather(ctx, inventory.nodes)
+    history = _history(ctx)
+
+    def build(store: Store | None, error: str | None = None) -> dict[str, Any]:
+        return service.build_report(
+            snapshot,
+            store,
+            inventory=inventory,
+            rules=health_rules,
+            history=history,
+            now=time.time(),
+            window_s=window_s,
+            store_error=error,
+        )
+
+    try:
+        with fleet.open_state(ctx, write=False) as store:
+            doc = build(store)
+    except StateError as exc:
+        sys.stderr.write(f"warning: job figures unavailable: {safe(exc.message)}\n")
+        doc = build(None, exc.message)
+    if output is ReportFormat.JSON:
+        sys.stdout.write(json.dumps(doc, indent=2, allow_nan=False) + "\n")
+    else:
+        sys.stdout.write(service.markdown(doc))
+    raise typer.Exit(int(fleet.exit_code_for(snapshot)))
+
+
+def _history(ctx: typer.Context) -> History:
+    """Earlier health samples `gpuctl health` recorded (read only; none when unreadable)."""
+    from gpuctl.config import paths
+    from gpuctl.ops.health import HealthHistory
+
+    app_ctx = context.get(ctx)
+    try:
+        return HealthHistory(paths.state_dir(app_ctx.env, app_ctx.state_dir)).load()
+    except StateError as exc:
+        sys.stderr.write(f"warning: health history ignored: {safe(exc.message)}\n")
+        return {}
+
+
+def register(app: typer.Typer) -> None:
+    app.command("report")(report)
