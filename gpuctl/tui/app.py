@@ -1,0 +1,280 @@
+"""`gpuctl dash`: the fleet, live, in the terminal.
+
+The app receives its services (`gpuctl.tui.services.Services`) and builds no plans itself. Polls
+run in a thread worker (`exit_on_error=False`); a poll that fails becomes a notification and the
+last view stays; a poll that takes longer than the source's deadline is reported as overdue and no
+second poll piles up behind it. Results reach the UI only through worker state messages.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, ClassVar
+
+from textual.app import App
+from textual.binding import Binding, BindingType
+from textual.notifications import SeverityLevel
+from textual.worker import Worker, WorkerState
+
+from gpuctl.errors import GpuctlError
+from gpuctl.tui.actions import ActionPlan
+from gpuctl.tui.data import DashData, HealthKeeper, collect
+from gpuctl.tui.messages import ActionRequested, OpenJob, OpenNode
+from gpuctl.tui.screens.base import DashScreen
+from gpuctl.tui.screens.job import JobScreen
+from gpuctl.tui.screens.jobs import JobsScreen, QueueScreen
+from gpuctl.tui.screens.node import NodeScreen
+from gpuctl.tui.screens.overview import OverviewScreen
+from gpuctl.tui.services import Services
+from gpuctl.tui.widgets.confirm import ConfirmDialog
+from gpuctl.tui.widgets.help import HelpScreen
+from gpuctl.tui.widgets.prompt import PromptScreen
+
+MIN_REFRESH_S = 1.0
+DEFAULT_REFRESH_S = 2.0
+
+
+def describe(exc: BaseException | None) -> str:
+    if isinstance(exc, GpuctlError):
+        return exc.message
+    if exc is None:
+        return "unknown error"
+    return f"{type(exc).__name__}: {exc}"
+
+
+class DashApp(App[None]):
+    CSS_PATH = str(Path(__file__).with_name("gpuctl.tcss"))
+    TITLE = "gpuctl dash"
+    ENABLE_COMMAND_PALETTE = False
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("question_mark", "help", "Help", key_display="?"),
+        Binding("colon", "command", "Command", key_display=":"),
+        Binding("r", "refresh", "Refresh"),
+        Binding("q", "quit", "Quit"),
+    ]
+
+    def __init__(
+        self,
+        services: Services,
+        refresh_s: float = DEFAULT_REFRESH_S,
+        readonly: bool = False,
+        *,
+        offset_s: float | None = None,
+    ) -> None:
+        super().__init__()
+        self.services = services
+        self.refresh_s = max(MIN_REFRESH_S, float(refresh_s))
+        self.readonly = readonly or services.actions is None
+        self.offset_s = float(time.localtime().tm_gmtoff) if offset_s is None else offset_s
+        self.data: DashData | None = None
+        self.generation = 0  # data versions shown (screens compare it on resume)
+        self.polls = 0  # polls that finished
+        self.poll_s: float | None = None  # how long the last poll took
+        self.overdue_s: float | None = None  # how long the running poll is past its deadline
+        self.notified: list[tuple[str, str]] = []  # (severity, message), for tests and logs
+        self._health = HealthKeeper()
+        self._poll_started: float | None = None
+        self._callbacks: dict[Worker[Any], Callable[[Any], None]] = {}
+
+    # --- lifecycle ------------------------------------------------------------------------------
+
+    def on_mount(self) -> None:
+        self.push_screen(OverviewScreen())
+        self.set_interval(self.refresh_s, self._tick)
+        self.action_refresh()
+
+    def on_unmount(self) -> None:
+        self.services.close()
+
+    def notify(
+        self,
+        message: str,
+        *,
+        title: str = "",
+        severity: SeverityLevel = "information",
+        timeout: float | None = None,
+        markup: bool = False,
+    ) -> None:
+        self.notified.append((severity, message))
+        super().notify(message, title=title, severity=severity, timeout=timeout, markup=markup)
+
+    # --- polling ------------------------------------------------------------------------------
+
+    @property
+    def polling(self) -> bool:
+        return self._poll_started is not None
+
+    def _tick(self) -> None:
+        if self._poll_started is None:
+            self.action_refresh()
+            return
+        late = time.monotonic() - self._poll_started - self.services.source.deadline_s
+        if late > 0:
+            first = self.overdue_s is None
+            self.overdue_s = late
+            if first:
+                self.notify(
+                    f"poll overdue: no answer within {self.services.source.deadline_s:g}s; "
+                    "showing the last view",
+                    severity="warning",
+                )
+            self._status()
+
+    def action_refresh(self) -> None:
+        if self._poll_started is not None:
+            return  # one poll at a time: a slow one never piles up others behind it
+        self._poll_started = time.monotonic()
+        services, health = self.services, self._health
+        self.run_worker(
+            lambda: collect(services, health),
+            name="poll",
+            group="poll",
+            thread=True,
+            exit_on_error=False,
+        )
+
+    def _polled(self, data: DashData) -> None:
+        self.data = data
+        self.generation += 1
+        self.polls += 1
+        screen = self.screen
+        if isinstance(screen, DashScreen):
+            screen.refresh_view(data)
+
+    def _status(self) -> None:
+        screen = self.screen
+        if isinstance(screen, DashScreen):
+            screen.render_status()
+
+    # --- workers ----------------------------------------------------------------------------
+
+    def background(
+        self, work: Callable[[], Any], done: Callable[[Any], None], *, name: str = "task"
+    ) -> None:
+        """Run `work` in a thread; `done(result)` then runs on the UI thread; an error becomes
+        a notification."""
+        worker = self.run_worker(work, name=name, group=name, thread=True, exit_on_error=False)
+        self._callbacks[worker] = done
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        worker = event.worker
+        if event.state not in (WorkerState.SUCCESS, WorkerState.ERROR, WorkerState.CANCELLED):
+            return
+        if worker.name == "poll":
+            started, self._poll_started = self._poll_started, None
+            self.poll_s = None if started is None else time.monotonic() - started
+            if self.overdue_s is not None:
+                self.overdue_s = None
+                self._status()
+            if event.state is WorkerState.SUCCESS and worker.result is not None:
+                self._polled(worker.result)
+            elif event.state is WorkerState.ERROR:
+                self.notify(f"refresh failed: {describe(worker.error)}", severity="error")
+            return
+        done = self._callbacks.pop(worker, None)
+        if event.state is WorkerState.SUCCESS and done is not None:
+            done(worker.result)
+        elif event.state is WorkerState.ERROR:
+            self.notify(f"{worker.name} failed: {describe(worker.error)}", severity="error")
+
+    # --- navigation -------------------------------------------------------------------------
+
+    def _to_overview(self) -> None:
+        while len(self.screen_stack) > 2:  # the default screen, then the overview
+            self.pop_screen()
+
+    def goto(self, name: str, arg: str | None = None) -> None:
+        """`:nodes`, `:jobs`, `:queue`, `:node NAME`, `:job ID`."""
+        self._to_overview()
+        if name in ("nodes", "node", "fleet", "overview") and not arg:
+            return
+        if name == "node" and arg:
+            self.push_screen(NodeScreen(arg))
+        elif name == "job" and arg:
+            self.push_screen(JobScreen(arg))
+        elif name == "jobs":
+            self.push_screen(JobsScreen())
+        elif name == "queue":
+            self.push_screen(QueueScreen())
+
+    def on_open_node(self, message: OpenNode) -> None:
+        self.push_screen(NodeScreen(message.name))
+
+    def on_open_job(self, message: OpenJob) -> None:
+        self.push_screen(JobScreen(message.job_id))
+
+    def action_command(self) -> None:
+        hint = "nodes | queue | jobs | node NAME | job ID"
+        self.push_screen(PromptScreen(":", placeholder=hint), self.run_command)
+
+    def run_command(self, line: str | None) -> None:
+        words = (line or "").strip().lstrip(":").split()
+        if not words:
+            return
+        cmd, arg = words[0].lower(), (words[1] if len(words) > 1 else None)
+        if cmd in ("q", "quit", "exit"):
+            self.exit()
+        elif cmd in ("nodes", "node", "fleet", "overview", "jobs", "job", "queue"):
+            if cmd == "job" and not arg:
+                self.notify(":job needs a job id", severity="warning")
+                return
+            self.goto(cmd, arg)
+        elif cmd == "help":
+            self.action_help()
+        else:
+            self.notify(
+                f"unknown command :{cmd} (try :nodes, :queue, :jobs, :node NAME, :job ID)",
+                severity="warning",
+            )
+
+    def action_help(self) -> None:
+        screen = self.screen
+        if isinstance(screen, DashScreen):
+            self.push_screen(HelpScreen(screen.heading(), screen.KEYS))
+
+    # --- actions ------------------------------------------------------------------------------
+
+    def on_action_requested(self, message: ActionRequested) -> None:
+        self.request_action(message.action, message.target)
+
+    def request_action(self, action: str, target: str | None) -> None:
+        actions = self.services.actions
+        if self.readonly or actions is None:
+            self.notify("read-only: actions are disabled", severity="warning")
+            return
+        what = f"{action} {target}" if target else action
+        if actions.needs_reason(action):
+
+            def reason_given(reason: str | None) -> None:
+                if reason is not None:
+                    self._plan(action, target, reason)
+
+            self.push_screen(PromptScreen(f"reason to {what}:", placeholder="why"), reason_given)
+        else:
+            self._plan(action, target, None)
+
+    def _plan(self, action: str, target: str | None, reason: str | None) -> None:
+        actions = self.services.actions
+        assert actions is not None
+        self.background(
+            lambda: actions.plan(action, target, reason=reason), self._confirm, name="plan"
+        )
+
+    def _confirm(self, plan: ActionPlan) -> None:
+        def answered(yes: bool | None) -> None:
+            if yes and plan.applicable:
+                self._apply(plan)
+
+        self.push_screen(ConfirmDialog(plan), answered)
+
+    def _apply(self, plan: ActionPlan) -> None:
+        actions = self.services.actions
+        assert actions is not None
+
+        def done(said: str) -> None:
+            self.notify(said)
+            self.action_refresh()
+
+        self.background(lambda: actions.apply(plan), done, name=plan.action)

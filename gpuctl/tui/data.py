@@ -1,0 +1,316 @@
+"""One refresh of the dashboard, as values: the snapshot, the numbers, each node's placement view,
+health verdict and cordon, the jobs (and why each queued one waits), recent events and alerts.
+
+`collect` runs in a worker thread and only calls services: `fleetstatus.fleet_state/numbers`,
+`ops.jobs.list_jobs`, the placement engine's `plan` for the queue, `core.health.evaluate_fleet`.
+Nothing here decides anything of its own; it gathers what those say into one frozen value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import deque
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from gpuctl.adapters.protocols import Store
+from gpuctl.core.health import HealthRules, NodeVerdict
+from gpuctl.core.jobs import Cordon, Event, JobState
+from gpuctl.core.model import FleetSnapshot, NodeSnapshot, NodeState, Reach
+from gpuctl.core.placement.model import FleetState, PlacementNode, Settings
+from gpuctl.errors import GpuctlError, StateError
+from gpuctl.ops.jobs import JobView
+from gpuctl.tui.services import Services
+
+EVENT_WINDOW_S = 24 * 3600.0
+RECENT_EVENTS = 50
+NODE_EVENT_KINDS = ("cordon", "uncordon", "drain")
+NODE_EVENTS = 200
+MAX_ALERTS = 100
+HEALTH_KEEP = 10  # samples per node kept for the health rules that look back (sustained heat)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NodeView:
+    name: str
+    state: str  # ready, cordoned, draining, down, unknown
+    snapshot: NodeSnapshot
+    placement: PlacementNode | None
+    verdict: NodeVerdict | None  # None without health rules
+    cordon: Cordon | None
+    expected_gpus: int | None
+    jobs: tuple[str, ...]  # ids of jobs holding cards on it
+
+    @property
+    def reach(self) -> str:
+        return self.snapshot.reach.value
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class JobLine:
+    view: JobView
+    why: str | None  # a queued job: why it waits (the placement plan's reason)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Alert:
+    key: str  # stable across refreshes: rows are updated in place
+    severity: str  # warn, critical
+    text: str
+    node: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DashData:
+    now: float
+    source: str
+    snapshot: FleetSnapshot
+    numbers: Mapping[str, Any]
+    nodes: tuple[NodeView, ...]
+    jobs: tuple[JobLine, ...] = ()
+    events: tuple[Event, ...] = ()  # newest first
+    node_events: tuple[Event, ...] = ()  # cordon / uncordon / drain, newest first
+    alerts: tuple[Alert, ...] = ()
+    store_error: str | None = None
+
+    def node(self, name: str) -> NodeView | None:
+        return next((n for n in self.nodes if n.name == name), None)
+
+    def job(self, job_id: str) -> JobLine | None:
+        return next((j for j in self.jobs if j.view.job.id == job_id), None)
+
+
+class HealthKeeper:
+    """Recent samples per node in memory, for `core.health.evaluate_fleet` (the dashboard keeps
+    its own short history; it never writes the CLI's health-history file)."""
+
+    def __init__(self, keep: int = HEALTH_KEEP) -> None:
+        self.keep = keep
+        self._history: dict[str, deque[NodeSnapshot]] = {}
+
+    def judge(
+        self, snapshot: FleetSnapshot, rules: HealthRules, expected: Mapping[str, int | None]
+    ) -> dict[str, NodeVerdict]:
+        from gpuctl.core.health import evaluate_fleet
+
+        history = {name: tuple(d) for name, d in self._history.items()}
+        verdicts = evaluate_fleet(snapshot, history, expected_gpus=expected, rules=rules)
+        for node in snapshot.nodes:
+            if node.taken_at is not None:
+                kept = self._history.setdefault(node.name, deque(maxlen=self.keep))
+                kept.append(_slim(node))
+        names = {n.name for n in snapshot.nodes}
+        for gone in set(self._history) - names:
+            del self._history[gone]
+        return {v.name: v for v in verdicts}
+
+
+def _slim(node: NodeSnapshot) -> NodeSnapshot:
+    """Only what the look-back rules read: reach, readability, each GPU's identity and heat."""
+    from gpuctl.core.model import GpuSnapshot, Observation
+
+    obs = node.observation
+    if obs is None:
+        return dataclasses.replace(node, observation=None, labels={})
+    gpus = tuple(GpuSnapshot(index=g.index, uuid=g.uuid, temp_c=g.temp_c) for g in obs.gpus)
+    return dataclasses.replace(
+        node, observation=Observation(gpus=gpus, nvml_ok=obs.nvml_ok), labels={}
+    )
+
+
+def collect(services: Services, health: HealthKeeper | None = None) -> DashData:
+    """One refresh: poll the source, read the store, ask the services. A store that cannot be
+    read leaves the fleet view intact (`store_error` says why)."""
+    from gpuctl.ops import fleetstatus
+
+    snapshot = services.source.poll()
+    now = services.clock.now()
+    store_error = None
+    try:
+        with services.open_store(False) as store:
+            return _with_store(services, health, snapshot, now, store)
+    except StateError as exc:
+        store_error = exc.message
+    state = fleetstatus.fleet_state(snapshot, None)
+    numbers = fleetstatus.numbers(snapshot, None, now, state=state)
+    return _assemble(services, health, snapshot, now, state, numbers, store_error=store_error)
+
+
+def _with_store(
+    services: Services,
+    health: HealthKeeper | None,
+    snapshot: FleetSnapshot,
+    now: float,
+    store: Store,
+) -> DashData:
+    from gpuctl.ops import fleetstatus
+    from gpuctl.ops.jobs import list_jobs
+
+    state = fleetstatus.fleet_state(snapshot, store)
+    numbers = fleetstatus.numbers(snapshot, store, now, state=state)
+    views = list_jobs(store)
+    whys = waiting_reasons(state, views, services.settings)
+    jobs = tuple(JobLine(v, whys.get(v.job.id)) for v in views)
+    events = tuple(reversed(store.events(since=now - EVENT_WINDOW_S, limit=RECENT_EVENTS)))
+    node_events = tuple(reversed(store.events(kinds=NODE_EVENT_KINDS, limit=NODE_EVENTS)))
+    holding: dict[str, list[str]] = {}
+    for inc in store.incarnations(holding=True):
+        holding.setdefault(inc.node, []).append(inc.job_id)
+    return _assemble(
+        services,
+        health,
+        snapshot,
+        now,
+        state,
+        numbers,
+        cordons={c.node: c for c in store.cordons()},
+        holding=holding,
+        jobs=jobs,
+        events=events,
+        node_events=node_events,
+    )
+
+
+def waiting_reasons(
+    state: FleetState, views: Sequence[JobView], settings: Settings
+) -> dict[str, str]:
+    """Why each queued job waits: the placement plan's reason for it on the current state (as
+    the control loop's next pass would see it); a job that fits waits for that pass."""
+    from gpuctl.core.placement.engine import plan
+    from gpuctl.core.plan import Placed
+    from gpuctl.ops.jobs import ids_by_name, job_request
+
+    queued = [v.job for v in views if v.job.state is JobState.QUEUED]
+    if not queued:
+        return {}
+    ids = ids_by_name(v.job for v in views)
+    whys: dict[str, str] = {}
+    requests = []
+    for job in queued:
+        if job.cancel_requested:
+            whys[job.id] = "cancel requested"
+            continue
+        try:
+            requests.append(job_request(job, ids))
+        except GpuctlError as exc:
+            whys[job.id] = f"its spec cannot be read: {exc.message}"
+    if requests:
+        try:
+            result = plan(state, requests, settings)
+        except GpuctlError as exc:
+            return whys | {r.name: f"cannot plan: {exc.message}" for r in requests}
+        for outcome in result.jobs:
+            if isinstance(outcome, Placed):
+                cards = ",".join(str(c) for c in outcome.cards)
+                whys[outcome.job] = (
+                    f"fits on {outcome.node} (cards {cards}): waits for the control loop"
+                )
+            else:
+                whys[outcome.job] = outcome.reason
+    return whys
+
+
+def node_state(node: NodeSnapshot, cordon: Cordon | None, draining: bool) -> str:
+    """The design's node states: down (no answer), unknown (GPU state unreadable), draining or
+    cordoned (the store's cordon), ready."""
+    if node.reach is not Reach.OK:
+        return NodeState.DOWN.value
+    if node.state is not NodeState.READY:
+        return node.state.value
+    if cordon is not None:
+        return NodeState.DRAINING.value if draining else NodeState.CORDONED.value
+    return NodeState.READY.value
+
+
+def _draining(
+    cordons: Mapping[str, Cordon], node_events: Sequence[Event], holding: Mapping[str, Any]
+) -> set[str]:
+    """Cordoned nodes whose newest cordon/drain event is a drain and that still hold jobs."""
+    newest: dict[str, str] = {}
+    for e in node_events:  # newest first
+        if e.node is not None and e.node not in newest:
+            newest[e.node] = e.kind
+    return {n for n in cordons if newest.get(n) == "drain" and holding.get(n)}
+
+
+def _assemble(
+    services: Services,
+    health: HealthKeeper | None,
+    snapshot: FleetSnapshot,
+    now: float,
+    state: FleetState,
+    numbers: Mapping[str, Any],
+    *,
+    cordons: Mapping[str, Cordon] | None = None,
+    holding: Mapping[str, Sequence[str]] | None = None,
+    jobs: tuple[JobLine, ...] = (),
+    events: tuple[Event, ...] = (),
+    node_events: tuple[Event, ...] = (),
+    store_error: str | None = None,
+) -> DashData:
+    cordons = cordons or {}
+    holding = holding or {}
+    verdicts: dict[str, NodeVerdict] = {}
+    if services.rules is not None:
+        keeper = health or HealthKeeper()
+        verdicts = keeper.judge(snapshot, services.rules, services.expected_gpus)
+    placement = {n.name: n for n in state.nodes}
+    draining = _draining(cordons, node_events, holding)
+    nodes = tuple(
+        NodeView(
+            name=n.name,
+            state=node_state(n, cordons.get(n.name), n.name in draining),
+            snapshot=n,
+            placement=placement.get(n.name),
+            verdict=verdicts.get(n.name),
+            cordon=cordons.get(n.name),
+            expected_gpus=services.expected_gpus.get(n.name),
+            jobs=tuple(sorted(set(holding.get(n.name, ())))),
+        )
+        for n in snapshot.nodes
+    )
+    return DashData(
+        now=now,
+        source=services.source.label,
+        snapshot=snapshot,
+        numbers=dict(numbers),
+        nodes=nodes,
+        jobs=jobs,
+        events=events,
+        node_events=node_events,
+        alerts=alerts(nodes, jobs, store_error),
+        store_error=store_error,
+    )
+
+
+def alerts(
+    nodes: Sequence[NodeView], jobs: Sequence[JobLine], store_error: str | None
+) -> tuple[Alert, ...]:
+    """What needs an operator now: the store, nodes not answering, health verdicts that are not
+    ok, memory in use beyond gpuctl's allocations, held jobs. Worst first, at most MAX_ALERTS."""
+    out: list[Alert] = []
+    if store_error:
+        out.append(Alert("store", "critical", f"job figures unavailable: {store_error}"))
+    for n in nodes:
+        if n.snapshot.reach is not Reach.OK:
+            why = n.snapshot.error or "no answer"
+            out.append(Alert(f"down:{n.name}", "critical", f"{n.name} {n.reach}: {why}", n.name))
+            continue
+        v = n.verdict
+        if v is not None and v.severity.value != "ok" and v.reasons:
+            sev = "critical" if v.severity.value in ("critical", "unknown") else "warn"
+            more = f" (+{len(v.reasons) - 1} more)" if len(v.reasons) > 1 else ""
+            text = f"{n.name} {v.verdict.value}: {v.reasons[0].text}{more}"
+            out.append(Alert(f"health:{n.name}", sev, text, n.name))
+        if n.placement is not None:
+            for c in n.placement.cards:
+                if c.ghost_mib > 0:
+                    what = "ghost memory" if c.allocated_mib == 0 else "beyond its allocation"
+                    text = f"{n.name} GPU {c.index}: {c.ghost_mib / 1024:.1f} GiB {what}"
+                    out.append(Alert(f"ghost:{n.name}:{c.index}", "warn", text, n.name))
+    for j in jobs:
+        if j.view.job.state is JobState.HELD:
+            job = j.view.job
+            out.append(Alert(f"held:{job.id}", "warn", f"job {job.id} held: {job.reason or '-'}"))
+    out.sort(key=lambda a: a.severity != "critical")
+    return tuple(out[:MAX_ALERTS])

@@ -1,0 +1,288 @@
+"""Pure formatting for the dashboard: numbers, durations, bars, sparklines, colours by band.
+
+No textual, no I/O, no clock: values in, `str` or `rich.text.Text` out. `--once` renders with the
+same functions, so the dashboard and its text output always agree.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from rich.text import Text
+
+NA = "N/A"
+SPARKS = "▁▂▃▄▅▆▇█"
+LEVELS = "·▁▂▃▄▅▆▇█"
+
+_ESCAPES = re.compile(
+    r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b.|[\x00-\x08\x0b-\x1f\x7f-\x9f]"
+)
+
+BAND_STYLE = {"idle": "yellow", "low": "bright_yellow", "target": "green", "over": "bold red"}
+BAND_TEXT = {
+    "idle": "idle silicon, < 50%",
+    "low": "below the 60-80% band",
+    "target": "in the 60-80% band",
+    "over": "over-committed, > 80%",
+}
+STATE_STYLE = {
+    "ready": "green",
+    "cordoned": "yellow",
+    "draining": "bold yellow",
+    "down": "bold red",
+    "unknown": "magenta",
+}
+SEVERITY_BADGE = {
+    "ok": ("ok", "green"),
+    "warn": ("warn", "yellow"),
+    "critical": ("crit", "bold red"),
+    "unknown": ("unkn", "magenta"),
+}
+# memory bar glyphs: in use within the allocation, allocated but unused, in use beyond the
+# allocation (ghost or over-slice), free
+BAR_USED, BAR_ALLOCATED, BAR_GHOST, BAR_FREE = "█", "▒", "▓", "·"
+BAR_STYLE = {"used": "green", "allocated": "cyan", "ghost": "bold red", "free": "grey50"}
+
+
+def safe(text: object) -> str:
+    """Node and store text is untrusted: strip terminal escape sequences and control characters."""
+    return _ESCAPES.sub("", str(text))
+
+
+def plain(text: object) -> Text:
+    """Untrusted text as a `Text` (never parsed as markup)."""
+    return Text(safe(text))
+
+
+def human_s(seconds: float | None) -> str:
+    """12s, 3m05s, 2h05m, 3d04h; N/A for None."""
+    if seconds is None:
+        return NA
+    s = max(0, round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def pct(value: float | None, digits: int = 0) -> str:
+    return NA if value is None else f"{value:.{digits}f}%"
+
+
+def gib(mib: float | None, digits: int = 1) -> str:
+    return NA if mib is None else f"{mib / 1024:.{digits}f}"
+
+
+def clock_hms(epoch_s: float | None, offset_s: float = 0.0) -> str:
+    """HH:MM:SS of an epoch time in UTC shifted by `offset_s` (the caller's local offset)."""
+    if epoch_s is None:
+        return "--:--:--"
+    t = int(epoch_s + offset_s) % 86400
+    return f"{t // 3600:02d}:{t % 3600 // 60:02d}:{t % 60:02d}"
+
+
+# --- sparklines and bars -------------------------------------------------------------------------
+
+
+def sparkline(
+    values: Sequence[float | None],
+    width: int,
+    *,
+    lo: float | None = None,
+    hi: float | None = None,
+) -> str:
+    """The last `width` values as ▁..█; a gap (space) for None. Scaled to [lo, hi] when given,
+    else to the values' own range (a flat series sits at the bottom)."""
+    tail = list(values)[-width:] if width > 0 else []
+    known = [v for v in tail if v is not None]
+    if not known:
+        return " " * len(tail)
+    low = min(known) if lo is None else lo
+    high = max(known) if hi is None else hi
+    span = high - low
+    out = []
+    for v in tail:
+        if v is None:
+            out.append(" ")
+            continue
+        x = 0.0 if span <= 0 else (min(max(v, low), high) - low) / span
+        out.append(SPARKS[min(len(SPARKS) - 1, int(x * (len(SPARKS) - 1) + 0.5))])
+    return "".join(out)
+
+
+def level(fraction: float | None) -> str:
+    """One glyph for a fraction 0..1 (`·` for 0, a full block for 1); `?` for unknown."""
+    if fraction is None:
+        return "?"
+    x = min(max(fraction, 0.0), 1.0)
+    if x <= 0:
+        return LEVELS[0]
+    return LEVELS[max(1, min(len(LEVELS) - 1, round(x * (len(LEVELS) - 1))))]
+
+
+def mem_bar(allocated_mib: int, used_mib: int | None, total_mib: int | None, width: int) -> Text:
+    """Allocated vs observed memory on one card (or summed over a node), `width` cells:
+
+    `█` green: in use within what gpuctl allocated · `▒` cyan: allocated, not in use ·
+    `▓` red: in use beyond the allocation (ghost memory, or a job over its slice) · `·` free.
+    """
+    if not total_mib or total_mib <= 0:
+        return Text("?" * width, style="magenta")
+    used = 0 if used_mib is None else used_mib
+    per = total_mib / width
+
+    def cells(mib: float) -> int:
+        return min(width, round(mib / per))
+
+    alloc_cells = cells(min(allocated_mib, total_mib))
+    used_cells = cells(min(used, total_mib))
+    in_alloc = min(alloc_cells, used_cells)
+    idle_alloc = alloc_cells - in_alloc
+    ghost = max(0, used_cells - alloc_cells)
+    free = max(0, width - in_alloc - idle_alloc - ghost)
+    bar = Text()
+    bar.append(BAR_USED * in_alloc, style=BAR_STYLE["used"])
+    bar.append(BAR_ALLOCATED * idle_alloc, style=BAR_STYLE["allocated"])
+    bar.append(BAR_GHOST * ghost, style=BAR_STYLE["ghost"])
+    bar.append(BAR_FREE * free, style=BAR_STYLE["free"])
+    if used_mib is None:
+        bar.stylize("magenta")
+    return bar
+
+
+def gpu_strip(cards: Iterable[tuple[float | None, str]]) -> Text:
+    """One glyph per GPU: its observed memory use as a level, in its state's colour."""
+    strip = Text()
+    for fraction, style in cards:
+        strip.append(level(fraction), style=style)
+    return strip
+
+
+# --- coloured words ------------------------------------------------------------------------------
+
+
+def band_text(utilization_pct: float | None, band: str | None) -> Text:
+    return Text(pct(utilization_pct), style=BAND_STYLE.get(band or "", "bold"))
+
+
+def state_text(state: str, reach: str | None = None) -> Text:
+    words = state if reach in (None, "ok") else f"{state} ({reach})"
+    return Text(words, style=STATE_STYLE.get(state, ""))
+
+
+def badge(severity: str | None) -> Text:
+    if severity is None:
+        return Text("-", style="grey50")
+    word, style = SEVERITY_BADGE.get(severity, (severity, ""))
+    return Text(word, style=style)
+
+
+def temp_text(temp_c: int | None, hot_c: int = 85) -> Text:
+    if temp_c is None:
+        return Text("-", style="grey50")
+    return Text(f"{temp_c}C", style="bold red" if temp_c >= hot_c else "")
+
+
+def util_text(util_pct: float | None) -> Text:
+    return Text("-" if util_pct is None else f"{util_pct:.0f}%")
+
+
+# --- the numbers ---------------------------------------------------------------------------------
+
+# (key of the panel, title): the five numbers, then the preemption rate
+NUMBER_KEYS = (
+    ("utilization", "UTILIZATION"),
+    ("fragmentation", "FRAGMENTATION"),
+    ("queue", "QUEUE WAIT p50"),
+    ("checkpoint", "CHECKPOINT AGE max"),
+    ("failover", "FAILOVER OK"),
+    ("preemption", "PREEMPTIONS"),
+)
+
+
+def number_values(n: Mapping[str, Any]) -> dict[str, float | None]:
+    """The value each sparkline follows (the headline of each number)."""
+    return {
+        "utilization": n.get("utilization_pct"),
+        "fragmentation": n.get("fragmentation_pct"),
+        "queue": n.get("queue_wait_p50_s"),
+        "checkpoint": n.get("checkpoint_age_max_s"),
+        "failover": n.get("failover_success_pct"),
+        "preemption": n.get("preemptions_per_hour"),
+    }
+
+
+def number_cards(n: Mapping[str, Any]) -> dict[str, tuple[Text, str]]:
+    """Each number as (headline, detail line), from `gpuctl.ops.fleetstatus.numbers`."""
+    band = n.get("band")
+    headline = band_text(n.get("utilization_pct"), band)
+    if band:
+        headline.append(f" {band}", style=BAND_STYLE.get(band, ""))
+    capacity = n.get("capacity_mib")
+    stranded = n.get("stranded_gib")
+    rate = n.get("preemptions_per_hour")
+    spot = n.get("spot_preempted_pct")
+    return {
+        "utilization": (
+            headline,
+            f"SM {pct(n.get('observed_util_pct'))}"
+            f" · {gib(n.get('allocated_mib'), 0)}/{gib(capacity, 0)} GiB",
+        ),
+        "fragmentation": (
+            Text(pct(n.get("fragmentation_pct")), style="bold"),
+            "not measured yet" if stranded is None else f"{stranded:.1f} GiB stranded",
+        ),
+        "queue": (
+            Text(human_s(n.get("queue_wait_p50_s")), style="bold"),
+            f"p95 {human_s(n.get('queue_wait_p95_s'))} · {n.get('queue_waiting', 0)} waiting"
+            f", oldest {human_s(n.get('queue_oldest_wait_s'))}",
+        ),
+        "checkpoint": (
+            Text(human_s(n.get("checkpoint_age_max_s")), style="bold"),
+            f"p95 {human_s(n.get('checkpoint_age_p95_s'))}"
+            f" · {n.get('checkpoint_running_jobs', 0)} running",
+        ),
+        "failover": (
+            Text(pct(n.get("failover_success_pct")), style="bold"),
+            f"{n.get('failovers_succeeded', 0)} of {n.get('failovers_attempted', 0)}"
+            f" · {n.get('failovers_pending', 0)} pending",
+        ),
+        "preemption": (
+            Text(NA if rate is None else f"{rate:.2f}/h", style="bold"),
+            "spot: " + (NA if spot is None else f"{spot:.0f}% preempted"),
+        ),
+    }
+
+
+def numbers_text(n: Mapping[str, Any]) -> str:
+    """The numbers as lines of text (`gpuctl dash --once`)."""
+    cards = number_cards(n)
+    width = max(len(title) for _, title in NUMBER_KEYS)
+    lines = []
+    for key, title in NUMBER_KEYS:
+        head, detail = cards[key]
+        lines.append(f"{title:<{width}}  {head.plain:<12} {detail}")
+    return "\n".join(lines)
+
+
+def table_text(head: Sequence[str], rows: Sequence[Sequence[Text | str]]) -> str:
+    """A plain-text table: columns padded to their widest cell, trailing blanks stripped."""
+    cells = [[c.plain if isinstance(c, Text) else str(c) for c in row] for row in rows]
+    widths = [len(h) for h in head]
+    for row in cells:
+        for i, c in enumerate(row):
+            widths[i] = max(widths[i], len(c))
+    out = ["  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)).rstrip()]
+    for row in cells:
+        out.append("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    return "\n".join(out)
+
+
+def safe_lines(text: str) -> list[str]:
+    """Untrusted multi-line text (a job's log) as lines without escape sequences."""
+    return [safe(line) for line in text.splitlines()]

@@ -1,0 +1,1 @@
+"""The dashboard's screens: overview (the fleet), queue, jobs, one job, one node."""

@@ -1,0 +1,64 @@
+"""The five numbers (and the preemption rate), each with its recent history as a sparkline."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping
+from typing import Any
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Horizontal
+from textual.widgets import Static
+
+from gpuctl.tui import format as fmt
+
+SPARK_POINTS = 60
+PERCENT_KEYS = frozenset({"utilization", "fragmentation", "failover"})
+
+
+class NumberCard(Static):
+    """One number: title, headline (coloured by band where it has one), detail, sparkline."""
+
+    def __init__(self, key: str, title: str) -> None:
+        super().__init__(id=f"num-{key}", classes="number")
+        self.key = key
+        self.title = title
+        self.history: deque[float | None] = deque(maxlen=SPARK_POINTS)
+        self.headline = fmt.NA
+        self.detail = ""
+        self._rendered: Text | None = None
+
+    def show(self, headline: Text, detail: str, value: float | None) -> None:
+        self.history.append(value)
+        self.headline, self.detail = headline.plain, detail
+        width = max(8, self.content_size.width or 24)
+        lo, hi = (0.0, 100.0) if self.key in PERCENT_KEYS else (0.0, None)
+        spark = fmt.sparkline(list(self.history), width, lo=lo, hi=hi)
+        body = Text(self.title, style="dim")
+        body.append("\n")
+        body.append_text(headline)
+        body.append("\n")
+        body.append(detail, style="dim")
+        body.append("\n")
+        body.append(spark, style="cyan")
+        if body != self._rendered:
+            self._rendered = body
+            self.update(body)
+
+
+class NumbersPanel(Horizontal):
+    def compose(self) -> ComposeResult:
+        for key, title in fmt.NUMBER_KEYS:
+            yield NumberCard(key, title)
+
+    def show(self, numbers: Mapping[str, Any]) -> None:
+        cards = fmt.number_cards(numbers)
+        values = fmt.number_values(numbers)
+        for card in self.query(NumberCard):
+            headline, detail = cards[card.key]
+            card.show(headline, detail, values[card.key])
+
+    def shown(self) -> dict[str, str]:
+        """Each number's headline as the operator reads it."""
+        return {card.key: card.headline for card in self.query(NumberCard)}
