@@ -1,0 +1,277 @@
+"""Drain-and-refill: make room for one target job with the fewest moves.
+
+For every schedulable node the target may use, the cheapest way to make it fit is found: for whole
+cards, the set of `gpus` usable cards whose jobs are fewest to move (every such job must be
+movable; a card with ghost usage cannot be freed); for a slice, the card where moving the fewest
+(largest first) slices leaves enough free; then more jobs (largest first) if the node lacks CPU or
+host memory, and every job the target may not share a node with. The moved jobs are re-placed one
+by one (largest first) where they add the least stranded memory, never on the target's node. The
+node needing the fewest moves wins; ties go to the lower stranded memory after, then to the node
+whose name sorts first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Mapping
+
+from gpuctl.core.consolidate import JobFacts, Migration, Pinned, TargetOutcome
+from gpuctl.core.consolidate_search import WNode, Work, clash, model_ok, pin_reason
+from gpuctl.core.fragmentation import WorkloadIndex
+from gpuctl.core.placement.model import Allocation, FleetState, JobRequest, Settings
+from gpuctl.core.placement.shape import demand_on, limit_mib, request_text
+
+MAX_SUBSETS = 256
+
+
+def make_room(
+    state: FleetState,
+    facts: Mapping[str, JobFacts],
+    index: WorkloadIndex,
+    request: JobRequest,
+    settings: Settings,
+    *,
+    max_moves: int,
+    now: float,
+) -> tuple[list[Migration], list[Pinned], TargetOutcome]:
+    work = Work(state, index)
+    pinned: list[Pinned] = []
+    movable: set[str] = set()
+    for a in sorted(state.allocations, key=lambda a: a.job):
+        why = pin_reason(a, facts.get(a.job), work, now)
+        if why is None:
+            movable.add(a.job)
+        else:
+            pinned.append(Pinned(a.job, a.node, why))
+    shape_text = request_text(request.shape)
+    me = Allocation(
+        request.name,
+        "",
+        (),
+        0,
+        group=request.group,
+        avoid_jobs=request.avoid_jobs,
+        avoid_groups=request.avoid_groups,
+    )
+    failures: dict[str, list[str]] = {}
+    best: tuple[tuple[int, int, str], list[Migration], WNode, tuple[int, ...]] | None = None
+    for node in list(work.nodes.values()):
+        options = _options(work, node, request, settings, me, movable)
+        if isinstance(options, str):
+            failures.setdefault(options, []).append(node.name)
+            continue
+        found = None
+        for evict, positions in options:
+            if len(evict) > max_moves:
+                why = f"needs {len(evict)} moves, more than the maximum of {max_moves}"
+                failures.setdefault(why, []).append(node.name)
+                break
+            moves = _relocate(work, node, evict, facts)
+            if moves is not None:
+                stranded = sum(work.stranded(n) for n in work.nodes.values())
+                found = ((len(moves), stranded, node.name), moves, positions)
+                _undo(work, moves)
+                break
+        else:
+            if options:
+                failures.setdefault("the jobs to move fit nowhere else", []).append(node.name)
+        if found is not None and (best is None or found[0] < best[0]):
+            best = (found[0], found[1], node, found[2])
+    if best is None:
+        parts = "; ".join(
+            f"{len(nodes)} node(s): {why}"
+            for why, nodes in sorted(failures.items(), key=lambda kv: (-len(kv[1]), kv[0]))
+        )
+        reason = f"no node can make room for {shape_text}: {parts or 'no schedulable node'}"
+        return [], pinned, TargetOutcome(shape_text, False, None, (), reason)
+    _, moves, node, positions = best
+    cards = tuple(node.index[p] for p in positions)
+    where = f"{node.name} cards {','.join(map(str, cards)) or '-'}"
+    if moves:
+        reason = f"{shape_text} fits on {where} after {len(moves)} move(s)"
+    else:
+        reason = f"{shape_text} fits now on {where}, without moving anything"
+    band = _band_note(state, node, positions, request, settings)
+    if band:
+        reason = f"{reason}; {band}"
+    return moves, pinned, TargetOutcome(shape_text, True, node.name, cards, reason)
+
+
+def _options(
+    work: Work,
+    node: WNode,
+    request: JobRequest,
+    settings: Settings,
+    me: Allocation,
+    movable: set[str],
+) -> list[tuple[list[Allocation], tuple[int, ...]]] | str:
+    """Ways to make room on `node` (jobs to move, the target's card positions), fewest first;
+    or why the node cannot take the target at all."""
+    shape = request.shape
+    for r in request.node_affinity:
+        if not r.matches(node.labels):
+            return f"lacks label {r.text()}"
+    for r in request.node_anti_affinity:
+        if r.matches(node.labels):
+            return f"has label {r.text()}"
+    if node.cpu_cap is not None and node.cpu_cap < shape.cpu_milli:
+        return "too few CPU cores"
+    if node.mem_cap is not None and node.mem_cap < shape.host_mem_mib:
+        return "too little host memory"
+    mib = shape.mem_per_gpu.mib
+    usable = [
+        p
+        for p in range(len(node.caps))
+        if node.healthy[p]
+        and model_ok(shape.gpu_models, node.models[p])
+        and (mib is None or node.caps[p] >= mib)
+    ]
+    if len(usable) < shape.gpus:
+        return "too few usable cards"
+    must = [a for a in node.jobs.values() if clash(me, a)]
+    cap_ref = max((node.caps[p] for p in usable), default=0)
+    demand = demand_on(shape, cap_ref, settings)
+    sets: list[tuple[list[Allocation], tuple[int, ...]]] = []
+    if demand.gpus == 0:
+        sets.append(([], ()))
+    elif demand.whole:
+        for combo in _combos(node, usable, demand.gpus):
+            on = _jobs_on(node, combo)
+            if any(node.ghost[p] for p in combo):
+                continue
+            sets.append((on, combo))
+    else:
+        free = node.free()
+        for p in usable:
+            if node.caps[p] - node.ghost[p] < demand.per_gpu:
+                continue
+            need = demand.per_gpu - free[p]
+            on = sorted(_jobs_on(node, (p,)), key=lambda a: (-_units(node, a, p), a.job))
+            chosen: list[Allocation] = []
+            for a in on:
+                if need <= 0:
+                    break
+                chosen.append(a)
+                need -= _units(node, a, p)
+            if need <= 0:
+                sets.append((chosen, (p,)))
+    out = []
+    for evict, positions in sets:
+        full = _with_host(
+            node, {a.job: a for a in (*evict, *must)}, shape.cpu_milli, shape.host_mem_mib, movable
+        )
+        if full is not None and all(a.job in movable for a in full):
+            out.append((full, positions))
+    if not out:
+        return "a job there may not move" if sets else "no card can be freed for it"
+    out.sort(key=lambda ep: (len(ep[0]), sum(a.mib_per_card * len(a.cards) for a in ep[0]), ep[1]))
+    return out
+
+
+def _combos(node: WNode, usable: list[int], k: int) -> list[tuple[int, ...]]:
+    n = len(usable)
+    total = 1
+    for i in range(k):
+        total = total * (n - i) // (i + 1)
+    if total <= MAX_SUBSETS:
+        return list(itertools.combinations(usable, k))
+    by_jobs = sorted(usable, key=lambda p: (len(_jobs_on(node, (p,))), p))
+    return [tuple(sorted(by_jobs[:k]))]
+
+
+def _jobs_on(node: WNode, positions: tuple[int, ...]) -> list[Allocation]:
+    cards = {node.index[p] for p in positions}
+    return sorted((a for a in node.jobs.values() if cards & set(a.cards)), key=lambda a: a.job)
+
+
+def _units(node: WNode, a: Allocation, p: int) -> int:
+    return node.caps[p] if a.whole else a.mib_per_card
+
+
+def _with_host(
+    node: WNode, evict: dict[str, Allocation], cpu: int, mem: int, movable: set[str]
+) -> list[Allocation] | None:
+    """`evict`, plus the largest movable jobs until the node has `cpu` and `mem` free."""
+    cpu_free = node.cpu_free()
+    mem_free = node.mem_free()
+
+    def short() -> bool:
+        c = cpu_free is not None and cpu_free + sum(a.cpu_milli for a in evict.values()) < cpu
+        m = mem_free is not None and mem_free + sum(a.host_mem_mib for a in evict.values()) < mem
+        return c or m
+
+    rest = sorted(
+        (a for a in node.jobs.values() if a.job not in evict and a.job in movable),
+        key=lambda a: (-a.cpu_milli, -a.host_mem_mib, a.job),
+    )
+    for a in rest:
+        if not short():
+            break
+        evict[a.job] = a
+    return None if short() else sorted(evict.values(), key=lambda a: a.job)
+
+
+def _relocate(
+    work: Work, node: WNode, evict: list[Allocation], facts: Mapping[str, JobFacts]
+) -> list[Migration] | None:
+    """Move `evict` off `node` (largest first), each where it adds the least stranded memory.
+    Leaves the moves applied to `work` when it succeeds; undoes them and returns None if not."""
+    order = sorted(evict, key=lambda a: (-a.mib_per_card * len(a.cards), -a.cpu_milli, a.job))
+    moves: list[Migration] = []
+    for a in order:
+        f = facts[a.job]
+        form = work.form(a, f, node)
+        best: tuple[int, str, tuple[int, ...]] | None = None
+        for other in work.nodes.values():
+            if other is node:
+                continue
+            found = work.add_cost(other, form)
+            if found is not None and (best is None or (found[0], other.name) < best[:2]):
+                best = (found[0], other.name, found[1])
+        if best is None:
+            _undo(work, moves)
+            return None
+        before = work.stranded(node) + work.stranded(work.nodes[best[1]])
+        moved = work.move(a, node, work.nodes[best[1]], best[2])
+        after = work.stranded(node) + work.stranded(work.nodes[best[1]])
+        moves.append(
+            Migration(
+                job=a.job,
+                tier=a.tier,
+                from_node=a.node,
+                from_cards=a.cards,
+                to_node=moved.node,
+                to_cards=moved.cards,
+                mib_per_card=a.mib_per_card,
+                whole=a.whole,
+                checkpoint_age_s=f.checkpoint_age_s,
+                stranded_freed_mib=(before - after) / work.index.denominator,
+            )
+        )
+    return moves
+
+
+def _undo(work: Work, moves: list[Migration]) -> None:
+    for m in reversed(moves):
+        now = work.allocs[m.job]
+        back = dataclasses.replace(now, node=m.from_node, cards=m.from_cards)
+        work.nodes[m.to_node].release(now)
+        work.nodes[m.from_node].hold(back)
+        work.allocs[m.job] = back
+
+
+def _band_note(
+    state: FleetState, node: WNode, positions: tuple[int, ...], request: JobRequest, s: Settings
+) -> str | None:
+    demand = demand_on(request.shape, max((node.caps[p] for p in positions), default=0), s)
+    added = (
+        sum(node.caps[p] for p in positions) if demand.whole else demand.per_gpu * len(positions)
+    )
+    limit = s.limit_for(request.tier)
+    if added and state.allocated_mib() + added > limit_mib(state.capacity_mib(), limit):
+        return (
+            f"but {request.tier.value}-tier admission stops at {100 * limit:.1f}% of fleet GPU "
+            "memory: placement will refuse it until utilization drops"
+        )
+    return None
