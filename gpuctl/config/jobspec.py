@@ -27,6 +27,8 @@ checkpoint: {dir: "/shared/ckpt/{job_id}", sync: shared}   # sync: shared | pull
 restart_budget: 3            # restarts after the job's own failures before it is held
 grace_s: 30                  # SIGTERM -> SIGKILL grace
 slice_enforcement: observe   # observe | stop: what happens when the job uses more than its slice
+disruptible: true            # false: consolidation never moves it
+min_runtime_between_moves: 30m   # consolidation leaves it alone this long after a (re)start
 ```
 
 Every problem is one `JobSpecError` naming the file, the line and the field. `load_specs` keeps
@@ -61,6 +63,10 @@ RESERVED_ENV = frozenset(
 JOB_ID_PLACEHOLDER = "{job_id}"
 DEFAULT_RESTART_BUDGET = 3
 DEFAULT_GRACE_S = 30.0
+DEFAULT_MIN_RUNTIME_BETWEEN_MOVES_S = 1800.0
+MAX_MIN_RUNTIME_BETWEEN_MOVES_S = 7 * 86400.0
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|min|h|d)?\s*$")
+_DURATION_UNIT_S = {"s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
 LABEL_KEY_PATTERN = r"^[A-Za-z0-9]([A-Za-z0-9._/-]{0,126}[A-Za-z0-9])?$"
 ANY_VALUE = "*"
 KIND = "job spec"
@@ -102,6 +108,23 @@ def _cpu(value: Any) -> Any:
     except UnitError as exc:
         raise ValueError(str(exc)) from None
     return value
+
+
+def _duration_s(value: Any) -> Any:
+    """A duration: seconds (`90`), or a number with s, m (min), h or d (`30m`, `1.5h`)."""
+    shape = "must be a duration: seconds (1800) or a number with s, m, h or d (30m)"
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise ValueError(shape)
+    if isinstance(value, int | float):
+        seconds = float(value)
+    else:
+        m = _DURATION.match(value)
+        if m is None:
+            raise ValueError(f"{shape} (got {value!r})")
+        seconds = float(m.group(1)) * _DURATION_UNIT_S[m.group(2) or "s"]
+    if not 0 <= seconds <= MAX_MIN_RUNTIME_BETWEEN_MOVES_S:
+        raise ValueError(f"must be from 0 to 7 days (got {value!r})")
+    return seconds
 
 
 def _one_or_many(value: Any) -> Any:
@@ -247,6 +270,12 @@ class JobSpec(_Strict):
     restart_budget: int = Field(DEFAULT_RESTART_BUDGET, ge=0, le=100)
     grace_s: float = Field(DEFAULT_GRACE_S, gt=0, le=3600)
     slice_enforcement: Literal["observe", "stop"] = "observe"
+    # Consolidation: never move a job that is not disruptible, nor one (re)started less than
+    # this many seconds ago (spec files may write 30m, 2h, ...).
+    disruptible: bool = True
+    min_runtime_between_moves: Annotated[float, pydantic.BeforeValidator(_duration_s)] = (
+        DEFAULT_MIN_RUNTIME_BETWEEN_MOVES_S
+    )
 
     @pydantic.model_validator(mode="before")
     @classmethod
