@@ -66,6 +66,7 @@ class JobFacts:
     gpu_models: tuple[str, ...] = ()  # the job's model constraint (any of these)
     node_affinity: tuple[LabelRequirement, ...] = ()
     node_anti_affinity: tuple[LabelRequirement, ...] = ()
+    hold: str | None = None  # why it may not move now, as the caller knows (a move under way)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -82,6 +83,8 @@ class Migration:
     whole: bool
     checkpoint_age_s: float | None
     stranded_freed_mib: float  # stranded memory this move frees (in the plan's order)
+    cpu_milli: int = 0  # what the job holds on its node besides cards
+    host_mem_mib: int = 0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -44,6 +44,8 @@ def _move(m: Migration) -> dict[str, Any]:
         "whole": m.whole,
         "checkpoint_age_s": None if m.checkpoint_age_s is None else round(m.checkpoint_age_s, 1),
         "stranded_freed_mib": round(m.stranded_freed_mib, 3),
+        "cpu_milli": m.cpu_milli,
+        "host_mem_mib": m.host_mem_mib,
     }
 
 
@@ -124,6 +126,8 @@ def plan_from_dict(data: Mapping[str, Any]) -> ConsolidationPlan:
                     whole=bool(m["whole"]),
                     checkpoint_age_s=_opt_float(m.get("checkpoint_age_s")),
                     stranded_freed_mib=float(m["stranded_freed_mib"]),
+                    cpu_milli=int(m.get("cpu_milli", 0)),
+                    host_mem_mib=int(m.get("host_mem_mib", 0)),
                 )
                 for m in data["moves"]
             ),

@@ -287,6 +287,8 @@ def pin_reason(a: Allocation, facts: JobFacts | None, work: Work, now: float) ->
         return f"its node {a.node} is not schedulable ({why})"
     if facts is None:
         return "gpuctl has no facts about this job"
+    if facts.hold is not None:
+        return facts.hold
     if not facts.disruptible:
         return "disruptible: false"
     if facts.last_moved_at is not None:
@@ -405,6 +407,8 @@ def search(
                 whole=c.alloc.whole,
                 checkpoint_age_s=c.facts.checkpoint_age_s,
                 stranded_freed_mib=gain / index.denominator,
+                cpu_milli=c.alloc.cpu_milli,
+                host_mem_mib=c.alloc.host_mem_mib,
             )
         )
         cands.remove(c)

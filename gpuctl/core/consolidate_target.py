@@ -247,6 +247,8 @@ def _relocate(
                 whole=a.whole,
                 checkpoint_age_s=f.checkpoint_age_s,
                 stranded_freed_mib=(before - after) / work.index.denominator,
+                cpu_milli=a.cpu_milli,
+                host_mem_mib=a.host_mem_mib,
             )
         )
     return moves
