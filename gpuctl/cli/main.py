@@ -14,6 +14,7 @@ from typer.core import TyperGroup
 from gpuctl import __version__
 from gpuctl.cli import (
     bench,
+    consolidate,
     db,
     health,
     hosts,
@@ -144,6 +145,7 @@ health.register(app)
 place.register(app)
 reconcile.register(app)
 jobs.register(app)
+consolidate.register(app)
 app.add_typer(nodes.app, name="nodes")
 app.add_typer(inventory_cmd.app, name="inventory")
 app.add_typer(hosts.app, name="hosts")

@@ -1,0 +1,192 @@
+"""`gpuctl consolidate`: migrations that free whole cards and nodes; `--apply` runs them."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, TextIO
+
+import typer
+
+from gpuctl.cli import context
+from gpuctl.cli.render import OUTPUT_OPTION, Output, emit_document, safe
+from gpuctl.errors import ExitCode, UsageError
+
+if TYPE_CHECKING:
+    from gpuctl.adapters.protocols import Store
+    from gpuctl.core.consolidate import ConsolidationPlan
+    from gpuctl.core.model import FleetSnapshot
+    from gpuctl.core.placement.model import JobRequest
+    from gpuctl.ops.consolidate import ApplyResult, Window
+    from gpuctl.ops.migrate import MigrationResult
+
+PARTIAL_EXIT = ExitCode.PARTIAL  # 3: --for cannot be made to fit; --apply left moves undone
+
+
+def consolidate(
+    ctx: typer.Context,
+    max_moves: int = typer.Option(10, "--max-moves", help="Most migrations in the plan."),
+    window: str | None = typer.Option(
+        None, "--window", help="Apply only inside HH:MM-HH:MM local time (may wrap midnight)."
+    ),
+    for_job: Path | None = typer.Option(
+        None, "--for", metavar="JOB.yaml", help="Make room for this job with the fewest moves."
+    ),
+    apply: bool = typer.Option(False, "--apply", help="Carry the plan out (asks first)."),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Show the plan; change nothing."),
+    parallel: int = typer.Option(1, "--parallel", help="Migrations at once, when independent."),
+    snapshot: Path | None = typer.Option(
+        None, "--snapshot", help="Plan on a saved `gpuctl status -o json` (not with --apply)."
+    ),
+    output: Output = OUTPUT_OPTION,
+) -> None:
+    """Plan migrations (checkpoint, stop, restart elsewhere) that free whole cards and nodes:
+    which jobs move from which cards to which, what it frees and what it costs. Nothing moves
+    without --apply; --apply runs the plan only if the fleet is still the one it was made for.
+
+    Exit 0: planned, or applied in full. 1: refused (stale plan, outside --window).
+    2: bad options. 3: --for cannot be made to fit, or --apply left moves undone.
+    6: the store refuses.
+    """
+    from gpuctl.ops.consolidate import Window
+
+    if max_moves < 0 or parallel < 1:
+        raise UsageError("--max-moves must be 0 or more and --parallel 1 or more")
+    win = Window.parse(window) if window is not None else None
+    target = _target(for_job) if for_job is not None else None
+    if apply and not dry_run and snapshot is not None:
+        raise UsageError("--apply works on the live fleet, not on a --snapshot")
+    if apply and not dry_run:
+        _apply(ctx, max_moves, target, win, yes, parallel, output)
+        return
+    plan = _plan_only(ctx, snapshot, max_moves, target)
+    _show(plan, output)
+    if apply:  # --apply --dry-run
+        sys.stderr.write("dry run: nothing changed\n")
+        if win is not None and not win.contains(_minute_of_day()):
+            sys.stderr.write(f"note: outside the window {win.text}, --apply would refuse\n")
+    _exit_for(plan)
+
+
+def _target(path: Path) -> JobRequest:
+    from gpuctl.config.jobspec import load_job_specs
+
+    requests = load_job_specs([path])
+    if len(requests) != 1:
+        raise UsageError(f"{path}: --for takes one job, the file has {len(requests)}")
+    return requests[0]
+
+
+def _plan_only(
+    ctx: typer.Context, snapshot: Path | None, max_moves: int, target: JobRequest | None
+) -> ConsolidationPlan:
+    from gpuctl.cli import fleet
+    from gpuctl.ops.place import load_snapshot
+
+    snap = (
+        load_snapshot(snapshot) if snapshot else fleet.gather(ctx, fleet.load_inventory(ctx).nodes)
+    )
+    with fleet.open_state(ctx, write=False) as store:
+        return _plan(snap, store, max_moves, target)
+
+
+def _plan(
+    snap: FleetSnapshot, store: Store, max_moves: int, target: JobRequest | None
+) -> ConsolidationPlan:
+    from gpuctl.ops import consolidate as service
+
+    now = time.time()
+    inputs = service.gather_inputs(snap, store, now)
+    return service.plan(inputs, now=now, max_moves=max_moves, target=target)
+
+
+def _apply(
+    ctx: typer.Context,
+    max_moves: int,
+    target: JobRequest | None,
+    win: Window | None,
+    yes: bool,
+    parallel: int,
+    output: Output,
+) -> None:
+    from gpuctl.cli.nodeops import build_loop
+    from gpuctl.ops import consolidate as service
+    from gpuctl.ops.jobs import operator
+
+    document = output in (Output.JSON, Output.YAML)
+    loop, snap, close = build_loop(ctx, write=True)
+    try:
+        plan = _plan(snap, loop.store, max_moves, target)
+        # the plan before the question: stdout as a table, stderr when stdout is a document
+        _show(plan, Output.TABLE, stream=sys.stderr if document else sys.stdout)
+        if plan.empty:
+            if document:
+                emit_document(service.ApplyResult(plan, ()).to_dict(), output)
+            _exit_for(plan)
+        service.check_window(win, _minute_of_day())
+        if not yes:
+            _ask(f"move {len(plan.moves)} job(s) as planned?")
+        fresh = loop.fleet.gather(loop.inventory)
+        migrator = service.loop_migrator(
+            loop, operator=operator(context.get(ctx).env), snapshot=fresh, on_result=_progress
+        )
+        result = service.apply(
+            plan,
+            current_version=service.current_version(fresh, loop.store),
+            migrator=migrator,
+            window=win,
+            minute_of_day=_minute_of_day(),
+            parallel=parallel,
+        )
+    finally:
+        close()
+    if document:
+        emit_document(result.to_dict(), output)
+    else:
+        sys.stdout.write(safe(render_result(result)))
+    if not result.complete:
+        raise typer.Exit(int(PARTIAL_EXIT))
+
+
+def _show(plan: ConsolidationPlan, output: Output, stream: TextIO | None = None) -> None:
+    from gpuctl.core.consolidate_doc import plan_to_dict, render_plan
+
+    if output in (Output.JSON, Output.YAML):
+        emit_document(plan_to_dict(plan), output)
+        return
+    (sys.stdout if stream is None else stream).write(safe(render_plan(plan)))
+
+
+def _exit_for(plan: ConsolidationPlan) -> None:
+    if plan.target is not None and not plan.target.fits:
+        raise typer.Exit(int(PARTIAL_EXIT))
+    raise typer.Exit(int(ExitCode.OK))
+
+
+def _ask(question: str) -> None:
+    if not typer.confirm(question, default=False, err=True):
+        sys.stderr.write("nothing changed\n")
+        raise typer.Exit(int(ExitCode.ERROR))
+
+
+def _minute_of_day() -> int:
+    t = time.localtime()
+    return t.tm_hour * 60 + t.tm_min
+
+
+def _progress(result: MigrationResult) -> None:
+    sys.stderr.write(safe(f"{result.job_id}: {result.outcome}: {result.message}") + "\n")
+    sys.stderr.flush()
+
+
+def render_result(result: ApplyResult) -> str:
+    lines = [f"{r.job}: {r.outcome}: {r.message}" for r in result.results]
+    done = sum(1 for r in result.results if r.outcome in ("moved", "elsewhere"))
+    lines.append(f"{done} of {len(result.plan.moves)} move(s) done")
+    return "\n".join(lines) + "\n"
+
+
+def register(app: typer.Typer) -> None:
+    app.command("consolidate")(consolidate)
