@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import ParamSpec, Protocol
 
 from gpuctl.adapters.protocols import Clock, JobRunner, Store
+from gpuctl.core.health_model import HealthRules
 from gpuctl.core.jobs import (
     Event,
     Incarnation,
@@ -25,9 +26,11 @@ from gpuctl.core.jobs import (
     RunStatus,
 )
 from gpuctl.core.model import FleetSnapshot, Inventory, NodeSpec
-from gpuctl.errors import GpuctlError, StoreConflict
+from gpuctl.errors import GpuctlError, StoreConflict, TransportError
 from gpuctl.ops import (
+    migrate,
     reconcile_checkpoints,
+    reconcile_health,
     reconcile_jobs,
     reconcile_launch,
     reconcile_nodes,
@@ -64,6 +67,7 @@ class Reconciler:
         environ: Mapping[str, str] | None = None,
         state_dir: str | None = None,
         on_action: Callable[[Action], None] | None = None,
+        health_rules: HealthRules | None = None,
     ) -> None:
         self.store = store
         self.fleet = fleet
@@ -75,6 +79,8 @@ class Reconciler:
         self.state_dir = state_dir
         self.on_action = on_action
         self.scanned_at: dict[str, float] = {}  # job id -> when its checkpoints were last read
+        self.health_rules = health_rules  # None: the built-in rules, read at the first pass
+        self.health_history = reconcile_health.SampleHistory()
 
     def run_once(self, stop: threading.Event | None = None) -> PassReport:
         """One pass. Raises StoreConflict when another loop holds the lock past `lock_wait_s`."""
@@ -141,6 +147,8 @@ class Pass:
             self.failover,
             lambda: reconcile_checkpoints.sync_checkpoints(self),
             lambda: reconcile_launch.hold_slices(self),
+            lambda: reconcile_health.health(self),
+            lambda: migrate.advance_all(self),
             lambda: reconcile_launch.place_and_launch(self),
         )
         for step in steps:
@@ -197,9 +205,13 @@ class Pass:
             self.store.update_incarnation(inc.job_id, inc.n, pid=run.pid)
 
     def stop_overdue(self) -> None:
-        """Stopping incarnations past their job's grace: kill the process group."""
+        """Stopping incarnations past their job's grace: kill the process group. (A migration
+        keeps its own grace: its source is left to `migrate.advance`.)"""
+        moving = {(r.job_id, r.from_incarnation) for r in self.store.reservations()}
         for inc in self.store.incarnations(holding=True):
             if inc.state is not IncarnationState.STOPPING or inc.node not in self.observed:
+                continue
+            if (inc.job_id, inc.n) in moving:
                 continue
             run = self.observed[inc.node].get((inc.job_id, inc.n))
             if run is None or not run.alive:
@@ -236,7 +248,21 @@ class Pass:
 
     # --- helpers -----------------------------------------------------------------------------
 
-    def guard(self, work: Callable[P, None], *args: P.args, **kwargs: P.kwargs) -> None:
+    def observe_nodes(self, names: set[str]) -> None:
+        """Outside a full pass (a command driving migrations): list the runs of `names`."""
+        for name in sorted(names):
+            spec = self.specs.get(name)
+            if spec is None:
+                continue
+            try:
+                runs = self.runner.observe(spec)
+            except TransportError as exc:
+                self.note("observe", f"{name}: could not list its runs: {exc}", node=name)
+                continue
+            self.answering.add(name)
+            self.observed[name] = {(r.job_id, r.incarnation): r for r in runs}
+
+    def guard(self, work: Callable[P, object], *args: P.args, **kwargs: P.kwargs) -> None:
         """One job's trouble (a node that stopped answering, a lost compare-and-set, a bad spec)
         is reported and the pass goes on."""
         try:

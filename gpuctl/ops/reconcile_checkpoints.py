@@ -37,10 +37,12 @@ def sync_checkpoints(p: Pass) -> None:
         job = p.store.job(inc.job_id)
         if job is None:
             continue
-        p.guard(_sync_one, p, job, inc)
+        p.guard(sync_one, p, job, inc)
 
 
-def _sync_one(p: Pass, job: Job, inc: Incarnation) -> None:
+def sync_one(p: Pass, job: Job, inc: Incarnation) -> None:
+    """Record the newest committed checkpoint of `inc` on its node (pulled first for `sync:
+    pull`), if it is newer than the newest recorded."""
     folder = jobspecs.checkpoint_dir(job)
     markers = p.runner.checkpoints(p.spec(inc.node), folder)
     if not p.dry:

@@ -35,6 +35,7 @@ from gpuctl.ops.jobrunner import LaunchFailed, LaunchRefused
 from gpuctl.ops.place import fleet_state_from_snapshot
 
 if TYPE_CHECKING:
+    from gpuctl.adapters.protocols import Store
     from gpuctl.ops.reconcile import Pass
 
 
@@ -116,6 +117,7 @@ def fleet_state(p: Pass) -> tuple[FleetState, dict[str, Job]]:
         if inc.state is IncarnationState.LOST:  # holds its cards, but its job may run elsewhere
             alloc = dataclasses.replace(alloc, job=f"{inc.job_id}#lost{inc.n}")
         allocations.append(alloc)
+    allocations += reserved_allocations(p.store)
     state = fleet_state_from_snapshot(p.snapshot, allocations)
     cordoned = {c.node: c for c in p.store.cordons()}
     if cordoned:
@@ -129,10 +131,30 @@ def fleet_state(p: Pass) -> tuple[FleetState, dict[str, Job]]:
     return state, jobs
 
 
+def reserved_allocations(store: Store) -> list[Allocation]:
+    """Cards held by reservations (a migration's target), as placement allocations under the
+    key `<job id>#reserved`: nothing else is placed there while the job moves."""
+    return [
+        Allocation(
+            f"{r.job_id}#reserved",
+            r.node,
+            r.cards,
+            r.mib_per_card,
+            r.whole,
+            cpu_milli=r.cpu_milli,
+            host_mem_mib=r.host_mem_mib,
+        )
+        for r in store.reservations()
+    ]
+
+
 def place_and_launch(p: Pass) -> None:
     reconcile_jobs.repair(p)
     state, jobs = fleet_state(p)
-    queued = [j for j in p.store.jobs([JobState.QUEUED]) if not j.cancel_requested]
+    moving = {r.job_id for r in p.store.reservations()}  # started on their reservation
+    queued = [
+        j for j in p.store.jobs([JobState.QUEUED]) if not j.cancel_requested and j.id not in moving
+    ]
     releasing = {
         i.job_id
         for i in p.store.incarnations(holding=True)
@@ -154,7 +176,7 @@ def _hold(p: Pass, job: Job, why: str) -> None:
     p.update_job(job, "hold", f"{job.id} held: {why}", state=JobState.HELD, reason=why)
 
 
-def _request(job: Job, jobs: dict[str, Job]) -> JobRequest:
+def placement_request(job: Job, jobs: dict[str, Job]) -> JobRequest:
     """The job's placement request: its id as the name, `avoid_jobs` names as live job ids."""
     return jobspecs.job_request(job, jobspecs.ids_by_name(jobs.values()))
 
@@ -167,7 +189,7 @@ def _is_failover(p: Pass, job: Job) -> bool:
 def _place_one(
     p: Pass, job: Job, state: FleetState, jobs: dict[str, Job], releasing: set[str]
 ) -> FleetState:
-    req = _request(job, jobs)
+    req = placement_request(job, jobs)
     settings = p.settings.placement
     failover = _is_failover(p, job)
     if failover:  # the headroom is kept for exactly this
@@ -228,30 +250,67 @@ def _preempt_for(
 
 
 def _launch(p: Pass, job: Job, placed: Placed, state: FleetState) -> bool:
-    """Intent, launch, confirmation. True when the cards are now held (launched, or the
-    outcome is unknown and will be observed next pass)."""
-    n = job.incarnation + 1
+    """Intent, launch, confirmation of a placement. True when the cards are now held."""
+    alloc = placed.allocation
     node = placed.node
     if node not in p.specs:
         p.note("launch", f"{job.id}: {node} is not in the inventory", job=job.id)
         return False
+    capacity = {(node, c.index): c.capacity_mib for c in state.node(node).cards}
+    target = Target(
+        node,
+        alloc.cards,
+        tuple(u or "" for u in placed.card_uuids),
+        alloc.mib_per_card,
+        alloc.whole,
+        alloc.cpu_milli,
+        alloc.host_mem_mib,
+    )
+    return launch_on(p, job, target, capacity)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Target:
+    """Where an incarnation starts: a placement, or a migration's reserved cards."""
+
+    node: str
+    cards: tuple[int, ...]
+    gpu_uuids: tuple[str, ...]
+    mib_per_card: int
+    whole: bool
+    cpu_milli: int = 0
+    host_mem_mib: int = 0
+
+
+def launch_on(
+    p: Pass,
+    job: Job,
+    target: Target,
+    capacity: dict[tuple[str, int], int],
+    *,
+    why: str = "",
+) -> bool:
+    """Intent, launch, confirmation of the job's next incarnation on `target`. True when the
+    cards are now held (launched, or the outcome is unknown and will be observed next pass).
+    StoreConflict when the store refuses the intent (a card taken, the node cordoned)."""
+    n = job.incarnation + 1
+    node = target.node
     secrets = jobspecs.resolve_secrets(job, p.loop.environ)
     resume_from, resume_step = reconcile_checkpoints.resume_point(p, job, n, node)
-    alloc = placed.allocation
     inc = Incarnation(
         job_id=job.id,
         n=n,
         node=node,
-        cards=alloc.cards,
-        gpu_uuids=tuple(u or "" for u in placed.card_uuids),
-        mib_per_card=alloc.mib_per_card,
-        whole=alloc.whole,
+        cards=target.cards,
+        gpu_uuids=target.gpu_uuids or tuple("" for _ in target.cards),
+        mib_per_card=target.mib_per_card,
+        whole=target.whole,
         state=IncarnationState.LAUNCHING,
         started_at=p.now,
         run_dir=f".gpuctl/runs/{job.id}/{n}",
         resume_step=resume_step,
-        cpu_milli=alloc.cpu_milli,
-        host_mem_mib=alloc.host_mem_mib,
+        cpu_milli=target.cpu_milli,
+        host_mem_mib=target.host_mem_mib,
     )
     request = jobspecs.launch_request(
         job,
@@ -265,11 +324,10 @@ def _launch(p: Pass, job: Job, placed: Placed, state: FleetState) -> bool:
     )
     cards = ",".join(str(c) for c in inc.cards) or "none"
     start = f"step {resume_step}" if resume_step is not None else "a fresh start"
-    message = f"incarnation {n} of {job.id} on {node} cards {cards}, from {start}"
+    message = f"incarnation {n} of {job.id} on {node} cards {cards}, from {start}{why}"
     if p.dry:
         p.record("launch", message, job=job.id, node=node, inc=n)
         return True
-    capacity = {(node, c.index): c.capacity_mib for c in state.node(node).cards}
     p.store.begin_launch(
         inc,
         capacity_mib=capacity,

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpuctl.core.failover import DEFAULT_GRACE_S, DEFAULT_MASS_FAILURE_FRACTION, RestartPolicy
+from gpuctl.core.nodehealth import AutoDrainPolicy
 from gpuctl.core.placement.model import Settings
 
 DEFAULT_LAUNCH_SETTLE_S = 20.0
@@ -19,7 +20,9 @@ class ReconcileSettings:
     """How the loop decides. `grace_s`: a node is down after this long without an answer;
     `mass_failure_fraction`: more than this share of the nodes failing at once suspends failover;
     `launch_settle_s`: a launch not found on its node this long after its intent was written
-    failed; `checkpoint_scan_s`: how often a running job's checkpoints are read (per job)."""
+    failed; `checkpoint_scan_s`: how often a running job's checkpoints are read (per job);
+    `health`: automatic cordons and drains of unhealthy nodes (hysteresis, rate limit,
+    cool-down)."""
 
     placement: Settings = dataclasses.field(default_factory=Settings)
     grace_s: float = DEFAULT_GRACE_S
@@ -29,6 +32,7 @@ class ReconcileSettings:
     checkpoint_scan_s: float = DEFAULT_CHECKPOINT_SCAN_S
     lock_wait_s: float = 0.0
     dry_run: bool = False
+    health: AutoDrainPolicy = dataclasses.field(default_factory=AutoDrainPolicy)
 
     def __post_init__(self) -> None:
         if self.grace_s < 0 or self.launch_settle_s < 0 or self.checkpoint_scan_s < 0:
@@ -60,6 +64,8 @@ class NodeReport:
     failing_for_s: float | None = None
     ghost_mib: int = 0  # GPU memory of processes gpuctl did not launch
     ghost_pids: tuple[int, ...] = ()
+    health: str | None = None  # the health verdict of this pass: healthy, degraded, ...
+    health_action: str | None = None  # what it asks of the loop: none, alert, cordon, drain
 
     def to_dict(self) -> dict[str, Any]:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

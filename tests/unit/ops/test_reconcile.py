@@ -25,12 +25,14 @@ from gpuctl.core.jobs import (
     JobState,
 )
 from gpuctl.core.model import GpuProcess
+from gpuctl.core.nodehealth import AutoDrainPolicy
 from gpuctl.core.placement.model import Settings
 from gpuctl.errors import StoreConflict
 from gpuctl.ops import jobs as jobs_service
 from gpuctl.ops.invariants import check_invariants
 from gpuctl.ops.jobrunner import LaunchFailed
 from gpuctl.ops.reconcile import PassReport, Reconciler, ReconcileSettings
+from gpuctl.testing.drainkit import Kit
 from gpuctl.testing.fakerunner import FakeCluster, FakeFleet, FakeRunner, ManualClock
 from gpuctl.testing.memstore import MemoryStore
 
@@ -582,7 +584,8 @@ class Crashing:
 
     WRITES = frozenset(
         {"update_job", "begin_launch", "update_incarnation", "add_checkpoint", "append_event",
-         "set_liveness"}
+         "set_liveness", "reserve", "update_reservation", "release_reservation", "cordon",
+         "uncordon", "set_node_health"}
     )  # fmt: skip
 
     def __init__(self, inner: Store, at: int) -> None:
@@ -633,3 +636,170 @@ def test_gpuctl_killed_at_any_write_loses_no_job_and_launches_nothing_twice(
     assert {t.job(j.id).state for j in jobs} == {JobState.SUCCEEDED}
     launched = [(r.job_id, r.incarnation) for _, r in t.runner.launches]
     assert len(launched) == len(set(launched))
+
+
+# --- health: automatic cordons and drains --------------------------------------------------
+
+
+def kit(store: Store, nodes: tuple[str, ...] = ("n1", "n2", "n3"), **policy: Any) -> Kit:
+    return Kit.make(store, nodes, health=AutoDrainPolicy(**policy))
+
+
+def test_uncorrectable_ecc_cordons_at_once_and_drains_after_the_hysteresis(store: Store) -> None:
+    k = kit(store, drain_after_passes=3)
+    job = k.submit("train")
+    k.step()
+    node = k.inc(job.id).node
+    k.fleet.faults[node] = {"ecc": 1}
+    first = k.step()
+    (cordon,) = store.cordons()
+    assert (cordon.node, cordon.operator, cordon.source) == (node, "gpuctl", "health")
+    assert "uncorrectable ECC" in cordon.reason
+    assert [a.message for a in first.of("drain")] == [
+        f"{node}: not drained yet: drain asked at 1 of 3 consecutive passes (hysteresis)"
+    ]
+    k.step()
+    assert k.signals(job.id) == [] and store.reservations() == []
+    k.step()  # the third pass in a row: drained
+    assert k.signals(job.id) == ["USR1"]
+    for _ in range(3):
+        k.step()
+    moved = k.inc(job.id)
+    assert (moved.n, moved.state) == (2, IncarnationState.RUNNING) and moved.node != node
+    assert moved.resume_step == 20  # the checkpoint written on SIGTERM, after the one asked for
+    drain = store.events(kinds=["drain"])[-1]
+    assert drain.data["source"] == "health" and "ECC" in str(drain.data["reason"])
+    assert "migrated" in k.kinds(job.id) and check_invariants(store) == []
+
+
+def test_a_fault_that_clears_before_the_hysteresis_moves_nothing(store: Store) -> None:
+    k = kit(store, drain_after_passes=2)
+    job = k.submit("train")
+    k.step()
+    node = k.inc(job.id).node
+    k.fleet.faults[node] = {"xid": 79}
+    k.step()
+    del k.fleet.faults[node]
+    k.step()
+    k.fleet.faults[node] = {"xid": 79}
+    k.step()  # one pass again, not two in a row
+    assert k.signals(job.id) == [] and k.inc(job.id).n == 1
+    assert [c.source for c in store.cordons()] == ["health"]
+
+
+def test_unreadable_gpus_cordon_and_leave_running_jobs_alone(store: Store) -> None:
+    k = kit(store, drain_after_passes=1)
+    job = k.submit("train")
+    k.step()
+    node = k.inc(job.id).node
+    k.fleet.faults[node] = {"garbage": True}
+    for _ in range(4):
+        report = k.step()
+    assert [(c.node, c.source) for c in store.cordons()] == [(node, "health")]
+    assert "running jobs are left alone" in store.events(kinds=["cordon"])[-1].message
+    assert k.signals(job.id) == [] and k.inc(job.id).n == 1
+    assert store.events(kinds=["drain"]) == []
+    assert {n.name: n.health for n in report.nodes}[node] == "unknown"
+
+
+def test_at_most_the_rate_limit_of_nodes_is_drained_per_hour(store: Store) -> None:
+    k = Kit.make(
+        store,
+        ("n1", "n2", "n3", "n4", "n5"),
+        gpus=1,
+        health=AutoDrainPolicy(drain_after_passes=1, max_drains_per_hour=1),
+    )
+    jobs = [k.submit(f"j{i}", resources={"gpus": 1, "mem_per_gpu": "whole"}) for i in range(2)]
+    k.step()
+    sick = sorted(k.inc(j.id).node for j in jobs)
+    assert len(set(sick)) == 2
+    for name in sick:
+        k.fleet.faults[name] = {"ecc": 1}
+    report = k.step()
+    assert sorted(c.node for c in store.cordons()) == sick  # both cordoned at once
+    (first,) = [e.node for e in store.events(kinds=["drain"])]
+    held = [a for a in report.of("drain") if a.outcome == "waiting"]
+    assert [a.node for a in held] == [n for n in sick if n != first]
+    assert "rate limit: at most 1 node(s) drained per hour" in held[0].message
+    k.step(1800)
+    assert len(store.events(kinds=["drain"])) == 1
+    k.step(1801)  # an hour after the first: the next one may start
+    assert sorted(e.node for e in store.events(kinds=["drain"])) == sorted(sick)
+
+
+def test_no_drain_while_most_nodes_look_unhealthy_at_once(store: Store) -> None:
+    k = kit(store, drain_after_passes=1)
+    job = k.submit("train")
+    k.step()
+    for name in ("n1", "n2"):
+        k.fleet.faults[name] = {"ecc": 1}
+    k.step()
+    k.step()
+    assert store.events(kinds=["drain"]) == [] and k.signals(job.id) == []
+    (suspect,) = store.events(kinds=["suspect_health"])
+    assert "2 of 3 nodes look unhealthy at once" in suspect.message
+    assert len(store.cordons()) == 2  # cordons still protect new work
+    del k.fleet.faults["n2"]
+    k.step()
+    assert [e.outcome for e in store.events(kinds=["suspect_health"])] == ["waiting", "ok"]
+
+
+def test_gpuctl_lifts_its_own_cordon_after_the_cool_down_and_never_a_person_s(
+    store: Store,
+) -> None:
+    k = kit(store, cool_down_s=600)
+    k.fleet.faults["n1"] = {"garbage": True}
+    k.fleet.faults["n2"] = {"garbage": True}
+    k.step()
+    assert {c.node for c in store.cordons()} == {"n1", "n2"}
+    person = Cordon("n2", "keep it out: RMA pending", "alice", "operator", k.clock.now())
+    store.cordon(person, Event(k.clock.now(), "alice", "cordon", "rma", node="n2"))
+    k.fleet.faults.clear()
+    k.step(300)
+    assert {c.node for c in store.cordons()} == {"n1", "n2"}  # within the cool-down
+    k.step(301)
+    k.step(301)
+    assert store.cordons() == [person]
+    lifted = store.events(kinds=["uncordon"])
+    assert [(e.node, e.actor) for e in lifted] == [("n1", "gpuctl")]
+    for _ in range(3):
+        k.step(700)
+    assert store.cordons() == [person]
+
+
+def test_a_health_cordon_never_replaces_a_person_s_cordon(store: Store) -> None:
+    k = kit(store, cool_down_s=0)
+    person = Cordon("n1", "maintenance", "alice", "operator", k.clock.now())
+    store.cordon(person, Event(k.clock.now(), "alice", "cordon", "maint", node="n1"))
+    k.fleet.faults["n1"] = {"garbage": True}
+    k.step()
+    del k.fleet.faults["n1"]
+    k.step()
+    k.step()
+    assert store.cordons() == [person]
+
+
+@pytest.mark.parametrize("at", range(1, 18))  # every write of the drain below
+def test_gpuctl_killed_mid_migration_is_resumed_safely_by_the_next_pass(
+    store: Store, at: int
+) -> None:
+    crashing = Crashing(store, 10_000)
+    k = Kit.make(crashing, ("n1", "n2", "n3"), health=AutoDrainPolicy(drain_after_passes=1))  # type: ignore[arg-type]
+    job = k.submit("train")
+    k.step()
+    node = k.inc(job.id).node
+    k.fleet.faults[node] = {"ecc": 1}
+    crashing.writes, crashing.at = 0, at  # die at the at-th write of the drain
+    for _ in range(8):
+        try:
+            k.step()
+        except SystemExit:
+            continue
+    assert check_invariants(store) == []
+    assert store.reservations() == []
+    current = k.inc(job.id)
+    assert current.node != node and current.state is IncarnationState.RUNNING
+    assert k.job(job.id).state is JobState.RUNNING
+    launched = [(r.job_id, r.incarnation) for _, r in k.runner.launches]
+    assert len(launched) == len(set(launched))
+    assert len([r for r in k.cluster.runs(job.id) if r.alive]) == 1

@@ -1,0 +1,240 @@
+"""The control loop's health step: judge every node from the pass's gather (and the samples of
+earlier passes), then cordon, drain and lift gpuctl's own cordons as `gpuctl.core.nodehealth`
+decides: cordon at first sight, unknown health cordons only, drains after a verdict persisted
+(hysteresis) and within a rate limit, never while most of the fleet looks unhealthy at once, and
+a health cordon lifted only after a cool-down, never a person's cordon.
+
+A drained node's running jobs are moved with the migration primitive (`gpuctl.ops.migrate`):
+each gets a target reserved here; the loop's migration step takes them further every pass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from gpuctl.core.health import evaluate_fleet
+from gpuctl.core.health_model import Action, HealthRules
+from gpuctl.core.jobs import Cordon, Incarnation, IncarnationState, Job
+from gpuctl.core.model import GpuSnapshot, NodeSnapshot, Observation
+from gpuctl.core.nodehealth import (
+    HEALTH_SOURCE,
+    HealthPlan,
+    NodeHealth,
+    NodeStep,
+    changed,
+    decide,
+    track,
+)
+from gpuctl.ops import migrate
+
+if TYPE_CHECKING:
+    from gpuctl.ops.reconcile import Pass
+
+ACTOR = "gpuctl"
+HOUR_S = 3600.0
+
+
+class SampleHistory:
+    """Recent samples of each node, in memory: what the rules look back at (each GPU's identity
+    and temperature), so a heat spike is told from sustained heat across passes."""
+
+    def __init__(self, keep_s: float = 1800.0, max_samples: int = 400) -> None:
+        self.keep_s = keep_s
+        self.max_samples = max_samples
+        self._samples: dict[str, tuple[NodeSnapshot, ...]] = {}
+
+    def record(self, nodes: Sequence[NodeSnapshot]) -> dict[str, tuple[NodeSnapshot, ...]]:
+        """Add one poll; return each node's earlier samples (before this poll)."""
+        before = dict(self._samples)
+        for node in nodes:
+            if node.taken_at is None:
+                continue
+            oldest = node.taken_at - self.keep_s
+            kept = [s for s in self._samples.get(node.name, ()) if (s.taken_at or 0.0) >= oldest]
+            kept.append(_slim(node))
+            self._samples[node.name] = tuple(kept[-self.max_samples :])
+        return before
+
+
+def _slim(node: NodeSnapshot) -> NodeSnapshot:
+    obs = node.observation
+    gpus: tuple[GpuSnapshot, ...] = ()
+    if obs is not None and obs.nvml_ok:
+        gpus = tuple(GpuSnapshot(index=g.index, uuid=g.uuid, temp_c=g.temp_c) for g in obs.gpus)
+    return NodeSnapshot(
+        name=node.name,
+        reach=node.reach,
+        state=node.state,
+        observation=None if obs is None else Observation(gpus=gpus, nvml_ok=obs.nvml_ok),
+        taken_at=node.taken_at,
+    )
+
+
+def rules(p: Pass) -> HealthRules:
+    if p.loop.health_rules is None:
+        from gpuctl.config.health_rules import load_rules
+
+        p.loop.health_rules = load_rules()
+    return p.loop.health_rules
+
+
+def health(p: Pass) -> None:
+    policy = p.settings.health
+    if not policy.enabled or not p.snapshot.nodes:
+        return
+    earlier = p.loop.health_history.record(p.snapshot.nodes)
+    expected = {name: spec.expected_gpus for name, spec in p.specs.items()}
+    verdicts = evaluate_fleet(p.snapshot, earlier, expected_gpus=expected, rules=rules(p))
+    prev = p.store.node_health()
+    tracked: dict[str, NodeHealth] = {}
+    for verdict in verdicts:
+        reachable = verdict.name in p.answering
+        now = track(
+            prev.get(verdict.name),
+            verdict,
+            reachable=reachable,
+            now=p.now,
+            cap=policy.drain_after_passes,
+        )
+        tracked[verdict.name] = now
+        if not p.dry and changed(prev.get(verdict.name), now):
+            p.store.set_node_health(now)
+        report = p.node_reports.get(verdict.name)
+        if report is not None:
+            p.node_reports[verdict.name] = dataclasses.replace(
+                report, health=verdict.verdict.value, health_action=now.action.value
+            )
+    plan = decide(
+        tracked,
+        {c.node: c for c in p.store.cordons()},
+        drains_last_hour=_drains_last_hour(p),
+        policy=policy,
+        now=p.now,
+        nodes=sorted(tracked),
+    )
+    _suspect(p, plan)
+    for step in plan.cordon:
+        p.guard(_cordon, p, step, tracked[step.node])
+    for step in plan.uncordon:
+        p.guard(_uncordon, p, step)
+    for step in plan.held:
+        p.note("drain", f"{step.node}: not drained yet: {step.why}", node=step.node)
+    for step in plan.drain:
+        p.guard(_drain, p, step, tracked[step.node], start=step.node in plan.start_drain)
+
+
+def _drains_last_hour(p: Pass) -> int:
+    """Nodes gpuctl began draining for health within the last hour."""
+    found = p.store.events(since=p.now - HOUR_S, kinds=["drain"])
+    return len({e.node for e in found if e.actor == ACTOR and e.data.get("source") == "health"})
+
+
+def _suspect(p: Pass, plan: HealthPlan) -> None:
+    last = p.store.events(kinds=["suspect_health"], limit=1)
+    was = bool(last) and last[-1].outcome == "waiting"
+    if plan.suspect and not was:
+        p.act(
+            "suspect_health",
+            f"{plan.unhealthy} of {plan.total} nodes look unhealthy at once: suspecting a "
+            "fleet-wide cause (a driver rollout, the probe) rather than failing GPUs; nodes are "
+            "cordoned, but none is drained until most look healthy again",
+            outcome="waiting",
+            data={"unhealthy": plan.unhealthy, "total": plan.total},
+        )
+    elif was and not plan.suspect:
+        p.act(
+            "suspect_health",
+            f"most nodes look healthy again ({plan.unhealthy} of {plan.total} do not): "
+            "health drains resume",
+            outcome="ok",
+        )
+
+
+def _cordon(p: Pass, step: NodeStep, h: NodeHealth) -> None:
+    untouched = "; running jobs are left alone" if h.action is Action.CORDON else ""
+    message = f"{step.node} cordoned by health ({h.action.value}): {step.why}{untouched}"
+    if p.dry:
+        p.record("cordon", message, node=step.node)
+        return
+    written = p.store.cordon(
+        Cordon(step.node, step.why, ACTOR, HEALTH_SOURCE, p.now),
+        p.event(
+            "cordon",
+            message,
+            node=step.node,
+            data={"source": HEALTH_SOURCE, "reason": step.why, "action": h.action.value},
+        ),
+        keep_existing=True,
+    )
+    if written:
+        p.record("cordon", message, node=step.node)
+
+
+def _uncordon(p: Pass, step: NodeStep) -> None:
+    message = f"{step.node} uncordoned: gpuctl's own health cordon lifted, {step.why}"
+    if p.dry:
+        p.record("uncordon", message, node=step.node)
+        return
+    p.store.uncordon(
+        step.node,
+        p.event("uncordon", message, node=step.node, data={"source": HEALTH_SOURCE}),
+        expect_source=HEALTH_SOURCE,
+    )
+    p.record("uncordon", message, node=step.node)
+
+
+def _drain(p: Pass, step: NodeStep, h: NodeHealth, *, start: bool) -> None:
+    """Start (or go on) moving every running job off the node, each to a reserved target."""
+    moving = {r.job_id for r in p.store.reservations()}
+    incs = [
+        i
+        for i in p.store.incarnations(node=step.node, holding=True)
+        if i.state is IncarnationState.RUNNING and i.job_id not in moving
+    ]
+    if start:
+        p.act(
+            "drain",
+            f"draining {step.node}: {step.why} ({len(incs)} job(s) to move, each from a fresh "
+            "checkpoint to a reserved target)",
+            node=step.node,
+            data={"source": HEALTH_SOURCE, "reason": step.why, "jobs": len(incs)},
+        )
+        if not p.dry:
+            p.store.set_node_health(dataclasses.replace(h, drain_started_at=p.now))
+    policy = p.settings.health
+    for inc in incs:
+        job = p.store.job(inc.job_id)
+        if job is None or job.cancel_requested:
+            continue
+        chosen = migrate.choose_target(p, job, inc)
+        if isinstance(chosen, str):
+            p.note(
+                "drain",
+                f"{job.id}: no room elsewhere ({chosen}); it keeps running on {step.node}",
+                job=job.id,
+                node=step.node,
+            )
+            continue
+        target, capacity = chosen
+
+        def hold(
+            job: Job = job,
+            inc: Incarnation = inc,
+            target: migrate.Target = target,
+            capacity: dict[tuple[str, int], int] = capacity,
+        ) -> None:
+            migrate.reserve(
+                p,
+                job,
+                inc,
+                target,
+                capacity,
+                reason=f"{step.node} is unhealthy: {step.why}",
+                source=HEALTH_SOURCE,
+                actor=ACTOR,
+                timeout_s=policy.migration_timeout_s,
+            )
+
+        p.guard(hold)
