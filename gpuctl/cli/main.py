@@ -22,6 +22,7 @@ from gpuctl.cli import (
     jobs,
     lab,
     metrics,
+    nodeops,
     nodes,
     place,
     reconcile,
@@ -145,6 +146,7 @@ health.register(app)
 place.register(app)
 reconcile.register(app)
 jobs.register(app)
+nodeops.register(app)
 consolidate.register(app)
 app.add_typer(nodes.app, name="nodes")
 app.add_typer(inventory_cmd.app, name="inventory")
