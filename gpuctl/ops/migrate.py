@@ -255,7 +255,14 @@ def _request_checkpoint(p: Pass, res: Reservation, job: Job, source: Incarnation
     updated = p.store.update_reservation(
         job.id,
         expect=Phase.RESERVED,
-        event=p.event("checkpoint_request", message, job=job.id, node=source.node, inc=source.n),
+        event=p.event(
+            "checkpoint_request",
+            message,
+            job=job.id,
+            node=source.node,
+            inc=source.n,
+            data={"baseline_step": baseline, "to_node": res.node},
+        ),
         phase=Phase.CHECKPOINTING,
         checkpoint_requested_at=p.now,
         baseline_step=baseline,
