@@ -141,12 +141,13 @@ def next_step(
     alive: bool | None,
     newest_step: int | None,
     now: float,
+    target_cordoned: bool = False,
 ) -> Step:
     """What to do next for `res`.
 
     `source`: the job's incarnation `res.from_incarnation`; `alive`: whether its process runs on
     its node (None: the node did not say); `newest_step`: the newest committed checkpoint step of
-    that incarnation gpuctl knows of.
+    that incarnation gpuctl knows of; `target_cordoned`: the target node was cordoned since.
     """
     if job is None:
         return Step(StepKind.ROLLBACK, "the job no longer exists")
@@ -167,6 +168,8 @@ def next_step(
     if source is None:
         return Step(StepKind.ROLLBACK, f"incarnation {res.from_incarnation} is missing")
     if source.state is IncarnationState.RUNNING:
+        if target_cordoned:
+            return Step(StepKind.ROLLBACK, f"{res.node} was cordoned; the job stays where it runs")
         return _while_running(res, alive, newest_step, now)
     if source.state is IncarnationState.STOPPING:
         if alive is None:

@@ -190,7 +190,16 @@ def advance(p: Pass, res: Reservation) -> Step:
             and alive
         ):
             newest = _newest_step(p, job, source, sync=True)
-        step = next_step(res, job=job, source=source, alive=alive, newest_step=newest, now=p.now)
+        cordoned = any(c.node == res.node for c in p.store.cordons())
+        step = next_step(
+            res,
+            job=job,
+            source=source,
+            alive=alive,
+            newest_step=newest,
+            now=p.now,
+            target_cordoned=cordoned,
+        )
         if step.kind.waits:
             p.note("migrate", f"{res.job_id}: {step.why}", job=res.job_id, node=res.node)
             return step

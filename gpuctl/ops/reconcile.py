@@ -81,6 +81,7 @@ class Reconciler:
         self.scanned_at: dict[str, float] = {}  # job id -> when its checkpoints were last read
         self.health_rules = health_rules  # None: the built-in rules, read at the first pass
         self.health_history = reconcile_health.SampleHistory()
+        self.health_suspect: bool | None = None  # most nodes looked unhealthy (None: not read)
 
     def run_once(self, stop: threading.Event | None = None) -> PassReport:
         """One pass. Raises StoreConflict when another loop holds the lock past `lock_wait_s`."""

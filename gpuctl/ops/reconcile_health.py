@@ -132,8 +132,13 @@ def _drains_last_hour(p: Pass) -> int:
 
 
 def _suspect(p: Pass, plan: HealthPlan) -> None:
-    last = p.store.events(kinds=["suspect_health"], limit=1)
-    was = bool(last) and last[-1].outcome == "waiting"
+    """One event when most of the fleet starts looking unhealthy, one when that ends."""
+    was = p.loop.health_suspect
+    if was is None:  # read the log once per loop, not at every pass
+        last = p.store.events(kinds=["suspect_health"], limit=1)
+        was = bool(last) and last[-1].outcome == "waiting"
+    if not p.dry:
+        p.loop.health_suspect = plan.suspect
     if plan.suspect and not was:
         p.act(
             "suspect_health",
