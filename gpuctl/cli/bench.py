@@ -115,6 +115,6 @@ def render_table(
     if wide:
         lines.append("")
         for s in report.summaries:
-            per = ", ".join(f"{r.seed}: {r.alloc_100:.2f}/{r.alloc_130:.2f}" for r in s.runs)
+            per = ", ".join(f"{r.seed}: {_num(r.alloc_100)}/{_num(r.alloc_130)}" for r in s.runs)
             lines.append(f"{safe(s.policy)} per seed (@100/@130): {per}")
     return "\n".join(lines) + "\n"

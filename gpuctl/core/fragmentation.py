@@ -202,13 +202,14 @@ def host_stranded(node: NodeFree, ratio: HostRatio) -> float:
 # The fast path
 
 
+_Req = tuple[int, int, bool]  # what a shape asks of the cards: (cards, units per card, whole)
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Group:
     """Shapes that ask the same of the cards (count, size, models); they differ only on the host."""
 
-    gpus: int
-    per_gpu: int
-    whole: bool
+    req: _Req
     models: frozenset[str]
     hosts: tuple[tuple[int, int, int], ...]  # (cpu_milli, mem_mib, integer weight)
     weight: int  # the sum of the hosts' weights
@@ -223,9 +224,11 @@ class WorkloadIndex:
     """
 
     __slots__ = (
+        "_by_model",
         "_cache",
         "_cpu_only",
         "_cpu_steps",
+        "_fit_weights",
         "_groups",
         "_mem_steps",
         "denominator",
@@ -241,51 +244,42 @@ class WorkloadIndex:
         self.denominator = max((f.denominator for f in fracs), default=1)
         weights = [int(f * self.denominator) for f in fracs]
         cpu_only = 0
-        groups: dict[tuple[int, int, bool, frozenset[str]], list[tuple[int, int, int]]] = {}
+        groups: dict[tuple[_Req, frozenset[str]], list[tuple[int, int, int]]] = {}
         for (demand, _), w in zip(workload, weights, strict=True):
             if demand.gpus == 0:
                 cpu_only += w
                 continue
             whole = demand.whole or demand.gpus > 1
-            key = (demand.gpus, 0 if whole else demand.per_gpu, whole, frozenset(demand.gpu_models))
-            groups.setdefault(key, []).append((demand.cpu_milli, demand.mem_mib, w))
+            req = (demand.gpus, 0 if whole else demand.per_gpu, whole)
+            groups.setdefault((req, frozenset(demand.gpu_models)), []).append(
+                (demand.cpu_milli, demand.mem_mib, w)
+            )
         self._cpu_only = cpu_only
         self._groups = tuple(
-            _Group(
-                gpus=k[0],
-                per_gpu=k[1],
-                whole=k[2],
-                models=k[3],
-                hosts=tuple(v),
-                weight=sum(w for _, _, w in v),
-            )
-            for k, v in groups.items()
+            _Group(req=req, models=models, hosts=tuple(v), weight=sum(w for _, _, w in v))
+            for (req, models), v in groups.items()
         )
         # Host resources matter only through "at least this much" tests: key the memo by step.
         self._cpu_steps = sorted({rc for g in self._groups for rc, _, _ in g.hosts})
         self._mem_steps = sorted({rm for g in self._groups for _, rm, _ in g.hosts})
         self._cache: dict[Hashable, int] = {}
+        self._by_model: dict[str | None, tuple[int, tuple[_Group, ...]]] = {}
+        self._fit_weights: dict[tuple[str | None, int | None, int | None], tuple[int, ...]] = {}
         self.host_ratio = host_ratio(workload)
 
     @property
     def total_weight(self) -> int:
         return self._cpu_only + sum(g.weight for g in self._groups)
 
-    def _key(self, node: NodeFree) -> Hashable:
-        cpu, mem = node.cpu_free_milli, node.mem_free_mib
-        return (
-            node.gpu_model,
-            None if cpu is None else bisect.bisect_right(self._cpu_steps, cpu),
-            None if mem is None else bisect.bisect_right(self._mem_steps, mem),
-            tuple(sorted(zip(node.free, node.capacity, strict=True))),
-        )
-
     def stranded_num(self, node: NodeFree) -> int:
         """Stranded units times `denominator` (an exact integer)."""
-        key = self._key(node)
+        cpu, mem = node.cpu_free_milli, node.mem_free_mib
+        ci = None if cpu is None else bisect.bisect_right(self._cpu_steps, cpu)
+        mi = None if mem is None else bisect.bisect_right(self._mem_steps, mem)
+        key = (node.gpu_model, ci, mi, tuple(sorted(zip(node.free, node.capacity, strict=True))))
         hit = self._cache.get(key)
         if hit is None:
-            hit = self._compute(node)
+            hit = self._compute(node, ci, mi)
             if len(self._cache) > 1_000_000:
                 self._cache.clear()
             self._cache[key] = hit
@@ -294,27 +288,56 @@ class WorkloadIndex:
     def stranded(self, node: NodeFree) -> float:
         return self.stranded_num(node) / self.denominator
 
-    def _compute(self, node: NodeFree) -> int:
+    def _for_model(self, model: str | None) -> tuple[int, tuple[_Group, ...]]:
+        """The weight of shapes that cannot use this card model, and the groups that can."""
+        hit = self._by_model.get(model)
+        if hit is None:
+            ok = tuple(g for g in self._groups if not g.models or model in g.models)
+            na = sum(g.weight for g in self._groups if g.models and model not in g.models)
+            hit = self._by_model[model] = (self._cpu_only + na, ok)
+        return hit
+
+    def _host_fit(self, model: str | None, ci: int | None, mi: int | None) -> tuple[int, ...]:
+        """Per group that can use `model`: the weight of its shapes the host can run, given the
+        number of CPU steps `ci` and memory steps `mi` the node's free CPU and memory reach."""
+        key = (model, ci, mi)
+        hit = self._fit_weights.get(key)
+        if hit is None:
+            cpu_ok = self._cpu_steps[:ci] if ci is not None else None
+            mem_ok = self._mem_steps[:mi] if mi is not None else None
+            cpu_max = cpu_ok[-1] if cpu_ok else -1
+            mem_max = mem_ok[-1] if mem_ok else -1
+            hit = tuple(
+                sum(
+                    w
+                    for rc, rm, w in g.hosts
+                    if (ci is None or rc <= cpu_max) and (mi is None or rm <= mem_max)
+                )
+                for g in self._for_model(model)[1]
+            )
+            self._fit_weights[key] = hit
+        return hit
+
+    def _compute(self, node: NodeFree, ci: int | None, mi: int | None) -> int:
         free = node.free
         total = sum(free)
-        cpu = node.cpu_free_milli
-        mem = node.mem_free_mib
-        stranded = self._cpu_only * total
-        for g in self._groups:
-            if g.models and node.gpu_model not in g.models:
+        all_stranded, groups = self._for_model(node.gpu_model)
+        fit_weights = self._host_fit(node.gpu_model, ci, mi)
+        stranded = all_stranded * total
+        usable: dict[_Req, tuple[int, int]] = {}  # req -> (cards that fit one share, their units)
+        for g, fit_weight in zip(groups, fit_weights, strict=True):
+            got = usable.get(g.req)
+            if got is None:
+                _, per_gpu, whole = g.req
+                if whole:
+                    fit = [f for f, c in zip(free, node.capacity, strict=True) if f == c and c > 0]
+                else:
+                    fit = [f for f in free if f >= per_gpu and per_gpu > 0]
+                got = usable[g.req] = (len(fit), sum(fit))
+            if got[0] < g.req[0]:
                 stranded += g.weight * total
                 continue
-            if g.whole:
-                usable = [f for f, c in zip(free, node.capacity, strict=True) if f == c and c > 0]
-            else:
-                usable = [f for f in free if f >= g.per_gpu and g.per_gpu > 0]
-            if len(usable) < g.gpus:
-                stranded += g.weight * total
-                continue
-            left = total - sum(usable)
-            for rc, rm, w in g.hosts:
-                host_ok = (cpu is None or cpu >= rc) and (mem is None or mem >= rm)
-                stranded += w * (left if host_ok else total)
+            stranded += fit_weight * (total - got[1]) + (g.weight - fit_weight) * total
         return stranded
 
 

@@ -88,3 +88,17 @@ def test_parallel_jobs_give_the_same_numbers_as_one_process() -> None:
         for entry in doc.values():
             entry.pop("seconds_per_run")
     assert docs[0] == docs[1]
+
+
+def test_a_run_that_never_reaches_x_100_reports_not_available() -> None:
+    pods = str(FIXTURES / "pods.csv")
+    code, out, err = run(
+        "--pods", pods, "--policy", "fgd", "--seeds", "1-2", "--tune", "0.5", "-o", "wide"
+    )
+    assert code == 0, err
+    assert "N/A" in out.splitlines()[2]
+    assert "fgd per seed (@100/@130): 1: N/A/N/A, 2: N/A/N/A" in out
+    code, out, _ = run(
+        "--pods", pods, "--policy", "fgd", "--seeds", "1", "--tune", "0.5", "-o", "json"
+    )
+    assert json.loads(out)["fgd"]["alloc_130"] == {"mean": None, "std": None, "per_seed": [None]}
