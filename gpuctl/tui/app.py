@@ -127,13 +127,18 @@ class DashApp(App[None]):
             return  # one poll at a time: a slow one never piles up others behind it
         self._poll_started = time.monotonic()
         services, health = self.services, self._health
+        reasons = self.wants_reasons()
         self.run_worker(
-            lambda: collect(services, health),
+            lambda: collect(services, health, reasons=reasons),
             name="poll",
             group="poll",
             thread=True,
             exit_on_error=False,
         )
+
+    def wants_reasons(self) -> bool:
+        """Why queued jobs wait is worked out only while a screen that shows it is open."""
+        return any(isinstance(s, QueueScreen | JobScreen) for s in self.screen_stack)
 
     def _polled(self, data: DashData) -> None:
         self.data = data
@@ -198,12 +203,19 @@ class DashApp(App[None]):
             self.push_screen(JobsScreen())
         elif name == "queue":
             self.push_screen(QueueScreen())
+        self._reasons_now()
+
+    def _reasons_now(self) -> None:
+        """A screen that shows why jobs wait just opened: poll now rather than at the next tick."""
+        if self.wants_reasons() and self.data is not None and not self.data.reasons:
+            self.action_refresh()
 
     def on_open_node(self, message: OpenNode) -> None:
         self.push_screen(NodeScreen(message.name))
 
     def on_open_job(self, message: OpenJob) -> None:
         self.push_screen(JobScreen(message.job_id))
+        self._reasons_now()
 
     def action_command(self) -> None:
         hint = "nodes | queue | jobs | node NAME | job ID"

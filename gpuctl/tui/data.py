@@ -27,7 +27,7 @@ RECENT_EVENTS = 50
 NODE_EVENT_KINDS = ("cordon", "uncordon", "drain")
 NODE_EVENTS = 200
 MAX_ALERTS = 100
-HEALTH_KEEP = 10  # samples per node kept for the health rules that look back (sustained heat)
+HEALTH_KEEP = 10  # samples per node kept for the rules that look back (sustained heat)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -72,6 +72,7 @@ class DashData:
     node_events: tuple[Event, ...] = ()  # cordon / uncordon / drain, newest first
     alerts: tuple[Alert, ...] = ()
     store_error: str | None = None
+    reasons: bool = False  # whether `JobLine.why` was worked out (only when a screen shows it)
 
     def node(self, name: str) -> NodeView | None:
         return next((n for n in self.nodes if n.name == name), None)
@@ -81,8 +82,13 @@ class DashData:
 
 
 class HealthKeeper:
-    """Recent samples per node in memory, for `core.health.evaluate_fleet` (the dashboard keeps
-    its own short history; it never writes the CLI's health-history file)."""
+    """Earlier samples per node in memory, for `core.health.evaluate_fleet` (the dashboard keeps
+    its own history; it never writes the CLI's health-history file).
+
+    A sample is kept when it is at least the rules' sample spacing (the sustained-heat window over
+    its samples, as `gpuctl health` spreads its polls) after the last one kept: a dashboard that
+    polls every second still tells a heat spike from sustained heat, and keeps few samples.
+    """
 
     def __init__(self, keep: int = HEALTH_KEEP) -> None:
         self.keep = keep
@@ -92,12 +98,17 @@ class HealthKeeper:
         self, snapshot: FleetSnapshot, rules: HealthRules, expected: Mapping[str, int | None]
     ) -> dict[str, NodeVerdict]:
         from gpuctl.core.health import evaluate_fleet
+        from gpuctl.ops.health import default_interval_s
 
         history = {name: tuple(d) for name, d in self._history.items()}
         verdicts = evaluate_fleet(snapshot, history, expected_gpus=expected, rules=rules)
+        spacing = default_interval_s(rules, max(2, rules.temperature.sustained_samples))
         for node in snapshot.nodes:
-            if node.taken_at is not None:
-                kept = self._history.setdefault(node.name, deque(maxlen=self.keep))
+            if node.taken_at is None:
+                continue
+            kept = self._history.setdefault(node.name, deque(maxlen=self.keep))
+            last = kept[-1].taken_at if kept else None
+            if last is None or node.taken_at - last >= spacing or node.taken_at < last:
                 kept.append(_slim(node))
         names = {n.name for n in snapshot.nodes}
         for gone in set(self._history) - names:
@@ -118,9 +129,13 @@ def _slim(node: NodeSnapshot) -> NodeSnapshot:
     )
 
 
-def collect(services: Services, health: HealthKeeper | None = None) -> DashData:
+def collect(
+    services: Services, health: HealthKeeper | None = None, *, reasons: bool = True
+) -> DashData:
     """One refresh: poll the source, read the store, ask the services. A store that cannot be
-    read leaves the fleet view intact (`store_error` says why)."""
+    read leaves the fleet view intact (`store_error` says why). `reasons`: also plan the queue to
+    say why each queued job waits (the costliest part on a large fleet; the dashboard asks for it
+    only while the queue or a job is on screen)."""
     from gpuctl.ops import fleetstatus
 
     snapshot = services.source.poll()
@@ -128,7 +143,7 @@ def collect(services: Services, health: HealthKeeper | None = None) -> DashData:
     store_error = None
     try:
         with services.open_store(False) as store:
-            return _with_store(services, health, snapshot, now, store)
+            return _with_store(services, health, snapshot, now, store, reasons)
     except StateError as exc:
         store_error = exc.message
     state = fleetstatus.fleet_state(snapshot, None)
@@ -142,6 +157,7 @@ def _with_store(
     snapshot: FleetSnapshot,
     now: float,
     store: Store,
+    reasons: bool,
 ) -> DashData:
     from gpuctl.ops import fleetstatus
     from gpuctl.ops.jobs import list_jobs
@@ -149,7 +165,7 @@ def _with_store(
     state = fleetstatus.fleet_state(snapshot, store)
     numbers = fleetstatus.numbers(snapshot, store, now, state=state)
     views = list_jobs(store)
-    whys = waiting_reasons(state, views, services.settings)
+    whys = waiting_reasons(state, views, services.settings) if reasons else {}
     jobs = tuple(JobLine(v, whys.get(v.job.id)) for v in views)
     events = tuple(reversed(store.events(since=now - EVENT_WINDOW_S, limit=RECENT_EVENTS)))
     node_events = tuple(reversed(store.events(kinds=NODE_EVENT_KINDS, limit=NODE_EVENTS)))
@@ -168,6 +184,7 @@ def _with_store(
         jobs=jobs,
         events=events,
         node_events=node_events,
+        reasons=reasons,
     )
 
 
@@ -247,6 +264,7 @@ def _assemble(
     events: tuple[Event, ...] = (),
     node_events: tuple[Event, ...] = (),
     store_error: str | None = None,
+    reasons: bool = False,
 ) -> DashData:
     cordons = cordons or {}
     holding = holding or {}
@@ -280,6 +298,7 @@ def _assemble(
         node_events=node_events,
         alerts=alerts(nodes, jobs, store_error),
         store_error=store_error,
+        reasons=reasons,
     )
 
 

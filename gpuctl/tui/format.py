@@ -1,16 +1,21 @@
 """Pure formatting for the dashboard: numbers, durations, bars, sparklines, colours by band.
 
-No textual, no I/O, no clock: values in, `str` or `rich.text.Text` out. `--once` renders with the
-same functions, so the dashboard and its text output always agree.
+No textual, no I/O, no clock: values in, `str`, `Cell` or `rich.text.Text` out. `--once` renders
+with the same functions, so the dashboard and its text output always agree.
+
+Table cells are `Cell` values (plain pieces with a style each): cheap to build and compare for
+thousands of rows per refresh, and turned into a rich `Text` only when a row is on screen.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from rich.text import Text
+from rich.cells import cell_len
+from rich.text import Span, Text
 
 NA = "N/A"
 SPARKS = "▁▂▃▄▅▆▇█"
@@ -46,14 +51,43 @@ BAR_USED, BAR_ALLOCATED, BAR_GHOST, BAR_FREE = "█", "▒", "▓", "·"
 BAR_STYLE = {"used": "green", "allocated": "cyan", "ghost": "bold red", "free": "grey50"}
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Cell:
+    """A table cell: pieces of text (already made safe) with a style each; a rich renderable."""
+
+    parts: tuple[tuple[str, str], ...]
+
+    @classmethod
+    def of(cls, text: str, style: str = "") -> Cell:
+        return cls(((text, style),))
+
+    @property
+    def plain(self) -> str:
+        return "".join(piece for piece, _ in self.parts)
+
+    @property
+    def cell_len(self) -> int:
+        text = self.plain
+        return len(text) if text.isascii() else cell_len(text)
+
+    def text(self) -> Text:
+        return segments(self.parts)
+
+    def __rich__(self) -> Text:
+        return self.text()
+
+
+DASH = Cell.of("-", "grey50")
+
+
 def safe(text: object) -> str:
     """Node and store text is untrusted: strip terminal escape sequences and control characters."""
     return _ESCAPES.sub("", str(text))
 
 
-def plain(text: object) -> Text:
-    """Untrusted text as a `Text` (never parsed as markup)."""
-    return Text(safe(text))
+def plain(text: object, style: str = "") -> Cell:
+    """Untrusted text as a cell (escape sequences stripped; never parsed as markup)."""
+    return Cell.of(safe(text), style)
 
 
 def human_s(seconds: float | None) -> str:
@@ -125,14 +159,14 @@ def level(fraction: float | None) -> str:
     return LEVELS[max(1, min(len(LEVELS) - 1, round(x * (len(LEVELS) - 1))))]
 
 
-def mem_bar(allocated_mib: int, used_mib: int | None, total_mib: int | None, width: int) -> Text:
+def mem_bar(allocated_mib: int, used_mib: int | None, total_mib: int | None, width: int) -> Cell:
     """Allocated vs observed memory on one card (or summed over a node), `width` cells:
 
     `█` green: in use within what gpuctl allocated · `▒` cyan: allocated, not in use ·
     `▓` red: in use beyond the allocation (ghost memory, or a job over its slice) · `·` free.
     """
     if not total_mib or total_mib <= 0:
-        return Text("?" * width, style="magenta")
+        return Cell.of("?" * width, "magenta")
     used = 0 if used_mib is None else used_mib
     per = total_mib / width
 
@@ -145,22 +179,44 @@ def mem_bar(allocated_mib: int, used_mib: int | None, total_mib: int | None, wid
     idle_alloc = alloc_cells - in_alloc
     ghost = max(0, used_cells - alloc_cells)
     free = max(0, width - in_alloc - idle_alloc - ghost)
-    bar = Text()
-    bar.append(BAR_USED * in_alloc, style=BAR_STYLE["used"])
-    bar.append(BAR_ALLOCATED * idle_alloc, style=BAR_STYLE["allocated"])
-    bar.append(BAR_GHOST * ghost, style=BAR_STYLE["ghost"])
-    bar.append(BAR_FREE * free, style=BAR_STYLE["free"])
     if used_mib is None:
-        bar.stylize("magenta")
-    return bar
+        return Cell.of(BAR_ALLOCATED * alloc_cells + "?" * (width - alloc_cells), "magenta")
+    return Cell(
+        tuple(
+            (piece, style)
+            for piece, style in (
+                (BAR_USED * in_alloc, BAR_STYLE["used"]),
+                (BAR_ALLOCATED * idle_alloc, BAR_STYLE["allocated"]),
+                (BAR_GHOST * ghost, BAR_STYLE["ghost"]),
+                (BAR_FREE * free, BAR_STYLE["free"]),
+            )
+            if piece
+        )
+    )
 
 
-def gpu_strip(cards: Iterable[tuple[float | None, str]]) -> Text:
+def segments(parts: Iterable[tuple[str, str]]) -> Text:
+    """Styled pieces of trusted text in one `Text`, neighbours of one style merged (fast: no
+    per-piece copies or control-code stripping; a dashboard builds thousands per refresh)."""
+    plain: list[str] = []
+    spans: list[Span] = []
+    at = 0
+    for piece, style in parts:
+        if not piece:
+            continue
+        end = at + len(piece)
+        if spans and spans[-1].style == style and spans[-1].end == at:
+            spans[-1] = Span(spans[-1].start, end, style)
+        elif style:
+            spans.append(Span(at, end, style))
+        plain.append(piece)
+        at = end
+    return Text("".join(plain), spans=spans)
+
+
+def gpu_strip(cards: Iterable[tuple[float | None, str]]) -> Cell:
     """One glyph per GPU: its observed memory use as a level, in its state's colour."""
-    strip = Text()
-    for fraction, style in cards:
-        strip.append(level(fraction), style=style)
-    return strip
+    return Cell(tuple((level(fraction), style) for fraction, style in cards))
 
 
 # --- coloured words ------------------------------------------------------------------------------
@@ -170,26 +226,26 @@ def band_text(utilization_pct: float | None, band: str | None) -> Text:
     return Text(pct(utilization_pct), style=BAND_STYLE.get(band or "", "bold"))
 
 
-def state_text(state: str, reach: str | None = None) -> Text:
+def state_text(state: str, reach: str | None = None) -> Cell:
     words = state if reach in (None, "ok") else f"{state} ({reach})"
-    return Text(words, style=STATE_STYLE.get(state, ""))
+    return Cell.of(words, STATE_STYLE.get(state, ""))
 
 
-def badge(severity: str | None) -> Text:
+def badge(severity: str | None) -> Cell:
     if severity is None:
-        return Text("-", style="grey50")
+        return DASH
     word, style = SEVERITY_BADGE.get(severity, (severity, ""))
-    return Text(word, style=style)
+    return Cell.of(word, style)
 
 
-def temp_text(temp_c: int | None, hot_c: int = 85) -> Text:
+def temp_text(temp_c: int | None, hot_c: int = 85) -> Cell:
     if temp_c is None:
-        return Text("-", style="grey50")
-    return Text(f"{temp_c}C", style="bold red" if temp_c >= hot_c else "")
+        return DASH
+    return Cell.of(f"{temp_c}C", "bold red" if temp_c >= hot_c else "")
 
 
-def util_text(util_pct: float | None) -> Text:
-    return Text("-" if util_pct is None else f"{util_pct:.0f}%")
+def util_text(util_pct: float | None) -> Cell:
+    return DASH if util_pct is None else Cell.of(f"{util_pct:.0f}%")
 
 
 # --- the numbers ---------------------------------------------------------------------------------
@@ -270,9 +326,9 @@ def numbers_text(n: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def table_text(head: Sequence[str], rows: Sequence[Sequence[Text | str]]) -> str:
+def table_text(head: Sequence[str], rows: Sequence[Sequence[Cell | str]]) -> str:
     """A plain-text table: columns padded to their widest cell, trailing blanks stripped."""
-    cells = [[c.plain if isinstance(c, Text) else str(c) for c in row] for row in rows]
+    cells = [[c if isinstance(c, str) else c.plain for c in row] for row in rows]
     widths = [len(h) for h in head]
     for row in cells:
         for i, c in enumerate(row):

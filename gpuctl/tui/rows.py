@@ -5,16 +5,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from rich.text import Text
-
 from gpuctl.core.jobs import Event, Incarnation, JobState
 from gpuctl.core.model import GpuSnapshot
 from gpuctl.core.placement.model import Card
 from gpuctl.ops.jobs import placed
 from gpuctl.tui import format as fmt
 from gpuctl.tui.data import Alert, DashData, JobLine, NodeView
+from gpuctl.tui.format import DASH, Cell
 
-Row = tuple[str, tuple[Text, ...]]
+Row = tuple[str, tuple[Cell, ...]]
 
 FLEET_COLUMNS = (
     ("node", "NODE"),
@@ -63,12 +62,13 @@ JOB_COLUMNS = (
     ("restarts", "RESTARTS"),
 )
 EVENT_COLUMNS = (("time", "TIME"), ("kind", "KIND"), ("message", "MESSAGE"))
+EMPTY = Cell(())
 ALERT_KINDS = frozenset(
     {"failover", "preempt", "drain", "over_slice", "node_down", "hold", "suspect_network", "fence"}
 )
 
 
-def matches(needle: str, cells: Iterable[Text]) -> bool:
+def matches(needle: str, cells: Iterable[Cell]) -> bool:
     """A row matches a `/` filter when any cell contains it (case-insensitive)."""
     if not needle:
         return True
@@ -105,7 +105,7 @@ def _gpu_severity(node: NodeView) -> dict[int, str]:
     return {g.index: g.severity.value for g in node.verdict.gpus}
 
 
-def fleet_row(node: NodeView) -> tuple[Text, ...]:
+def fleet_row(node: NodeView) -> tuple[Cell, ...]:
     gpus = node.snapshot.gpus
     cards = _cards(node)
     severity = _gpu_severity(node)
@@ -132,14 +132,14 @@ def fleet_row(node: NodeView) -> tuple[Text, ...]:
     return (
         fmt.plain(node.name),
         fmt.state_text(node.state, node.reach),
-        Text(count),
-        Text(mem),
-        fmt.mem_bar(allocated, used_sum, total, NODE_BAR_WIDTH) if total else Text("-"),
-        strip if gpus else Text("-"),
+        Cell.of(count),
+        Cell.of(mem),
+        fmt.mem_bar(allocated, used_sum, total, NODE_BAR_WIDTH) if total else DASH,
+        strip if gpus else DASH,
         fmt.util_text(sum(utils) / len(utils) if utils else None),
         fmt.temp_text(max(temps) if temps else None),
         health,
-        Text(str(len(node.jobs)) if node.jobs else "-"),
+        Cell.of(str(len(node.jobs))) if node.jobs else DASH,
         notes,
     )
 
@@ -150,7 +150,7 @@ def _fraction(g: GpuSnapshot) -> float | None:
     return g.mem_used_mib / g.mem_total_mib
 
 
-def _node_notes(node: NodeView) -> Text:
+def _node_notes(node: NodeView) -> Cell:
     if node.snapshot.error:
         return fmt.plain(node.snapshot.error)
     if node.cordon is not None:
@@ -158,7 +158,7 @@ def _node_notes(node: NodeView) -> Text:
     v = node.verdict
     if v is not None and v.reasons:
         return fmt.plain(v.reasons[0].text)
-    return Text("")
+    return EMPTY
 
 
 def fleet_rows(data: DashData, needle: str = "") -> list[Row]:
@@ -183,13 +183,13 @@ def gpu_rows(node: NodeView) -> list[Row]:
             (
                 str(g.index),
                 (
-                    Text(str(g.index)),
+                    Cell.of(str(g.index)),
                     fmt.plain(g.model or "-"),
                     fmt.mem_bar(alloc, g.mem_used_mib, g.mem_total_mib, GPU_BAR_WIDTH),
-                    Text(mem),
+                    Cell.of(mem),
                     fmt.util_text(g.util_pct),
                     fmt.temp_text(g.temp_c),
-                    Text(power),
+                    Cell.of(power),
                     fmt.badge(None if gv is None else gv.severity.value),
                     fmt.plain(reasons),
                 ),
@@ -210,9 +210,9 @@ def process_rows(node: NodeView) -> list[Row]:
             (
                 f"{p.pid}:{p.gpu_uuid}",
                 (
-                    Text(str(p.pid)),
-                    Text("?" if gpu is None else str(gpu)),
-                    Text("-" if p.used_mib is None else str(p.used_mib)),
+                    Cell.of(str(p.pid)),
+                    Cell.of("?" if gpu is None else str(gpu)),
+                    Cell.of("-" if p.used_mib is None else str(p.used_mib)),
                     fmt.plain(p.name or "-"),
                 ),
             )
@@ -254,37 +254,35 @@ def queue_rows(data: DashData, needle: str = "") -> list[Row]:
                 (
                     fmt.plain(job.id),
                     fmt.plain(job.name),
-                    Text(job.tier),
-                    Text(str(job.priority)),
-                    Text(fmt.human_s(data.now - job.submitted_at)),
-                    fmt.plain(line.why or "-"),
+                    Cell.of(job.tier),
+                    Cell.of(str(job.priority)),
+                    Cell.of(fmt.human_s(data.now - job.submitted_at)),
+                    fmt.plain(line.why or ("-" if data.reasons else "working it out ...")),
                 ),
             )
         )
     return _filtered(rows, needle)
 
 
-def job_row(line: JobLine, now: float) -> tuple[Text, ...]:
+def job_row(line: JobLine, now: float) -> tuple[Cell, ...]:
     view = line.view
     job, inc, ckpt = view.job, placed(view), view.checkpoint
+    age = DASH
     if job.state is JobState.RUNNING:
         since = ckpt.committed_at if ckpt else job.first_started_at
-        age = Text(fmt.human_s(None if since is None else now - since))
-        if ckpt is None:
-            age.append(" (none)", style="yellow")
-    else:
-        age = Text("-")
-    state = Text(job.state.value, style="yellow" if job.state is JobState.HELD else "")
+        words = fmt.human_s(None if since is None else now - since)
+        age = Cell(((words, ""), (" (none)", "yellow"))) if ckpt is None else Cell.of(words)
+    state = Cell.of(job.state.value, "yellow" if job.state is JobState.HELD else "")
     return (
         fmt.plain(job.id),
         fmt.plain(job.name),
         state,
         fmt.plain("-" if inc is None else inc.node),
-        Text("-" if inc is None else ",".join(str(c) for c in inc.cards)),
-        Text(job.tier),
+        Cell.of("-" if inc is None else ",".join(str(c) for c in inc.cards)),
+        Cell.of(job.tier),
         age,
-        Text(str(job.incarnation)),
-        Text(str(job.restarts)),
+        Cell.of(str(job.incarnation)),
+        Cell.of(str(job.restarts)),
     )
 
 
@@ -319,7 +317,7 @@ def alert_row(alert: Alert) -> Row:
     style = "bold red" if alert.severity == "critical" else "yellow"
     return (
         f"alert:{alert.key}",
-        (Text("now", style=style), Text(alert.severity, style=style), fmt.plain(alert.text)),
+        (Cell.of("now", style), Cell.of(alert.severity, style), fmt.plain(alert.text)),
     )
 
 
@@ -329,8 +327,8 @@ def event_row(e: Event, offset_s: float) -> Row:
     return (
         f"event:{e.id if e.id is not None else f'{e.at}:{e.kind}:{e.job_id}'}",
         (
-            Text(fmt.clock_hms(e.at, offset_s)),
-            Text(e.kind, style="red" if failed else style),
+            Cell.of(fmt.clock_hms(e.at, offset_s)),
+            Cell.of(e.kind, "red" if failed else style),
             fmt.plain(e.message),
         ),
     )

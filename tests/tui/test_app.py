@@ -113,6 +113,8 @@ async def test_rows_are_updated_in_place_and_the_cursor_stays_on_its_node(
         await pilot.press("r")
         await settle(app, pilot)
         assert table.shown("gpu-01")[7] == "91C"
+        assert table.get_cell("gpu-01", "temp").plain == "91C"  # what the table renders
+        assert "91C" in next(line for line in screen_text(app) if "gpu-01" in line)
         assert table.rebuilds == rebuilds
         assert table.cursor_key() == "gpu-03"
 
@@ -276,7 +278,10 @@ async def test_queue_shows_why_each_job_waits_and_jobs_show_where_they_run(
     app = make_app(services)
     async with app.run_test(size=SIZE) as pilot:
         await settle(app, pilot)
+        assert app.data is not None and not app.data.reasons  # not worked out for the overview
         await pilot.press("colon", *"queue", "enter")
+        await settle(app, pilot)  # the queue screen asks for a poll with the reasons at once
+        assert app.data.reasons
         queue = app.screen.query_one(KeyedTable)
         big = made["big"].id
         assert queue.keys == (big,)

@@ -88,7 +88,7 @@ class JobScreen(DashScreen):
             cells = rows.job_row(line, data.now)
             for (_, head), cell in zip(rows.JOB_COLUMNS, cells, strict=True):
                 text.append(f"{head}: ", style="dim")
-                text.append_text(cell)
+                text.append_text(cell.text())
                 text.append("  ")
             if line.why:
                 text.append(f"\nwaits: {fmt.safe(line.why)}", style="yellow")

@@ -58,7 +58,7 @@ class NodeScreen(DashScreen):
         head = Text()
         head.append(fmt.safe(node.name), style="bold")
         head.append("  ")
-        head.append_text(fmt.state_text(node.state, node.reach))
+        head.append_text(fmt.state_text(node.state, node.reach).text())
         facts = node.snapshot.observation.facts if node.snapshot.observation else None
         if facts is not None:
             head.append(

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from rich.text import Text
 from textual.widgets import DataTable
-from textual.widgets.data_table import ColumnKey
+from textual.widgets.data_table import ColumnKey, RowKey
 
-Row = tuple[str, tuple[Text, ...]]
+from gpuctl.tui.format import Cell
+
+Row = tuple[str, tuple[Cell, ...]]
 
 
-class KeyedTable(DataTable[Text]):
+class KeyedTable(DataTable[Cell]):
     """`sync(rows)` makes the table show `rows`. When the keys are the same as before (the usual
     refresh), only cells that changed are updated; when rows come or go (a filter, a new node),
     the table is rebuilt and the cursor put back on the row it was on."""
@@ -19,7 +20,7 @@ class KeyedTable(DataTable[Text]):
     def __init__(self, columns: Sequence[tuple[str, str]], **kwargs: object) -> None:
         super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)  # type: ignore[arg-type]
         self._columns = tuple(columns)
-        self._shown: dict[str, tuple[Text, ...]] = {}
+        self._shown: dict[str, tuple[Cell, ...]] = {}
         self._keys: list[str] = []
         self.rebuilds = 0  # how often rows came or went (tests: in-place updates do not rebuild)
         for key, label in self._columns:
@@ -43,16 +44,38 @@ class KeyedTable(DataTable[Text]):
         if keys != self._keys:
             self._rebuild(rows)
             return
+        changed: list[tuple[str, str, Cell]] = []
         for key, cells in rows:
             old = self._shown[key]
             if cells == old:
                 continue
             for (col, _), new, was in zip(self._columns, cells, old, strict=True):
                 if new != was:
-                    column = self.columns[ColumnKey(col)]
-                    column.content_width = max(column.content_width, new.cell_len)
-                    self.update_cell(key, col, new)
+                    changed.append((key, col, new))
             self._shown[key] = cells
+        if changed:
+            self._update_cells(changed)
+
+    def _update_cells(self, changed: Sequence[tuple[str, str, Cell]]) -> None:
+        """Put new values in cells, widening columns as needed, then refresh once.
+
+        `DataTable.update_cell` refreshes the widget at every call (about 15 µs each: a fleet of
+        1,000 nodes changes thousands of cells per poll); with textual pinned (8.2.8), the same
+        three steps it takes are done here once per batch. Without those internals, the public
+        call is used.
+        """
+        data = getattr(self, "_data", None)
+        for key, col, new in changed:
+            column = self.columns[ColumnKey(col)]
+            if new.cell_len > column.content_width:
+                column.content_width = new.cell_len
+            if data is None:
+                self.update_cell(key, col, new)
+            else:
+                data[RowKey(key)][ColumnKey(col)] = new
+        if data is not None:
+            self._update_count += 1
+            self.refresh()
 
     def _rebuild(self, rows: Sequence[Row]) -> None:
         at = self.cursor_key()
