@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from gpuctl.adapters.protocols import Clock, Store
 from gpuctl.core.jobs import Cordon, Event, IncarnationState, JobState
 from gpuctl.core.migration import DEFAULT_TIMEOUT_S, Source
-from gpuctl.core.model import FleetSnapshot
+from gpuctl.core.model import FleetSnapshot, Reach
 from gpuctl.core.nodehealth import HEALTH_SOURCE
 from gpuctl.core.placement.engine import plan
 from gpuctl.core.plan import apply_plan
@@ -183,6 +183,11 @@ def plan_drain(p: Pass, node: str, *, reason: str) -> DrainPlan:
         p.store.incarnations(node=node, holding=True),
         key=lambda i: (-(jobs[i.job_id].priority if i.job_id in jobs else 0), i.job_id),
     )
+    seen = next((n for n in p.snapshot.nodes if n.name == node), None)
+    silent = None
+    if seen is None or seen.reach is not Reach.OK:
+        how = "did not answer" if seen is None else f"did not answer ({seen.reach.value})"
+        silent = f"{node} {how}: its jobs cannot be asked to checkpoint; failover restarts them"
     for inc in incs:
         job = jobs.get(inc.job_id)
         if job is None:
@@ -197,6 +202,8 @@ def plan_drain(p: Pass, node: str, *, reason: str) -> DrainPlan:
         why = _not_movable(inc.state, job.state, job.cancel_requested)
         if job.id in moving:
             why = f"being moved to {moving[job.id].node} already"
+        if why is None and silent is not None:
+            why = silent + " once the node is down"
         if why is not None:
             moves.append(dataclasses.replace(base, why_not=why))
             continue

@@ -169,3 +169,15 @@ def test_a_drain_past_its_timeout_starts_nothing_more(store: Store) -> None:
     assert outcomes == sorted(["rolled_back"] + ["not_started"] * (count - 1))
     assert store.reservations() == [] and not result.complete
     assert all(kit.inc(j.id).n == 1 for j in jobs)
+
+
+def test_jobs_of_a_node_that_does_not_answer_are_left_to_failover(store: Store) -> None:
+    kit = Kit.make(store, ("n1", "n2"), health=OFF)
+    job = kit.submit("train")
+    kit.step()
+    node = kit.inc(job.id).node
+    kit.cluster.partition(node)
+    plan = nodeops.plan_drain(nodeops.tick(kit.loop), node, reason="r")
+    (move,) = plan.moves
+    assert move.to_node is None and "did not answer" in (move.why_not or "")
+    assert "failover restarts them once the node is down" in (move.why_not or "")
