@@ -1,0 +1,454 @@
+"""What consolidation buys on the openb traces: the replay with a consolidation pass every K
+arrivals.
+
+The protocol is the placement benchmark's (arrival order, tune, seeded node priority, the policy's
+per-node scores with ties to the lowest priority rank). Every `every` arrivals, the pure planner
+(`gpuctl.core.consolidate.plan_consolidation`) runs on the cluster, in the benchmark's milli-GPU
+units, against the paper's target workload; its moves are applied, then the replay continues. The
+moves of the whole run are capped at `max_moves_pct` % of the pods placed so far, so at the end
+at most that share of the placed pods was ever moved. `every=0` is the same replay without
+consolidation (the baseline beside it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+
+import numpy as np
+import numpy.typing as npt
+
+from gpuctl.bench.openb import MILLI_PER_GPU, OpenbNode, OpenbPod
+from gpuctl.bench.protocol import (
+    arrival_sequence,
+    gpu_capacity_milli,
+    node_priority,
+    pod_demand,
+    target_workload,
+)
+from gpuctl.bench.replay import allocation_curve
+from gpuctl.bench.rng import Rng
+from gpuctl.core.consolidate import JobFacts, plan_consolidation
+from gpuctl.core.fit import Choice, Demand, NodeFree, Workload
+from gpuctl.core.placement.model import Allocation, Card, FleetState, PlacementNode
+from gpuctl.core.policies import Policy
+from gpuctl.errors import UsageError
+
+IntArray = npt.NDArray[np.int64]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ConsolidationRun:
+    policy: str
+    seed: int
+    every: int  # arrivals between passes; 0: never
+    max_moves_pct: float
+    alloc_100: float | None  # None: no arrival fell in that column (tiny traces)
+    alloc_130: float | None
+    moves: int
+    passes: int
+    placed: int
+    pods: int
+    seconds: float
+    planner_seconds: float
+    ceiling_pct: float  # no placement reaches more with the pods this run placed (see `ceiling`)
+    curve: tuple[float | None, ...] = ()  # allocation per column x = 0..130
+
+    @property
+    def moved_pct(self) -> float:
+        return 0.0 if self.placed == 0 else 100.0 * self.moves / self.placed
+
+
+class Cluster:
+    """The replay's mutable state: per-node free milli per card, CPU and memory, the pods on it."""
+
+    def __init__(self, nodes: Sequence[OpenbNode]) -> None:
+        self.nodes = list(nodes)
+        self.free: list[list[int]] = [[MILLI_PER_GPU] * n.gpus for n in nodes]
+        self.cpu: IntArray = np.array([n.cpu_milli for n in nodes], dtype=np.int64)
+        self.mem: IntArray = np.array([n.memory_mib for n in nodes], dtype=np.int64)
+        self.max_free: IntArray = np.array(
+            [MILLI_PER_GPU if n.gpus else 0 for n in nodes], dtype=np.int64
+        )
+        self.full: IntArray = np.array([n.gpus for n in nodes], dtype=np.int64)
+        self.models = np.array([n.model for n in nodes])
+        self.version: IntArray = np.zeros(len(nodes), dtype=np.int64)
+        self.where: dict[str, tuple[int, tuple[int, ...], OpenbPod]] = {}  # pod -> node, cards
+
+    def view(self, n: int) -> NodeFree:
+        return NodeFree(
+            name="",
+            free=tuple(self.free[n]),
+            capacity=(MILLI_PER_GPU,) * len(self.free[n]),
+            cpu_free_milli=int(self.cpu[n]),
+            mem_free_mib=int(self.mem[n]),
+            gpu_model=self.nodes[n].model,
+        )
+
+    def feasible(self, d: Demand) -> IntArray:
+        mask = (self.cpu >= d.cpu_milli) & (self.mem >= d.mem_mib)
+        if d.gpu_models:
+            mask &= np.isin(self.models, d.gpu_models)
+        if d.gpus and d.whole:
+            mask &= self.full >= d.gpus
+        elif d.gpus:
+            mask &= self.max_free >= d.per_gpu
+        return np.flatnonzero(mask)
+
+    def _change(self, n: int, pod: OpenbPod, cards: tuple[int, ...], sign: int) -> None:
+        for c in cards:
+            self.free[n][c] -= sign * pod.gpu_milli
+        self.cpu[n] -= sign * pod.cpu_milli
+        self.mem[n] -= sign * pod.memory_mib
+        self.max_free[n] = max(self.free[n], default=0)
+        self.full[n] = sum(1 for f in self.free[n] if f == MILLI_PER_GPU)
+        self.version[n] += 1
+
+    def place(self, n: int, pod: OpenbPod, cards: tuple[int, ...]) -> None:
+        self._change(n, pod, cards, 1)
+        self.where[pod.name] = (n, cards, pod)
+
+    def move(self, pod_name: str, n: int, cards: tuple[int, ...]) -> None:
+        src, old, pod = self.where[pod_name]
+        self._change(src, pod, old, -1)
+        self.place(n, pod, cards)
+
+    def fleet_state(self) -> FleetState:
+        nodes = tuple(
+            PlacementNode(
+                name=self.nodes[i].name,
+                cards=tuple(
+                    Card(
+                        index=c,
+                        capacity_mib=MILLI_PER_GPU,
+                        model=self.nodes[i].model,
+                        allocated_mib=MILLI_PER_GPU - f,
+                    )
+                    for c, f in enumerate(self.free[i])
+                ),
+                cpu_milli=self.nodes[i].cpu_milli,
+                cpu_allocated_milli=self.nodes[i].cpu_milli - int(self.cpu[i]),
+                host_mem_mib=self.nodes[i].memory_mib,
+                host_mem_allocated_mib=self.nodes[i].memory_mib - int(self.mem[i]),
+            )
+            for i in range(len(self.nodes))
+        )
+        allocations = tuple(
+            Allocation(
+                job=name,
+                node=self.nodes[n].name,
+                cards=cards,
+                mib_per_card=pod.gpu_milli if pod.num_gpu else 0,
+                whole=pod.num_gpu > 0 and pod.gpu_milli >= MILLI_PER_GPU,
+                cpu_milli=pod.cpu_milli,
+                host_mem_mib=pod.memory_mib,
+            )
+            for name, (n, cards, pod) in sorted(self.where.items())
+        )
+        return FleetState(nodes=nodes, allocations=allocations, version="bench")
+
+
+def facts_of(cluster: Cluster) -> list[JobFacts]:
+    return [
+        JobFacts(job=name, checkpoint_age_s=0.0, gpu_models=pod_demand(pod).gpu_models)
+        for name, (_, _, pod) in sorted(cluster.where.items())
+    ]
+
+
+def consolidate(
+    cluster: Cluster, workload: Workload, max_moves: int, index_of: dict[str, int]
+) -> int:
+    """One pass of the planner on the cluster; its moves are applied. Returns the moves made."""
+    if max_moves <= 0:
+        return 0
+    plan = plan_consolidation(
+        cluster.fleet_state(), facts_of(cluster), max_moves=max_moves, workload=workload, now=0.0
+    )
+    for m in plan.moves:
+        cluster.move(m.job, index_of[m.to_node], m.to_cards)
+    return len(plan.moves)
+
+
+def replay_consolidating(
+    nodes: Sequence[OpenbNode],
+    pods: Sequence[OpenbPod],
+    policy: Policy,
+    rng: Rng,
+    *,
+    seed: int,
+    every: int,
+    max_moves_pct: float,
+    tune: float = 1.3,
+    policy_workload: Workload | None = None,
+) -> ConsolidationRun:
+    """Replay with a consolidation pass every `every` arrivals (0: none). The policy sees
+    `policy_workload` (default: the paper's); the planner always measures against the paper's."""
+    if every < 0 or not 0 <= max_moves_pct <= 100:
+        raise ValueError("every must be >= 0 and max_moves_pct in [0, 100]")
+    started = time.perf_counter()
+    capacity = gpu_capacity_milli(nodes)
+    paper = target_workload(pods)
+    workload = policy_workload if policy_workload is not None else paper
+    arrivals = arrival_sequence(pods, rng, round(tune * capacity))
+    ordered = sorted(nodes, key=lambda n: n.name)
+    prio = node_priority(ordered, rng)
+    rank = np.array([prio[n.name] for n in ordered], dtype=np.int64)
+    index_of = {n.name: i for i, n in enumerate(ordered)}
+    cluster = Cluster(ordered)
+    scores = Scores(policy, workload, len(ordered))
+    arrived = used = placed = moves = passes = 0
+    planner = 0.0
+    arrived_log: list[int] = []
+    used_log: list[int] = []
+    for k, pod in enumerate(arrivals, start=1):
+        demand = pod_demand(pod)
+        arrived += pod.gpu_request_milli
+        chosen = scores.best(cluster, demand, rank)
+        if chosen is not None:
+            cluster.place(chosen[0], pod, chosen[1])
+            placed += 1
+            used += pod.gpu_request_milli
+        arrived_log.append(arrived)
+        used_log.append(used)
+        if every and k % every == 0:
+            budget = math.floor(max_moves_pct * placed / 100) - moves
+            t0 = time.perf_counter()
+            moves += consolidate(cluster, paper, budget, index_of)
+            planner += time.perf_counter() - t0
+            passes += 1
+    curve = allocation_curve(arrived_log, used_log, capacity)
+    placed_pods = [pod for _, _, pod in cluster.where.values()]
+    return ConsolidationRun(
+        policy=policy.name,
+        seed=seed,
+        every=every,
+        max_moves_pct=max_moves_pct,
+        alloc_100=curve[100],
+        alloc_130=curve[130],
+        moves=moves,
+        passes=passes,
+        placed=placed,
+        pods=len(arrivals),
+        seconds=time.perf_counter() - started,
+        planner_seconds=planner,
+        ceiling_pct=ceiling(placed_pods, arrivals, capacity),
+        curve=curve,
+    )
+
+
+HOLE_MAX = 200  # a card holding a slice of 800 milli or more keeps a hole of at most this
+
+
+def ceiling(placed: Sequence[OpenbPod], arrivals: Sequence[OpenbPod], capacity: int) -> float:
+    """An upper bound on the allocation (% of capacity) any placement of the arrivals can reach
+    once `placed` are placed for good: a card holding a slice of g >= 800 milli has at most
+    1000 - g left, which only slices of at most 200 milli can use, and no more of those
+    arrive than the arrivals hold."""
+    holes = sum(
+        MILLI_PER_GPU - p.gpu_milli
+        for p in placed
+        if p.num_gpu == 1 and MILLI_PER_GPU - HOLE_MAX <= p.gpu_milli < MILLI_PER_GPU
+    )
+    small = sum(p.gpu_milli for p in arrivals if p.num_gpu == 1 and p.gpu_milli <= HOLE_MAX)
+    return round(100.0 * min(capacity, capacity - holes + small) / capacity, 2)
+
+
+class Scores:
+    """Per demand, the policy's answer for every node, stamped with the node's version."""
+
+    def __init__(self, policy: Policy, workload: Workload, n_nodes: int) -> None:
+        self.policy = policy
+        self.workload = workload
+        self.n = n_nodes
+        self.memo: dict[tuple[NodeFree, Demand], Choice | None] = {}
+        self.tables: dict[
+            Demand, tuple[npt.NDArray[np.float64], IntArray, list[tuple[int, ...]]]
+        ] = {}
+
+    def best(
+        self, cluster: Cluster, demand: Demand, rank: IntArray
+    ) -> tuple[int, tuple[int, ...]] | None:
+        idx = cluster.feasible(demand)
+        if idx.size == 0:
+            return None
+        table = self.tables.get(demand)
+        if table is None:
+            table = self.tables[demand] = (
+                np.full(self.n, -math.inf),
+                np.full(self.n, -1, dtype=np.int64),
+                [()] * self.n,
+            )
+        score, stamp, cards = table
+        for n in idx[stamp[idx] != cluster.version[idx]].tolist():
+            key = (cluster.view(n), demand)
+            if key in self.memo:
+                choice = self.memo[key]
+            else:
+                if len(self.memo) > 1_000_000:
+                    self.memo.clear()
+                choice = self.memo[key] = self.policy.choose(key[0], demand, self.workload)
+            score[n] = -math.inf if choice is None else choice.score
+            cards[n] = () if choice is None else choice.cards
+            stamp[n] = cluster.version[n]
+        s = score[idx]
+        top = s.max()
+        if top == -math.inf:
+            return None
+        tied = idx[s == top]
+        n = int(tied[np.argmin(rank[tied])])
+        return n, cards[n]
+
+
+# --- running and reporting -----------------------------------------------------------------------
+
+
+def run_one(
+    nodes: tuple[OpenbNode, ...],
+    pods: tuple[OpenbPod, ...],
+    name: str,
+    seed: int,
+    every: int,
+    max_moves_pct: float,
+    tune: float = 1.3,
+) -> ConsolidationRun:
+    """One replay of policy `name` (as the placement benchmark configures it)."""
+    from gpuctl.bench.rng import NumpyRng
+    from gpuctl.bench.runner import bench_policy
+
+    policy, spec = bench_policy(name)
+    run = replay_consolidating(
+        nodes,
+        pods,
+        policy,
+        NumpyRng(seed),
+        seed=seed,
+        every=every,
+        max_moves_pct=max_moves_pct,
+        tune=tune,
+        policy_workload=target_workload(pods, spec),
+    )
+    return dataclasses.replace(run, policy=name)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Row:
+    """One policy with or without consolidation, over seeds."""
+
+    policy: str
+    every: int
+    max_moves_pct: float
+    runs: tuple[ConsolidationRun, ...]
+
+    def values(self, field: str) -> list[float]:
+        return [float(v) for r in self.runs if (v := getattr(r, field)) is not None]
+
+    def mean(self, field: str) -> float:
+        values = self.values(field)
+        return statistics.fmean(values) if values else math.nan
+
+    def std(self, field: str) -> float:
+        values = self.values(field)
+        return statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def run_matrix(
+    nodes: tuple[OpenbNode, ...],
+    pods: tuple[OpenbPod, ...],
+    policy_names: Sequence[str],
+    seeds: Sequence[int],
+    *,
+    every: int,
+    max_moves_pct: float,
+    tune: float = 1.3,
+    jobs: int = 1,
+    progress: Callable[[ConsolidationRun], None] | None = None,
+) -> list[Row]:
+    """Each policy without consolidation, then with a pass every `every` arrivals."""
+    if every < 1:
+        raise UsageError(f"--consolidate-every must be 1 or more, got {every}")
+    if not 0 <= max_moves_pct <= 100:
+        raise UsageError(f"--max-moves-pct must be from 0 to 100, got {max_moves_pct}")
+    tasks = [
+        (name, seed, k, pct)
+        for name in policy_names
+        for k, pct in ((0, 0.0), (every, max_moves_pct))
+        for seed in seeds
+    ]
+    results: dict[tuple[str, int, int], ConsolidationRun] = {}
+
+    def record(run: ConsolidationRun) -> None:
+        results[(run.policy, run.seed, run.every)] = run
+        if progress is not None:
+            progress(run)
+
+    if jobs <= 1:
+        for name, seed, k, pct in tasks:
+            record(run_one(nodes, pods, name, seed, k, pct, tune))
+    else:
+        with ProcessPoolExecutor(max_workers=min(jobs, len(tasks))) as pool:
+            futures = [pool.submit(run_one, nodes, pods, *t, tune) for t in tasks]
+            for future in futures:
+                record(future.result())
+    return [
+        Row(name, k, pct, tuple(results[(name, seed, k)] for seed in seeds))
+        for name in policy_names
+        for k, pct in ((0, 0.0), (every, max_moves_pct))
+    ]
+
+
+FIELDS = ("alloc_100", "alloc_130", "moves", "moved_pct", "ceiling_pct", "seconds")
+
+
+def report_document(rows: Sequence[Row], workload: str, tune: float) -> dict[str, object]:
+    """The `-o json` document: one entry per policy and consolidation setting."""
+    out: list[dict[str, object]] = []
+    for row in rows:
+        entry: dict[str, object] = {
+            "policy": row.policy,
+            "consolidate_every": row.every or None,
+            "max_moves_pct": row.max_moves_pct if row.every else None,
+            "seeds": [r.seed for r in row.runs],
+        }
+        for f in FIELDS:
+            values = row.values(f)
+            entry[f] = {
+                "mean": round(row.mean(f), 3) if values else None,
+                "std": round(row.std(f), 3),
+                "per_seed": [
+                    None if (v := getattr(r, f)) is None else round(float(v), 2) for r in row.runs
+                ],
+            }
+        out.append(entry)
+    return {"workload": workload, "tune": tune, "rows": out}
+
+
+def render_table(rows: Sequence[Row], workload: str) -> str:
+    """A Markdown table: allocation at x=100 and x=130, moves, the ceiling, time per run."""
+    head = (
+        "| policy | consolidation | alloc@100 | alloc@130 | moves (% of placed) "
+        "| ceiling@130 | s/run |"
+    )
+    lines = [f"workload {workload}, seeds {_span([r.seed for r in rows[0].runs])}", "", head]
+    lines.append("|" + "---|" * 7)
+    for row in rows:
+        how = f"every {row.every}, ≤ {row.max_moves_pct:g}% moved" if row.every else "none"
+        lines.append(
+            f"| {row.policy} | {how} | {_stat(row, 'alloc_100')} | {_stat(row, 'alloc_130')} "
+            f"| {row.mean('moves'):.0f} ({row.mean('moved_pct'):.2f}%) "
+            f"| {row.mean('ceiling_pct'):.2f} | {row.mean('seconds'):.0f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _stat(row: Row, field: str) -> str:
+    if not row.values(field):
+        return "N/A"
+    return f"{row.mean(field):.2f} ± {row.std(field):.2f}"
+
+
+def _span(seeds: Sequence[int]) -> str:
+    return f"{seeds[0]}-{seeds[-1]}" if len(seeds) > 1 else str(seeds[0])

@@ -1,0 +1,378 @@
+"""How far the greedy consolidation is from the optimum, on small fleets (an exact CP-SAT model).
+
+An instance: `n_nodes` nodes drawn (seeded) from the openb node list, filled by the replay (the
+protocol's arrivals, tuned to `fill` x their GPU capacity) with a policy. On it, with the same
+move budget, the greedy planner (`plan_consolidation`) and an exact model solved by OR-Tools
+CP-SAT both minimise stranded capacity against the paper's target workload:
+
+    variables  pod -> node (and -> cards), for every pod; a pod that leaves its cards is a move
+    limits     card capacity, node CPU and memory, card models, moves <= the budget
+    objective  maximise sum over shapes t (weight p_t) of the free units on cards that can
+               host t, on nodes where t fits (enough such cards, enough CPU): the complement of
+               stranded, since moves never change the total free capacity
+
+Weights are the workload's probabilities rounded to 1/100000; the greedy plan is the solver's
+starting hint; both answers are then measured
+exactly with `fleet_figures`. OR-Tools is an optional benchmark dependency, never a runtime one:
+`available()` says whether it is installed, and the benchmark says so and skips this part.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from gpuctl.bench.consolidation import Cluster, Scores
+from gpuctl.bench.openb import MILLI_PER_GPU, OpenbNode, OpenbPod
+from gpuctl.bench.protocol import (
+    arrival_sequence,
+    gpu_capacity_milli,
+    node_priority,
+    pod_demand,
+    target_workload,
+)
+from gpuctl.bench.rng import NumpyRng
+from gpuctl.core.consolidate import (
+    JobFacts,
+    apply_consolidation,
+    fleet_figures,
+    plan_consolidation,
+)
+from gpuctl.core.fit import Workload
+from gpuctl.core.placement.model import Allocation, Card, FleetState, PlacementNode
+from gpuctl.core.policies import Policy
+from gpuctl.errors import UsageError
+
+WEIGHT_SCALE = 100_000
+MISSING = "OR-Tools is not installed: the exact comparison is skipped (pip install ortools)"
+
+
+def available() -> bool:
+    try:
+        importlib.import_module("ortools.sat.python.cp_model")
+    except ImportError:
+        return False
+    return True
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Instance:
+    name: str
+    state: FleetState
+    pods: dict[str, OpenbPod]
+    workload: Workload
+
+
+def small_fleet(
+    nodes: Sequence[OpenbNode],
+    pods: Sequence[OpenbPod],
+    policy: Policy,
+    policy_workload: Workload,
+    *,
+    n_nodes: int,
+    seed: int,
+    fill: float = 1.0,
+) -> Instance:
+    """`n_nodes` nodes drawn with `seed`, filled by the replay to `fill` x their capacity."""
+    rng = NumpyRng(seed)
+    by_name = sorted(nodes, key=lambda n: n.name)
+    picked = sorted((by_name[i] for i in rng.perm(len(by_name))[:n_nodes]), key=lambda n: n.name)
+    arrivals = arrival_sequence(pods, rng, round(fill * gpu_capacity_milli(picked)))
+    prio = node_priority(picked, rng)
+    rank = np.array([prio[n.name] for n in picked], dtype=np.int64)
+    cluster = Cluster(picked)
+    scores = Scores(policy, policy_workload, len(picked))
+    for pod in arrivals:
+        chosen = scores.best(cluster, pod_demand(pod), rank)
+        if chosen is not None:
+            cluster.place(chosen[0], pod, chosen[1])
+    return Instance(
+        name=f"{n_nodes} nodes, seed {seed}",
+        state=cluster.fleet_state(),
+        pods={name: pod for name, (_, _, pod) in cluster.where.items()},
+        workload=target_workload(pods),
+    )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Exact:
+    stranded: float  # units, measured exactly on the solver's assignment
+    lower_bound: float  # no assignment within the budget strands less (up to weight rounding)
+    moves: int
+    optimal: bool
+    seconds: float
+
+
+def exact(
+    inst: Instance,
+    max_moves: int,
+    *,
+    time_limit_s: float = 30.0,
+    workers: int = 1,
+    hint: Sequence[Allocation] = (),
+) -> Exact:
+    """The CP-SAT optimum (or the best found in the time limit) for `max_moves` moves, and a
+    lower bound on stranded capacity from the solver's bound. `hint`: allocations to start from.
+    Raises UsageError when OR-Tools is not installed."""
+    try:
+        cp = importlib.import_module("ortools.sat.python.cp_model")
+    except ImportError:
+        raise UsageError(MISSING) from None
+    model: Any = cp.CpModel()
+    state = inst.state
+    nodes = [n for n in state.nodes if n.schedulable]
+    allocs = sorted(state.allocations, key=lambda a: a.job)
+    cards = [(n.name, c.index) for n in nodes for c in n.cards]
+    on_node: dict[tuple[str, str], Any] = {}
+    on_card: dict[tuple[str, tuple[str, int]], Any] = {}
+    stays = []
+    for a in allocs:
+        pod = inst.pods[a.job]
+        d = pod_demand(pod)
+        choices = []
+        for n in nodes:
+            if d.gpu_models and n.cards and n.cards[0].model not in d.gpu_models:
+                continue
+            if len(n.cards) < d.gpus:
+                continue
+            x = model.NewBoolVar("")
+            on_node[(a.job, n.name)] = x
+            choices.append(x)
+            if d.gpus:
+                ys = []
+                for c in n.cards:
+                    y = model.NewBoolVar("")
+                    on_card[(a.job, (n.name, c.index))] = y
+                    ys.append(y)
+                model.Add(sum(ys) == d.gpus * x)
+        model.AddExactlyOne(choices)
+        here = [on_card[(a.job, (a.node, c))] for c in a.cards]
+        stay = model.NewBoolVar("")
+        if here:
+            for y in here:
+                model.AddImplication(stay, y)
+        else:
+            model.AddImplication(stay, on_node[(a.job, a.node)])
+        stays.append((a.job, stay))
+    model.Add(len(allocs) - sum(v for _, v in stays) <= max_moves)
+    used: dict[tuple[str, int], Any] = {}
+    for key in cards:
+        terms = [
+            (MILLI_PER_GPU if a.whole else a.mib_per_card) * on_card[(a.job, key)]
+            for a in allocs
+            if (a.job, key) in on_card
+        ]
+        used[key] = sum(terms) if terms else 0
+        model.Add(used[key] <= MILLI_PER_GPU)
+    cpu_free: dict[str, Any] = {}
+    for n in nodes:
+        here = [(a, on_node[(a.job, n.name)]) for a in allocs if (a.job, n.name) in on_node]
+        cpu_used = sum(a.cpu_milli * x for a, x in here) if here else 0
+        mem_used = sum(a.host_mem_mib * x for a, x in here) if here else 0
+        if n.cpu_milli is not None:
+            model.Add(cpu_used <= n.cpu_milli)
+            cpu_free[n.name] = n.cpu_milli - cpu_used
+        if n.host_mem_mib is not None:
+            model.Add(mem_used <= n.host_mem_mib)
+    objective = []
+    for demand, p in inst.workload:
+        w = round(p * WEIGHT_SCALE)
+        if demand.gpus == 0 or w == 0:
+            continue
+        need = MILLI_PER_GPU if demand.whole or demand.gpus > 1 else demand.per_gpu
+        for n in nodes:
+            if demand.gpu_models and (not n.cards or n.cards[0].model not in demand.gpu_models):
+                continue
+            if len(n.cards) < demand.gpus:
+                continue
+            fits = model.NewBoolVar("")
+            fit_cards = []
+            for c in n.cards:
+                key = (n.name, c.index)
+                f = model.NewBoolVar("")
+                model.Add(MILLI_PER_GPU - used[key] >= need).OnlyEnforceIf(f)
+                model.Add(MILLI_PER_GPU - used[key] < need).OnlyEnforceIf(f.Not())
+                fit_cards.append((key, f))
+            model.Add(sum(f for _, f in fit_cards) >= demand.gpus).OnlyEnforceIf(fits)
+            if n.name in cpu_free and demand.cpu_milli:
+                model.Add(cpu_free[n.name] >= demand.cpu_milli).OnlyEnforceIf(fits)
+            for key, f in fit_cards:
+                ok = model.NewBoolVar("")
+                model.AddImplication(ok, f)
+                model.AddImplication(ok, fits)
+                usable = model.NewIntVar(0, MILLI_PER_GPU, "")
+                model.Add(usable <= MILLI_PER_GPU - used[key])
+                model.Add(usable <= MILLI_PER_GPU * ok)
+                objective.append(w * usable)
+    model.Maximize(sum(objective))
+    start = {a.job: a for a in hint} or {a.job: a for a in allocs}
+    for (job, node), x in on_node.items():
+        model.AddHint(x, int(start[job].node == node))
+    for (job, (node, index)), y in on_card.items():
+        model.AddHint(y, int(start[job].node == node and index in start[job].cards))
+    before = {a.job: a for a in allocs}
+    for job, v in stays:
+        model.AddHint(
+            v, int((start[job].node, start[job].cards) == (before[job].node, before[job].cards))
+        )
+    if hint:  # the optimum is never worse than the hint (a feasible assignment)
+        model.Add(sum(objective) >= _objective(inst, _rebuilt(state, list(start.values()))))
+    solver: Any = cp.CpSolver()
+    solver.parameters.max_time_in_seconds = time_limit_s
+    solver.parameters.num_workers = workers
+    started = time.perf_counter()
+    status = solver.Solve(model)
+    took = time.perf_counter() - started
+    if status not in (cp.OPTIMAL, cp.FEASIBLE):
+        raise RuntimeError(f"CP-SAT found no solution ({solver.StatusName(status)})")
+    placed = []
+    for a in allocs:
+        (node,) = [
+            n.name
+            for n in nodes
+            if (a.job, n.name) in on_node and solver.Value(on_node[(a.job, n.name)])
+        ]
+        chosen = tuple(
+            c.index
+            for c in state.node(node).cards
+            if (a.job, (node, c.index)) in on_card
+            and solver.Value(on_card[(a.job, (node, c.index))])
+        )
+        placed.append(dataclasses.replace(a, node=node, cards=chosen))
+    after = _rebuilt(state, placed)
+    moves = sum(
+        1 for a, b in zip(allocs, placed, strict=True) if (a.node, a.cards) != (b.node, b.cards)
+    )
+    figures = fleet_figures(after, inst.workload)
+    bound = figures.free_mib - solver.BestObjectiveBound() / WEIGHT_SCALE
+    return Exact(
+        stranded=figures.stranded_mib,
+        lower_bound=max(0.0, min(bound, figures.stranded_mib)),
+        moves=moves,
+        optimal=status == cp.OPTIMAL,
+        seconds=took,
+    )
+
+
+def _objective(inst: Instance, state: FleetState) -> int:
+    """The model's objective for an assignment, computed directly."""
+    total = 0
+    for demand, p in inst.workload:
+        w = round(p * WEIGHT_SCALE)
+        if demand.gpus == 0 or w == 0:
+            continue
+        need = MILLI_PER_GPU if demand.whole or demand.gpus > 1 else demand.per_gpu
+        for n in state.nodes:
+            if demand.gpu_models and (not n.cards or n.cards[0].model not in demand.gpu_models):
+                continue
+            fit = [c.free_mib for c in n.cards if c.free_mib >= need]
+            cpu = n.cpu_free_milli
+            if len(fit) < demand.gpus or (cpu is not None and cpu < demand.cpu_milli):
+                continue
+            total += w * sum(fit)
+    return total
+
+
+def _rebuilt(state: FleetState, allocs: Sequence[Allocation]) -> FleetState:
+    nodes = []
+    for n in state.nodes:
+        mine = [a for a in allocs if a.node == n.name]
+        cards = tuple(
+            Card(
+                c.index,
+                c.capacity_mib,
+                model=c.model,
+                allocated_mib=sum(
+                    (c.capacity_mib if a.whole else a.mib_per_card)
+                    for a in mine
+                    if c.index in a.cards
+                ),
+            )
+            for c in n.cards
+        )
+        for c in cards:
+            if c.allocated_mib > c.capacity_mib:
+                raise RuntimeError(f"the exact solution overfills card {c.index} of {n.name}")
+        nodes.append(
+            PlacementNode(
+                n.name,
+                cards,
+                cpu_milli=n.cpu_milli,
+                cpu_allocated_milli=sum(a.cpu_milli for a in mine),
+                host_mem_mib=n.host_mem_mib,
+                host_mem_allocated_mib=sum(a.host_mem_mib for a in mine),
+            )
+        )
+    return FleetState(tuple(nodes), tuple(allocs), state.version)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GapRow:
+    instance: str
+    pods: int
+    max_moves: int
+    before: float  # stranded units
+    greedy: float
+    greedy_moves: int
+    optimum: float
+    optimum_moves: int
+    lower_bound: float
+    optimal: bool
+    solver_seconds: float
+
+    @property
+    def captured_pct(self) -> float | None:
+        """The share of the achievable reduction the greedy plan gets (100: the optimum)."""
+        best = self.before - self.optimum
+        return None if best <= 1e-9 else 100.0 * (self.before - self.greedy) / best
+
+
+def gap(inst: Instance, max_moves: int, *, time_limit_s: float = 30.0, workers: int = 1) -> GapRow:
+    plan = plan_consolidation(
+        inst.state, facts_of_state(inst), max_moves=max_moves, workload=inst.workload, now=0.0
+    )
+    greedy = apply_consolidation(inst.state, plan).allocations
+    best = exact(inst, max_moves, time_limit_s=time_limit_s, workers=workers, hint=greedy)
+    return GapRow(
+        instance=inst.name,
+        pods=len(inst.pods),
+        max_moves=max_moves,
+        before=plan.before.stranded_mib,
+        greedy=plan.after.stranded_mib,
+        greedy_moves=len(plan.moves),
+        optimum=best.stranded,
+        optimum_moves=best.moves,
+        lower_bound=best.lower_bound,
+        optimal=best.optimal,
+        solver_seconds=best.seconds,
+    )
+
+
+def facts_of_state(inst: Instance) -> list[JobFacts]:
+    return [
+        JobFacts(job=name, checkpoint_age_s=0.0, gpu_models=pod_demand(pod).gpu_models)
+        for name, pod in sorted(inst.pods.items())
+    ]
+
+
+def render_gaps(rows: Sequence[GapRow]) -> str:
+    """A Markdown table of greedy vs exact, stranded capacity in GPUs (1000 milli)."""
+    lines = [
+        "| fleet | pods | max moves | stranded before | greedy (moves) | CP-SAT best (moves) "
+        "| CP-SAT lower bound | proven | greedy's share of the best reduction |",
+        "|" + "---|" * 9,
+    ]
+    for r in rows:
+        share = "n/a" if r.captured_pct is None else f"{r.captured_pct:.1f}%"
+        lines.append(
+            f"| {r.instance} | {r.pods} | {r.max_moves} | {r.before / 1000:.2f} "
+            f"| {r.greedy / 1000:.2f} ({r.greedy_moves}) "
+            f"| {r.optimum / 1000:.2f} ({r.optimum_moves}) "
+            f"| {r.lower_bound / 1000:.2f} | {'yes' if r.optimal else 'no'} | {share} |"
+        )
+    return "\n".join(lines) + "\n"

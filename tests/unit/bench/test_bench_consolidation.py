@@ -1,0 +1,123 @@
+"""The consolidation benchmark on tiny traces: the baseline is the placement replay itself, passes
+move what they plan and stay within the move budget, the ceiling, the report, the exact model."""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuctl.bench import consolidation as bench
+from gpuctl.bench import consolidation_exact as exact
+from gpuctl.bench.openb import OpenbNode, OpenbPod, load_nodes, load_pods
+from gpuctl.bench.protocol import target_workload
+from gpuctl.bench.replay import replay
+from gpuctl.bench.rng import NumpyRng
+from gpuctl.bench.runner import bench_policy
+from gpuctl.core.fit import Demand
+from gpuctl.errors import UsageError
+
+FIXTURES = Path(__file__).parents[2] / "fixtures" / "openb"
+NODES = load_nodes(FIXTURES / "nodes.csv")
+PODS = load_pods(FIXTURES / "pods.csv")
+
+
+def pod(name: str, gpus: int, milli: int, cpu: int = 1000) -> OpenbPod:
+    return OpenbPod(name, cpu, 1024, gpus, milli if gpus else 0)
+
+
+@pytest.mark.parametrize("name", ["best-fit", "fgd", "gpuctl"])
+def test_without_consolidation_the_replay_is_the_placement_benchmarks_own(name: str) -> None:
+    policy, spec = bench_policy(name)
+    theirs = replay(NODES, PODS, policy, NumpyRng(7), seed=7, workload=spec)
+    ours = bench.run_one(NODES, PODS, name, 7, 0, 0.0)
+    assert (ours.curve, ours.placed, ours.pods) == (theirs.curve, theirs.placed, theirs.pods)
+    assert any(v is not None for v in ours.curve)
+    assert (ours.moves, ours.passes) == (0, 0)
+
+
+def test_a_pass_moves_a_slice_so_a_whole_card_pod_fits() -> None:
+    nodes = [OpenbNode("a", 8000, 8192, 1, "T4"), OpenbNode("b", 8000, 8192, 1, "T4")]
+    cluster = bench.Cluster(nodes)
+    cluster.place(0, pod("s1", 1, 300), (0,))
+    cluster.place(1, pod("s2", 1, 300), (0,))
+    whole = Demand(gpus=1, per_gpu=1000, whole=True, cpu_milli=1000, mem_mib=1024)
+    assert cluster.feasible(whole).size == 0
+    workload = ((whole, 0.5), (Demand(gpus=1, per_gpu=300), 0.5))
+    moved = bench.consolidate(cluster, workload, 5, {"a": 0, "b": 1})
+    assert moved == 1
+    assert sorted(cluster.free) == [[400], [1000]]
+    assert cluster.feasible(whole).size == 1
+    assert bench.consolidate(cluster, workload, 0, {"a": 0, "b": 1}) == 0
+
+
+@pytest.mark.parametrize("pct", [0.0, 10.0, 50.0])
+def test_a_run_never_moves_more_than_its_share_of_placed_pods(pct: float) -> None:
+    run = bench.run_one(NODES, PODS, "fgd", 3, 2, pct)
+    assert run.moves <= pct * run.placed / 100
+    assert run.passes == run.pods // 2
+
+
+def test_the_ceiling_counts_holes_beside_large_slices_and_the_small_pods_to_fill_them() -> None:
+    placed = [pod("big", 1, 810), pod("whole", 1, 1000), pod("mid", 1, 500)]
+    arrivals = [*placed, pod("tiny", 1, 100), pod("small", 1, 250)]
+    assert bench.ceiling(placed, arrivals, 3000) == round(100 * (3000 - 190 + 100) / 3000, 2)
+    assert bench.ceiling([], arrivals, 3000) == 100.0
+
+
+def test_the_report_has_each_policy_with_and_without_consolidation() -> None:
+    rows = bench.run_matrix(NODES, PODS, ["fgd"], [1, 2], every=3, max_moves_pct=20.0)
+    assert [(r.policy, r.every) for r in rows] == [("fgd", 0), ("fgd", 3)]
+    doc = bench.report_document(rows, "tiny", 1.3)
+    assert json.loads(json.dumps(doc))["rows"][1]["consolidate_every"] == 3
+    assert doc["rows"][0]["alloc_130"]["per_seed"] == [r.alloc_130 for r in rows[0].runs]  # type: ignore[index]
+    table = bench.render_table(rows, "tiny").splitlines()
+    assert table[0] == "workload tiny, seeds 1-2"
+    assert table[4].startswith("| fgd | none | N/A | 100.00 ± 0.00 | 0 (0.00%) |")
+    assert table[5].startswith("| fgd | every 3, ≤ 20% moved | N/A | ")
+    with pytest.raises(UsageError, match="--consolidate-every"):
+        bench.run_matrix(NODES, PODS, ["fgd"], [1], every=0, max_moves_pct=5.0)
+
+
+def test_the_exact_model_is_never_worse_than_greedy_or_says_ortools_is_missing() -> None:
+    policy, spec = bench_policy("fgd")
+    inst = exact.small_fleet(NODES, PODS, policy, target_workload(PODS, spec), n_nodes=3, seed=1)
+    assert len(inst.pods) > 0 and len(inst.state.nodes) == 3
+    if not exact.available():
+        with pytest.raises(UsageError, match="OR-Tools is not installed"):
+            exact.gap(inst, 2)
+        return
+    row = exact.gap(inst, 2, time_limit_s=10.0)
+    assert row.optimum <= row.greedy + 1e-6 and row.greedy <= row.before + 1e-6
+    assert row.optimum_moves <= 2 and row.lower_bound <= row.optimum + 1e-6
+
+
+def test_without_ortools_the_benchmark_says_so_and_skips_the_exact_part(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    real = importlib.import_module
+
+    def no_ortools(name: str, *args: Any) -> Any:
+        if name.startswith("ortools"):
+            raise ImportError(name)
+        return real(name, *args)
+
+    monkeypatch.setattr(importlib, "import_module", no_ortools)
+    assert not exact.available()
+    script = importlib.util.spec_from_file_location(
+        "consolidation_run", Path(__file__).parents[3] / "benchmarks" / "consolidation" / "run.py"
+    )
+    assert script is not None and script.loader is not None
+    module = importlib.util.module_from_spec(script)
+    script.loader.exec_module(module)
+    code = module.main(
+        [
+            "--nodes", str(FIXTURES / "nodes.csv"), "--pods", str(FIXTURES / "pods.csv"),
+            "--skip-replay", "--exact-nodes", "3",
+        ]
+    )  # fmt: skip
+    assert code == 0
+    assert capsys.readouterr().out == exact.MISSING + "\n"
