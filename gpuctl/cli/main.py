@@ -15,6 +15,7 @@ from gpuctl import __version__
 from gpuctl.cli import (
     bench,
     consolidate,
+    dash,
     db,
     health,
     hosts,
@@ -148,6 +149,7 @@ reconcile.register(app)
 jobs.register(app)
 nodeops.register(app)
 consolidate.register(app)
+dash.register(app)
 app.add_typer(nodes.app, name="nodes")
 app.add_typer(inventory_cmd.app, name="inventory")
 app.add_typer(hosts.app, name="hosts")

@@ -1,24 +1,35 @@
 """What the dashboard's action keys call: a plan first (text the operator reads), then `apply`
-only when the operator confirms. The dashboard never builds a plan itself.
+only when the operator confirms. The dashboard never builds a plan itself: these are the services
+behind `gpuctl cordon|uncordon|drain|consolidate` (`gpuctl.ops.nodeops`, `gpuctl.ops.consolidate`),
+with the operator recorded as the actor and "operator" as the source.
 
-`StoreActions` does cordon and uncordon on the state store (the cordon and its audit event in one
-transaction, actor = the operator, source "operator"). Drain and consolidation belong to the
-services of `gpuctl drain` / `gpuctl consolidate`; until those ship, their plan says so and there
-is nothing to apply.
+Drain and consolidation plan on a fresh gather of the fleet; applying them moves jobs (checkpoint,
+stop, restart elsewhere), which takes a while: the app runs `apply` in a worker and shows each
+job's outcome as it comes (`progress`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Protocol
+import time
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
-from gpuctl.adapters.protocols import Clock
-from gpuctl.core.jobs import Cordon, Event
+from gpuctl.adapters.protocols import Clock, JobRunner, Store
+from gpuctl.core.model import FleetSnapshot, Inventory
 from gpuctl.errors import GpuctlError
+from gpuctl.tui import format as fmt
 from gpuctl.tui.services import StoreOpener
 
+if TYPE_CHECKING:
+    from gpuctl.ops.migrate import MigrationResult
+    from gpuctl.ops.nodeops import DrainPlan
+    from gpuctl.ops.reconcile import Reconciler
+
 ACTIONS = ("cordon", "uncordon", "drain", "consolidate")
-NOT_AVAILABLE = "not available in this version"
+MAX_MOVES = 10  # consolidation moves per plan (`gpuctl consolidate --max-moves` default)
+
+Progress = Callable[[str], None]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -27,10 +38,10 @@ class ActionPlan:
 
     action: str
     target: str | None  # a node; None for fleet-wide actions (consolidate)
-    text: str  # shown in the confirm dialog, as the CLI would print it
+    text: str  # shown in the confirm dialog, as the CLI prints it
     reason: str | None = None
     value: Any = None
-    applicable: bool = True  # False: nothing to apply (already so, or not available)
+    applicable: bool = True  # False: nothing to apply (nothing to do, or not available)
 
 
 class ActionService(Protocol):
@@ -38,40 +49,66 @@ class ActionService(Protocol):
 
     def plan(self, action: str, target: str | None, *, reason: str | None = None) -> ActionPlan: ...
 
-    def apply(self, plan: ActionPlan) -> str: ...  # one line: what was done
+    def apply(self, plan: ActionPlan, progress: Progress | None = None) -> str: ...
 
 
 class ActionRefused(GpuctlError):
     """An action the service cannot plan or apply."""
 
 
-class StoreActions:
-    """Cordon and uncordon through the store; drain and consolidation not yet available."""
+class FleetSource(Protocol):
+    def gather(self, nodes: Inventory) -> FleetSnapshot: ...
 
-    def __init__(self, open_store: StoreOpener, clock: Clock, operator: str) -> None:
+
+class FleetActions:
+    """Cordon and uncordon on the store; drain and consolidation through the control loop's
+    migration primitive, over the dashboard's own gatherer and job runner."""
+
+    def __init__(
+        self,
+        *,
+        open_store: StoreOpener,
+        clock: Clock,
+        operator: str,
+        inventory: Inventory,
+        fleet: FleetSource,
+        runner: JobRunner,
+        env: Mapping[str, str] | None = None,
+        state_dir: str | None = None,
+        max_moves: int = MAX_MOVES,
+    ) -> None:
         self.open_store = open_store
         self.clock = clock
         self.operator = operator
+        self.inventory = inventory
+        self.fleet = fleet
+        self.runner = runner
+        self.env = dict(env or {})
+        self.state_dir = state_dir
+        self.max_moves = max_moves
 
     def needs_reason(self, action: str) -> bool:
         return action in ("cordon", "drain")
 
+    # --- plans --------------------------------------------------------------------------------
+
     def plan(self, action: str, target: str | None, *, reason: str | None = None) -> ActionPlan:
         if action not in ACTIONS:
             raise ActionRefused(f"unknown action {action!r}")
-        if action in ("drain", "consolidate"):
-            what = f"{action} {target}" if target else action
-            return ActionPlan(
-                action, target, f"{what}: {NOT_AVAILABLE} of gpuctl.", reason, applicable=False
-            )
+        if action == "consolidate":
+            return self._plan_consolidation()
         if not target:
             raise ActionRefused(f"{action} needs a node")
+        if target not in self.inventory.by_name():
+            raise ActionRefused(f"{target} is not in the inventory")
+        why = (reason or "").strip() or f"from gpuctl dash by {self.operator}"
+        if action == "drain":
+            return self._plan_drain(target, why)
         with self.open_store(False) as store:
             current = {c.node: c for c in store.cordons()}.get(target)
         if action == "cordon":
-            why = (reason or "").strip() or f"cordoned from gpuctl dash by {self.operator}"
             lines = [
-                f"cordon {target}: no new work is placed on it; running jobs stay.",
+                f"cordon {target}: no new work lands there; running jobs stay.",
                 f"  reason:   {why}",
                 f"  operator: {self.operator} (source: operator)",
             ]
@@ -80,51 +117,135 @@ class StoreActions:
                     f"  replaces: the cordon by {current.operator} ({current.source}): "
                     f"{current.reason}"
                 )
-            return ActionPlan(action, target, "\n".join(lines), why)
+            return ActionPlan(action, target, fmt.safe("\n".join(lines)), why)
         if current is None:
-            return ActionPlan(
-                action,
-                target,
-                f"uncordon {target}: it is not cordoned; nothing to do.",
-                None,
-                applicable=False,
-            )
+            text = f"uncordon {target}: it is not cordoned; nothing to do."
+            return ActionPlan(action, target, text, None, applicable=False)
         text = (
-            f"uncordon {target}: new work may be placed on it again.\n"
+            f"uncordon {target}: new work may land there again.\n"
             f"  lifts:    the cordon by {current.operator} ({current.source}): {current.reason}"
         )
-        return ActionPlan(action, target, text, current.reason, value=current)
+        return ActionPlan(action, target, fmt.safe(text), current.reason, value=current)
 
-    def apply(self, plan: ActionPlan) -> str:
-        if not plan.applicable or plan.target is None:
-            raise ActionRefused(f"{plan.action}: nothing to apply")
+    def _plan_drain(self, node: str, reason: str) -> ActionPlan:
+        from gpuctl.ops import nodeops
+
+        snapshot = self.fleet.gather(self.inventory)
+        with self.open_store(False) as store:
+            loop = self._loop(store, dry_run=True)
+            drain = nodeops.plan_drain(nodeops.tick(loop, snapshot), node, reason=reason)
+        return ActionPlan("drain", node, drain_text(drain), reason, value=drain)
+
+    def _plan_consolidation(self) -> ActionPlan:
+        from gpuctl.core.consolidate_doc import render_plan
+        from gpuctl.ops import consolidate as service
+
+        snapshot = self.fleet.gather(self.inventory)
         now = self.clock.now()
-        node = plan.target
-        if plan.action == "cordon":
-            why = plan.reason or ""
-            event = Event(
-                now,
-                self.operator,
-                "cordon",
-                f"cordoned {node}: {why}",
-                node=node,
-                outcome="ok",
-                data={"reason": why, "source": "operator", "via": "dash"},
-            )
+        with self.open_store(False) as store:
+            inputs = service.gather_inputs(snapshot, store, now)
+        plan = service.plan(inputs, now=now, max_moves=self.max_moves)
+        text = fmt.safe(render_plan(plan).rstrip("\n"))
+        return ActionPlan("consolidate", None, text, value=plan, applicable=not plan.empty)
+
+    # --- apply -------------------------------------------------------------------------------
+
+    def apply(self, plan: ActionPlan, progress: Progress | None = None) -> str:
+        if not plan.applicable:
+            raise ActionRefused(f"{plan.action}: nothing to apply")
+        from gpuctl.ops import nodeops
+
+        if plan.action == "cordon" and plan.target is not None:
             with self.open_store(True) as store:
-                store.cordon(Cordon(node, why, self.operator, "operator", now), event)
-            return f"cordoned {node}"
-        if plan.action == "uncordon":
-            event = Event(
-                now,
-                self.operator,
-                "uncordon",
-                f"uncordoned {node}",
-                node=node,
-                outcome="ok",
-                data={"source": "operator", "via": "dash"},
-            )
+                done = nodeops.cordon(
+                    store, plan.target, reason=plan.reason or "", operator=self.operator,
+                    clock=self.clock,
+                )  # fmt: skip
+            return f"{plan.target} cordoned by {done.operator}: {done.reason}"
+        if plan.action == "uncordon" and plan.target is not None:
             with self.open_store(True) as store:
-                store.uncordon(node, event)
-            return f"uncordoned {node}"
-        raise ActionRefused(f"{plan.action}: {NOT_AVAILABLE}")
+                nodeops.uncordon(store, plan.target, operator=self.operator, clock=self.clock)
+            return f"{plan.target} uncordoned"
+        if plan.action == "drain":
+            return self._drain(plan.value, progress)
+        if plan.action == "consolidate":
+            return self._consolidate(plan.value, progress)
+        raise ActionRefused(f"{plan.action}: cannot apply")
+
+    def _drain(self, drain: DrainPlan, progress: Progress | None) -> str:
+        from gpuctl.ops import nodeops
+
+        with self.open_store(True) as store:
+            loop = self._loop(store, dry_run=False)
+            result = nodeops.drain(
+                loop, drain, operator=self.operator, on_result=_reporter(progress)
+            )
+        moved = sum(1 for r in result.results if r.moved)
+        return f"{drain.node}: {moved} of {len(result.results)} job(s) moved; cordoned"
+
+    def _consolidate(self, plan: Any, progress: Progress | None) -> str:
+        from gpuctl.ops import consolidate as service
+
+        with self.open_store(True) as store:
+            loop = self._loop(store, dry_run=False)
+            fresh = self.fleet.gather(self.inventory)
+            migrator = service.loop_migrator(
+                loop, operator=self.operator, snapshot=fresh, on_result=_reporter(progress)
+            )
+            local = time.localtime(self.clock.now())
+            result = service.apply(
+                plan,
+                current_version=service.current_version(fresh, store),
+                migrator=migrator,
+                minute_of_day=local.tm_hour * 60 + local.tm_min,
+            )
+        done = sum(1 for r in result.results if r.landed)
+        return f"consolidation: {done} of {len(plan.moves)} move(s) done"
+
+    def _loop(self, store: Store, *, dry_run: bool) -> Reconciler:
+        from gpuctl.ops.reconcile import Reconciler, ReconcileSettings
+
+        return Reconciler(
+            store,
+            self.fleet,
+            self.runner,
+            self.inventory,
+            self.clock,
+            ReconcileSettings(dry_run=dry_run),
+            environ=self.env,
+            state_dir=self.state_dir,
+        )
+
+
+def _reporter(progress: Progress | None) -> Callable[[MigrationResult], None] | None:
+    if progress is None:
+        return None
+    say = progress
+    return lambda r: say(fmt.safe(f"{r.job_id}: {r.outcome}: {r.message}"))
+
+
+def drain_text(plan: DrainPlan) -> str:
+    """The drain plan as `gpuctl drain` prints it: each job on the node and where it goes."""
+    cordon = (
+        "not cordoned yet"
+        if plan.cordon is None
+        else f"cordoned by {plan.cordon.operator} ({plan.cordon.source}): {plan.cordon.reason}"
+    )
+    head = (
+        f"drain {plan.node}: {plan.reason} ({cordon})\n"
+        f"cordon it, then move {len(plan.movable)} of {len(plan.moves)} job(s) off it "
+        "(checkpoint, stop, restart there from the checkpoint)"
+    )
+    if not plan.moves:
+        return fmt.safe(f"drain {plan.node}: {plan.reason} ({cordon})\nno jobs on the node")
+    rows = []
+    for m in plan.moves:
+        ckpt = "none"
+        if m.checkpoint_step is not None:
+            age = "" if m.checkpoint_age_s is None else f", {fmt.human_s(m.checkpoint_age_s)} old"
+            ckpt = f"step {m.checkpoint_step}{age}"
+        to = m.to_node or f"stays: {m.why_not}"
+        cards = ",".join(str(c) for c in m.to_cards) or "-"
+        rows.append([m.job_id, str(m.incarnation), ",".join(map(str, m.cards)), to, cards, ckpt])
+    table = fmt.table_text(["JOB", "INC", "CARDS", "TO", "CARDS", "CHECKPOINT"], rows)
+    return fmt.safe(f"{head}\n{table}")

@@ -285,8 +285,11 @@ class DashApp(App[None]):
         actions = self.services.actions
         assert actions is not None
 
+        def progress(line: str) -> None:  # from the worker thread
+            self.call_from_thread(self.notify, line)
+
         def done(said: str) -> None:
             self.notify(said)
             self.action_refresh()
 
-        self.background(lambda: actions.apply(plan), done, name=plan.action)
+        self.background(lambda: actions.apply(plan, progress), done, name=plan.action)

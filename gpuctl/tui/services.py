@@ -154,22 +154,37 @@ def live_services(
     operator: str,
     transport_factory: Callable[[], Transport] | None = None,
     readonly: bool = False,
+    env: Mapping[str, str] | None = None,
+    state_dir: Path | None = None,
 ) -> Services:
-    """The dashboard over a live fleet: one transport shared by the Gatherer and the log reader."""
+    """The dashboard over a live fleet: one transport shared by the Gatherer, the log reader and
+    the actions (drain and consolidation move jobs through the job runner)."""
     from gpuctl.config.health_rules import load_rules
     from gpuctl.ops.gather import Gatherer, default_transport
     from gpuctl.ops.jobrunner import SshJobRunner
-    from gpuctl.tui.actions import StoreActions
+    from gpuctl.tui.actions import FleetActions
 
     transport = transport_factory() if transport_factory else default_transport()
-    return Services(
-        source=LiveSource(inventory, Gatherer(transport, clock=clock), label),
+    gatherer = Gatherer(transport, clock=clock)
+    runner = SshJobRunner(transport)
+    actions = FleetActions(
         open_store=open_store,
         clock=clock,
-        actions=None if readonly else StoreActions(open_store, clock, operator),
+        operator=operator,
+        inventory=inventory,
+        fleet=gatherer,
+        runner=runner,
+        env=env,
+        state_dir=None if state_dir is None else str(state_dir),
+    )
+    return Services(
+        source=LiveSource(inventory, gatherer, label),
+        open_store=open_store,
+        clock=clock,
+        actions=None if readonly else actions,
         rules=load_rules(),
         expected_gpus={n.name: n.expected_gpus for n in inventory.nodes},
-        logs=RemoteLogs(SshJobRunner(transport), inventory),
+        logs=RemoteLogs(runner, inventory),
         operator=operator,
     )
 

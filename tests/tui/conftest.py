@@ -27,16 +27,18 @@ from gpuctl.core.model import (
     FleetSnapshot,
     GpuProcess,
     GpuSnapshot,
+    Inventory,
     NodeFacts,
     NodeSnapshot,
+    NodeSpec,
     NodeState,
     Observation,
     Reach,
 )
 from gpuctl.ops import jobs
-from gpuctl.testing.fakerunner import ManualClock
+from gpuctl.testing.fakerunner import FakeCluster, FakeRunner, ManualClock
 from gpuctl.testing.memstore import MemoryStore
-from gpuctl.tui.actions import StoreActions
+from gpuctl.tui.actions import FleetActions
 from gpuctl.tui.app import DashApp
 from gpuctl.tui.services import Services
 
@@ -131,6 +133,10 @@ class ScriptedSource:
             raise self.error
         return self.snapshot
 
+    def gather(self, nodes: object) -> FleetSnapshot:
+        """What the actions gather (drain and consolidation plan on a fresh gather)."""
+        return self.snapshot
+
     def close(self) -> None:
         self.closed = True
 
@@ -160,13 +166,29 @@ def source() -> ScriptedSource:
     )
 
 
+INVENTORY = Inventory(
+    nodes=tuple(
+        NodeSpec(name=name, host="127.0.0.1", port=port, expected_gpus=gpus)
+        for name, port, gpus in (("gpu-01", 2201, 4), ("gpu-02", 2202, 4), ("gpu-03", 2203, 2))
+    )
+)
+
+
 @pytest.fixture
 def services(source: ScriptedSource, store: MemoryStore, clock: ManualClock) -> Services:
+    actions = FleetActions(
+        open_store=opener(store),
+        clock=clock,
+        operator="alice",
+        inventory=INVENTORY,
+        fleet=source,
+        runner=FakeRunner(FakeCluster.of("gpu-01", "gpu-02", "gpu-03", gpus=4, clock=clock)),
+    )
     return Services(
         source=source,
         open_store=opener(store),
         clock=clock,
-        actions=StoreActions(opener(store), clock, "alice"),
+        actions=actions,
         rules=load_rules(),
         expected_gpus={"gpu-01": 4, "gpu-02": 4, "gpu-03": 2},
         operator="alice",

@@ -348,7 +348,7 @@ async def test_the_confirm_dialog_shows_the_plan_and_cancel_applies_nothing(
         await settle(app, pilot)
         dialog = app.screen
         assert isinstance(dialog, ConfirmDialog)
-        assert dialog.plan.text.startswith("cordon gpu-02: no new work is placed on it")
+        assert dialog.plan.text.startswith("cordon gpu-02: no new work lands there")
         text = "\n".join(screen_text(app))
         assert "reason:   fan noise" in text and "operator: alice (source: operator)" in text
         await pilot.press("n")
@@ -372,7 +372,8 @@ async def test_yes_applies_the_cordon_the_plan_showed(
         ]
         event = store.events(kinds=["cordon"])[-1]
         assert (event.actor, event.node, event.data["source"]) == ("alice", "gpu-02", "operator")
-        assert ("information", "cordoned gpu-02") in app.notified
+        assert event.data["reason"] == "fan noise"
+        assert ("information", "gpu-02 cordoned by alice: fan noise") in app.notified
         assert fleet_table(app).shown("gpu-02")[1] == "cordoned"  # refreshed after the action
         await pilot.press("u")
         await settle(app, pilot)
@@ -382,22 +383,64 @@ async def test_yes_applies_the_cordon_the_plan_showed(
         assert store.cordons() == []
 
 
-async def test_drain_says_it_is_not_available_and_applies_nothing(
-    services: Services, store: MemoryStore
+async def test_drain_shows_where_each_job_goes_and_cancel_moves_nothing(
+    services: Services, store: MemoryStore, clock: ManualClock
 ) -> None:
+    made = populate(store, clock)  # train runs on gpu-01, card 0
     before = store_state(store)
     app = make_app(services)
     async with app.run_test(size=SIZE) as pilot:
         await settle(app, pilot)
-        await pilot.press("d", *"broken fan", "enter")
+        await pilot.press("d", *"fan failing", "enter")
         await settle(app, pilot)
         dialog = app.screen
-        assert isinstance(dialog, ConfirmDialog) and not dialog.plan.applicable
-        assert "not available in this version" in dialog.plan.text
-        await pilot.press("y")  # no Apply on a plan with nothing to apply
-        assert isinstance(app.screen, ConfirmDialog)
+        assert isinstance(dialog, ConfirmDialog) and dialog.plan.applicable
+        lines = dialog.plan.text.splitlines()
+        assert lines[0] == "drain gpu-01: fan failing (not cordoned yet)"
+        assert lines[1].startswith("cordon it, then move 1 of 1 job(s) off it")
+        train = next(line for line in lines if line.startswith(made["train"].id))
+        assert train.split()[1:3] == ["1", "0"] and train.split()[3] in ("gpu-02", "gpu-03")
+        assert train.endswith("step 100, 5m00s old")
+        assert "drain gpu-01: fan failing" in "\n".join(screen_text(app))
         await pilot.press("escape")
+        await settle(app, pilot)
         assert isinstance(app.screen, OverviewScreen)
+    assert store_state(store) == before
+
+
+async def test_drain_of_an_empty_node_cordons_it_and_records_the_drain(
+    services: Services, store: MemoryStore
+) -> None:
+    app = make_app(services)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await pilot.press("down", "down", "d", *"new PSU", "enter")
+        await settle(app, pilot)
+        assert app.screen.plan.text.endswith("no jobs on the node")  # type: ignore[attr-defined]
+        await pilot.press("y")
+        await settle(app, pilot)
+        assert [(c.node, c.reason, c.operator) for c in store.cordons()] == [
+            ("gpu-03", "new PSU", "alice")
+        ]
+        assert [e.kind for e in store.events() if e.node == "gpu-03"] == ["cordon", "drain"]
+        assert ("information", "gpu-03: 0 of 0 job(s) moved; cordoned") in app.notified
+
+
+async def test_consolidation_shows_the_services_plan(
+    services: Services, store: MemoryStore, clock: ManualClock
+) -> None:
+    populate(store, clock)
+    before = store_state(store)
+    app = make_app(services)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await pilot.press("x")
+        await settle(app, pilot)
+        dialog = app.screen
+        assert isinstance(dialog, ConfirmDialog)
+        assert dialog.plan.text.startswith("consolidation plan · fleet version ")
+        assert "whole free cards" in dialog.plan.text
+        await pilot.press("escape")
     assert store_state(store) == before
 
 
