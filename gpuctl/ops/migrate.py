@@ -303,6 +303,7 @@ def _stop(p: Pass, res: Reservation, source: Incarnation, why: str) -> Reservati
 def _launch(p: Pass, res: Reservation, job: Job, source: Incarnation | None) -> None:
     if res.node not in p.answering or res.node not in p.specs:
         _rollback(p, res, f"the target {res.node} does not answer; the job is placed anew")
+        _elsewhere(p, res, job, source)
         return
     if source is not None and source.node in p.answering:
         # its newest checkpoints (the one written on SIGTERM too), copied for `sync: pull`
@@ -322,26 +323,55 @@ def _launch(p: Pass, res: Reservation, job: Job, source: Incarnation | None) -> 
         )
     except StoreConflict as exc:
         _rollback(p, res, f"the target was refused ({exc.message}); the job is placed anew")
+        _elsewhere(p, res, job, source)
         return
     except TransportError:
         raise  # the target did not answer in time: tried again next step
     except GpuctlError as exc:  # a bad spec, a secret gone: placement decides (holds it)
         _rollback(p, res, f"{exc.message}; the job is placed anew")
         return
-    if not started:
+    if started:
+        _migrated(p, res, job, res.node)
+
+
+def _elsewhere(p: Pass, res: Reservation, job: Job, source: Incarnation | None) -> None:
+    """The job was stopped but its reserved target failed it: start it wherever placement finds
+    room now (else it stays queued for the control loop's placement)."""
+    if source is None:
         return
+    chosen = choose_target(p, job, source)
+    if isinstance(chosen, str):
+        p.note("migrate", f"{job.id}: queued: {chosen}", job=job.id)
+        return
+    target, capacity = chosen
+    try:
+        started = reconcile_launch.launch_on(
+            p, job, target, capacity, why=f" (moved from {res.source_node}: {res.reason})"
+        )
+    except GpuctlError as exc:
+        p.note("migrate", f"{job.id}: queued: {exc.message}", job=job.id)
+        return
+    if started:
+        _migrated(p, res, job, target.node)
+
+
+def _migrated(p: Pass, res: Reservation, job: Job, node: str) -> None:
     new = _incarnation(p, job.id, job.incarnation + 1)
     start = "a fresh start"
     if new is not None and new.resume_step is not None:
         start = f"step {new.resume_step}"
     p.act(
         "migrated",
-        f"{job.id} moved from {res.source_node} to {res.node}: incarnation "
+        f"{job.id} moved from {res.source_node} to {node}: incarnation "
         f"{job.incarnation + 1} from {start} ({res.source}: {res.reason})",
         job=job.id,
-        node=res.node,
+        node=node,
         inc=job.incarnation + 1,
-        data={**_data(res), "resume_step": None if new is None else new.resume_step},
+        data={
+            **_data(res),
+            "to_node": node,
+            "resume_step": None if new is None else new.resume_step,
+        },
     )
 
 
@@ -394,7 +424,9 @@ class MigrationRequest:
 @dataclasses.dataclass(frozen=True, slots=True)
 class MigrationResult:
     job_id: str
-    outcome: str  # moved | rolled_back | not_started | unfinished
+    outcome: (
+        str  # moved | rolled_back | requeued (stopped, not started yet) | not_started | unfinished
+    )
     message: str
     from_node: str | None = None
     to_node: str | None = None
@@ -579,14 +611,14 @@ def _outcome(p: Pass, res: Reservation, since: float) -> MigrationResult | None:
     job = p.store.job(res.job_id)
     new = _incarnation(p, res.job_id, res.from_incarnation + 1)
     took = p.now - since
-    if job is not None and new is not None and new.node == res.node:
+    if job is not None and new is not None and new.state.holds_cards:
         start = "a fresh start" if new.resume_step is None else f"step {new.resume_step}"
         return MigrationResult(
             res.job_id,
             "moved",
-            f"moved from {res.source_node} to {res.node} (incarnation {new.n}, from {start})",
+            f"moved from {res.source_node} to {new.node} (incarnation {new.n}, from {start})",
             res.source_node,
-            res.node,
+            new.node,
             new.cards,
             res.from_incarnation,
             new.n,
@@ -595,10 +627,11 @@ def _outcome(p: Pass, res: Reservation, since: float) -> MigrationResult | None:
         )
     found = p.store.events(job_id=res.job_id, kinds=["migrate_rollback"], limit=1)
     why = found[-1].message if found else "the migration was rolled back"
+    stopped = job is not None and job.state is JobState.QUEUED
     return MigrationResult(
         res.job_id,
-        "rolled_back",
-        why,
+        "requeued" if stopped else "rolled_back",
+        f"{why}; it is queued for the control loop to place" if stopped else why,
         res.source_node,
         res.node,
         res.cards,

@@ -13,6 +13,7 @@ from gpuctl.adapters.store import open_store
 from gpuctl.core.jobs import EndReason, IncarnationState, JobState
 from gpuctl.core.migration import Phase
 from gpuctl.core.nodehealth import AutoDrainPolicy
+from gpuctl.ops import nodeops
 from gpuctl.ops.invariants import check_invariants
 from gpuctl.ops.migrate import MigrationResult, Target, migrate, reserve
 from gpuctl.ops.nodeops import tick
@@ -189,3 +190,31 @@ def test_a_pass_of_the_loop_takes_a_migration_one_step_further(store: Store) -> 
     kit.step()
     assert (kit.inc(job.id).n, kit.inc(job.id).node, kit.inc(job.id).cards) == (2, target, (1,))
     assert len(kit.runner.launches) == 2 and check_invariants(store) == []
+
+
+def test_a_target_cordoned_after_the_source_stopped_sends_the_job_elsewhere(store: Store) -> None:
+    kit = running(store, "train")
+    (job,) = store.jobs()
+    source = kit.inc(job.id).node
+    target, third = (n for n in ("n1", "n2", "n3") if n != source)
+    held_for(kit, job.id, target, 0)
+    kit.step()  # SIGUSR1
+    kit.step()  # the checkpoint is there: SIGTERM
+    assert kit.inc(job.id, 1).state is IncarnationState.STOPPING
+    nodeops.cordon(store, target, reason="it broke too", operator="bob", clock=kit.clock)
+    report = kit.step()
+    assert report.of("migrate_rollback") and report.of("migrated")
+    new = kit.inc(job.id)
+    assert (new.n, new.node, new.resume_step) == (2, third, 20)
+    assert store.reservations() == [] and check_invariants(store) == []
+
+
+def test_a_target_cordoned_before_the_source_stopped_leaves_the_job_running(store: Store) -> None:
+    kit = running(store, "train")
+    (job,) = store.jobs()
+    target = next(n for n in ("n1", "n2", "n3") if n != kit.inc(job.id).node)
+    held_for(kit, job.id, target, 0)
+    nodeops.cordon(store, target, reason="no", operator="bob", clock=kit.clock)
+    kit.step()
+    assert store.reservations() == [] and kit.signals(job.id) == []
+    assert kit.inc(job.id).n == 1 and kit.inc(job.id).state is IncarnationState.RUNNING
