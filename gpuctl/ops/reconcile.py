@@ -28,7 +28,7 @@ from gpuctl.core.jobs import (
 from gpuctl.core.model import FleetSnapshot, Inventory, NodeSpec
 from gpuctl.errors import GpuctlError, StoreConflict, TransportError
 from gpuctl.ops import (
-    migrate,
+    migrate_steps,
     reconcile_checkpoints,
     reconcile_health,
     reconcile_jobs,
@@ -149,7 +149,7 @@ class Pass:
             lambda: reconcile_checkpoints.sync_checkpoints(self),
             lambda: reconcile_launch.hold_slices(self),
             lambda: reconcile_health.health(self),
-            lambda: migrate.advance_all(self),
+            lambda: migrate_steps.advance_all(self),
             lambda: reconcile_launch.place_and_launch(self),
         )
         for step in steps:
@@ -207,7 +207,7 @@ class Pass:
 
     def stop_overdue(self) -> None:
         """Stopping incarnations past their job's grace: kill the process group. (A migration
-        keeps its own grace: its source is left to `migrate.advance`.)"""
+        keeps its own grace: its source is left to `migrate_steps.advance`.)"""
         moving = {(r.job_id, r.from_incarnation) for r in self.store.reservations()}
         for inc in self.store.incarnations(holding=True):
             if inc.state is not IncarnationState.STOPPING or inc.node not in self.observed:

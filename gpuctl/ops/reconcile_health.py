@@ -27,7 +27,8 @@ from gpuctl.core.nodehealth import (
     decide,
     track,
 )
-from gpuctl.ops import migrate
+from gpuctl.ops import migrate_steps
+from gpuctl.ops.reconcile_launch import Target
 
 if TYPE_CHECKING:
     from gpuctl.ops.reconcile import Pass
@@ -213,7 +214,7 @@ def _drain(p: Pass, step: NodeStep, h: NodeHealth, *, start: bool) -> None:
         job = p.store.job(inc.job_id)
         if job is None or job.cancel_requested:
             continue
-        chosen = migrate.choose_target(p, job, inc)
+        chosen = migrate_steps.choose_target(p, job, inc)
         if isinstance(chosen, str):
             p.note(
                 "drain",
@@ -227,10 +228,10 @@ def _drain(p: Pass, step: NodeStep, h: NodeHealth, *, start: bool) -> None:
         def hold(
             job: Job = job,
             inc: Incarnation = inc,
-            target: migrate.Target = target,
+            target: Target = target,
             capacity: dict[tuple[str, int], int] = capacity,
         ) -> None:
-            migrate.reserve(
+            migrate_steps.reserve(
                 p,
                 job,
                 inc,
