@@ -33,7 +33,7 @@ from gpuctl.core.fit import Demand, Workload
 from gpuctl.core.fragmentation import default_workload, workload_from_counts
 from gpuctl.core.jobs import IncarnationState, Job, JobState
 from gpuctl.core.model import FleetSnapshot
-from gpuctl.core.placement.model import Allocation, FleetState, JobRequest, JobShape, Settings
+from gpuctl.core.placement.model import FleetState, JobRequest, JobShape, Settings
 from gpuctl.core.placement.shape import demand_on
 from gpuctl.errors import PlanError, StateError, UsageError
 
@@ -56,34 +56,11 @@ class Inputs:
 
 
 def fleet_state(snapshot: FleetSnapshot, store: Store | None) -> FleetState:
-    """Placement's view (`ops.fleetstatus.fleet_state`) plus the cards migrations hold."""
+    """Placement's view (`ops.fleetstatus.fleet_state`: live incarnations, the cards migrations
+    hold, the cordons)."""
     from gpuctl.ops.fleetstatus import fleet_state as base
-    from gpuctl.ops.place import fleet_state_from_snapshot
 
-    state = base(snapshot, store)
-    if store is None:
-        return state
-    reserved = [
-        Allocation(
-            f"{r.job_id}#reserved",
-            r.node,
-            r.cards,
-            r.mib_per_card,
-            r.whole,
-            cpu_milli=r.cpu_milli,
-            host_mem_mib=r.host_mem_mib,
-        )
-        for r in store.reservations()
-    ]
-    if not reserved:
-        return state
-    with_reserved = fleet_state_from_snapshot(snapshot, (*state.allocations, *reserved))
-    flags = {n.name: (n.schedulable, n.reason) for n in state.nodes}
-    nodes = tuple(
-        dataclasses.replace(n, schedulable=flags[n.name][0], reason=flags[n.name][1])
-        for n in with_reserved.nodes
-    )
-    return dataclasses.replace(with_reserved, nodes=nodes)
+    return base(snapshot, store)
 
 
 def card_size(state: FleetState) -> int:

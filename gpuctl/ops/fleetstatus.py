@@ -21,7 +21,8 @@ BAND_TARGET = (0.60, 0.80)
 
 
 def store_allocations(store: Store) -> tuple[tuple[Allocation, ...], dict[str, Job]]:
-    """What gpuctl granted: one allocation per incarnation holding cards, and the jobs by id.
+    """What gpuctl granted: one allocation per incarnation holding cards and per reservation, and
+    the jobs by id.
 
     A lost incarnation (its node went down, the job may run elsewhere) still holds its cards until
     it is fenced, under its own key, so a node that comes back is never double-booked.
@@ -41,7 +42,25 @@ def store_allocations(store: Store) -> tuple[tuple[Allocation, ...], dict[str, J
         if inc.state is IncarnationState.LOST:
             alloc = dataclasses.replace(alloc, job=f"{inc.job_id}#lost{inc.n}")
         allocations.append(alloc)
+    allocations += _reserved(store)
     return tuple(allocations), jobs
+
+
+def _reserved(store: Store) -> list[Allocation]:
+    """Cards held by reservations (a migration's target), under the key `<job id>#reserved`:
+    nothing else is placed there while the job moves."""
+    return [
+        Allocation(
+            f"{r.job_id}#reserved",
+            r.node,
+            r.cards,
+            r.mib_per_card,
+            r.whole,
+            cpu_milli=r.cpu_milli,
+            host_mem_mib=r.host_mem_mib,
+        )
+        for r in store.reservations()
+    ]
 
 
 def fleet_state(snapshot: FleetSnapshot, store: Store | None) -> FleetState:

@@ -25,17 +25,15 @@ from gpuctl.core.jobs import (
     SliceEnforcement,
 )
 from gpuctl.core.placement.engine import plan
-from gpuctl.core.placement.model import Allocation, FleetState, JobRequest, Settings, Tier
+from gpuctl.core.placement.model import FleetState, JobRequest, Settings, Tier
 from gpuctl.core.plan import Placed, apply_plan
 from gpuctl.errors import ConfigError, GpuctlError, StateError, StoreConflict, TransportError
+from gpuctl.ops import fleetstatus, reconcile_checkpoints, reconcile_jobs
 from gpuctl.ops import jobs as jobspecs
-from gpuctl.ops import reconcile_checkpoints, reconcile_jobs
 from gpuctl.ops import reconcile_spec as specs
 from gpuctl.ops.jobrunner import LaunchFailed, LaunchRefused
-from gpuctl.ops.place import fleet_state_from_snapshot
 
 if TYPE_CHECKING:
-    from gpuctl.adapters.protocols import Store
     from gpuctl.ops.reconcile import Pass
 
 
@@ -100,52 +98,9 @@ def _over_slice(p: Pass, inc: Incarnation, use: SliceUse) -> None:
 
 
 def fleet_state(p: Pass) -> tuple[FleetState, dict[str, Job]]:
-    """The placement view: the gather, the cards held by live incarnations, the cordons."""
-    jobs = {j.id: j for j in p.store.jobs()}
-    ids = jobspecs.ids_by_name(jobs.values())
-    allocations = []
-    for inc in p.store.incarnations(holding=True):
-        job = jobs.get(inc.job_id)
-        try:
-            alloc = (
-                jobspecs.allocation(job, inc, ids)
-                if job is not None
-                else Allocation(inc.job_id, inc.node, inc.cards, inc.mib_per_card, inc.whole)
-            )
-        except StateError:  # an unreadable spec still holds its cards
-            alloc = Allocation(inc.job_id, inc.node, inc.cards, inc.mib_per_card, inc.whole)
-        if inc.state is IncarnationState.LOST:  # holds its cards, but its job may run elsewhere
-            alloc = dataclasses.replace(alloc, job=f"{inc.job_id}#lost{inc.n}")
-        allocations.append(alloc)
-    allocations += reserved_allocations(p.store)
-    state = fleet_state_from_snapshot(p.snapshot, allocations)
-    cordoned = {c.node: c for c in p.store.cordons()}
-    if cordoned:
-        nodes = tuple(
-            dataclasses.replace(n, schedulable=False, reason=f"cordoned: {cordoned[n.name].reason}")
-            if n.name in cordoned and n.schedulable
-            else n
-            for n in state.nodes
-        )
-        state = FleetState(nodes=nodes, allocations=state.allocations, version=state.version)
-    return state, jobs
-
-
-def reserved_allocations(store: Store) -> list[Allocation]:
-    """Cards held by reservations (a migration's target), as placement allocations under the
-    key `<job id>#reserved`: nothing else is placed there while the job moves."""
-    return [
-        Allocation(
-            f"{r.job_id}#reserved",
-            r.node,
-            r.cards,
-            r.mib_per_card,
-            r.whole,
-            cpu_milli=r.cpu_milli,
-            host_mem_mib=r.host_mem_mib,
-        )
-        for r in store.reservations()
-    ]
+    """The placement view: the gather, the cards held by live incarnations and reservations,
+    the cordons (the same view `gpuctl status` and the dashboard show)."""
+    return fleetstatus.fleet_state(p.snapshot, p.store), {j.id: j for j in p.store.jobs()}
 
 
 def place_and_launch(p: Pass) -> None:
