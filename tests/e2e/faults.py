@@ -140,6 +140,10 @@ def kill_job_processes(lab: LabFleet) -> None:
                 os.kill(pid, signal.SIGKILL)
 
 
+class InvariantsBroken(AssertionError):
+    """`check_invariants` found problems in the store."""
+
+
 # --- the rig -----------------------------------------------------------------------------------
 
 
@@ -277,7 +281,8 @@ class Rig:
         """The shared invariants hold (no job lost, one live incarnation at most, no card
         double-booked, each restart resumed from the last committed checkpoint)."""
         problems = check_invariants(self.store, capacity_mib=self.store.card_capacities())
-        assert problems == [], "\n".join(problems) + "\n" + self.history()
+        if problems:
+            raise InvariantsBroken("\n".join(problems) + "\n" + self.history())
 
     def copies(self, job_id: str) -> list[int]:
         return running_copies(self.lab, job_id)
@@ -334,3 +339,32 @@ def gpuctl(
         env={**os.environ, **(env or {})},
         check=False,
     )
+
+
+# --- job scripts ---------------------------------------------------------------------------------
+
+SLOW_SAVE = """\
+# A job that checkpoints every 5 steps with gpuctl.checkpoint; incarnation 1 hangs in the middle
+# of writing the checkpoint of step $SLOW_AT (its files half written), so a test can kill it there.
+import json, os, sys, time
+sys.path.insert(0, os.environ["REPO"])
+from gpuctl.checkpoint import Checkpointer
+
+ckpt = Checkpointer(every=5)
+loaded = ckpt.latest()
+step = json.loads(loaded.read("state.json"))["step"] if loaded else 0
+print(f"resumed from step {step}" if loaded else "starting fresh", flush=True)
+slow_at = int(os.environ["SLOW_AT"])
+while True:
+    time.sleep(0.05)
+    step += 1
+    print(f"step {step} loss 0 incarnation {ckpt.incarnation}", flush=True)
+    if ckpt.should_checkpoint(step):
+        def write(folder, step=step):
+            (folder / "state.json").write_text(json.dumps({"step": step}))
+            if step == slow_at and ckpt.incarnation == 1:
+                (folder / "weights.bin").write_bytes(b"half")
+                print(f"writing checkpoint {step}", flush=True)
+                time.sleep(600)
+        ckpt.save(step, write)
+"""
