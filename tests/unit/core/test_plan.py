@@ -24,6 +24,7 @@ from gpuctl.core.plan import (
     render_diff,
     render_plan_text,
 )
+from gpuctl.core.policies import DEFAULT_POLICY
 from gpuctl.core.units import CardMem
 from gpuctl.errors import PlanError
 
@@ -103,7 +104,7 @@ def test_something_that_is_not_a_plan_is_refused() -> None:
 def test_the_text_shows_each_job_and_why_one_was_not_placed() -> None:
     text = render_plan_text(plan(state(), JOBS, OPEN), explain=False)
     lines = text.splitlines()
-    assert lines[0].startswith("fleet version v1 · policy best-fit · utilization 0.0% -> ")
+    assert lines[0].startswith(f"fleet version v1 · policy {DEFAULT_POLICY} · utilization 0.0% -> ")
     assert lines[1].split() == [
         "JOB",
         "TIER",
