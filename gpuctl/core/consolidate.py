@@ -264,21 +264,18 @@ def plan_consolidation(
             state, by_job, index, request, settings, max_moves=max_moves, now=now
         )
         reason = target_outcome.reason
-    plan = ConsolidationPlan(
+    after = _moved(state, moves)
+    return ConsolidationPlan(
         version=consolidation_version(state),
-        version_after="",
+        version_after=consolidation_version(after),
         snapshot_version=state.version,
         max_moves=max_moves,
         moves=tuple(moves),
         before=fleet_figures(state, index),
-        after=fleet_figures(state, index),
+        after=fleet_figures(after, index),
         pinned=tuple(pinned),
         reason=reason,
         target=target_outcome,
-    )
-    after = apply_consolidation(state, plan)
-    return dataclasses.replace(
-        plan, after=fleet_figures(after, index), version_after=consolidation_version(after)
     )
 
 
@@ -294,9 +291,13 @@ def apply_consolidation(state: FleetState, plan: ConsolidationPlan) -> FleetStat
             f"plan {plan.version}, fleet now {consolidation_version(state)})",
             hint="run `gpuctl consolidate` again",
         )
+    return _moved(state, plan.moves)
+
+
+def _moved(state: FleetState, moves: Iterable[Migration]) -> FleetState:
     nodes = {n.name: n for n in state.nodes}
     allocs = {a.job: a for a in state.allocations}
-    for m in plan.moves:
+    for m in moves:
         a = allocs.get(m.job)
         if a is None or a.node != m.from_node or a.cards != m.from_cards:
             raise PlanError(f"move of {m.job}: it is not on {m.from_node} cards {m.from_cards}")

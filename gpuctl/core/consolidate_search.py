@@ -59,6 +59,7 @@ class WNode:
     model: str | None
     jobs: dict[str, Allocation]
     version: int = 0
+    _free: tuple[int, list[int]] = (-1, [])
 
     @staticmethod
     def of(n: PlacementNode, allocs: list[Allocation]) -> WNode:
@@ -81,10 +82,18 @@ class WNode:
         )
 
     def free(self) -> list[int]:
-        return [
-            max(0, c - a - g) if h else 0
-            for c, a, g, h in zip(self.caps, self.alloc, self.ghost, self.healthy, strict=True)
-        ]
+        """Free units per card (a fresh list)."""
+        return list(self.free_now())
+
+    def free_now(self) -> list[int]:
+        """Free units per card, shared until the node changes: never modify it."""
+        if self._free[0] != self.version:
+            free = [
+                max(0, c - a - g) if h else 0
+                for c, a, g, h in zip(self.caps, self.alloc, self.ghost, self.healthy, strict=True)
+            ]
+            self._free = (self.version, free)
+        return self._free[1]
 
     def cpu_free(self) -> int | None:
         return None if self.cpu_cap is None else self.cpu_cap - self.cpu_alloc
@@ -210,34 +219,48 @@ class Work:
             me = self.allocs[form.owner]
             if any(clash(me, b) for j, b in node.jobs.items() if j != form.owner):
                 return None
-        free, dcpu, dmem = base if base is not None else (node.free(), 0, 0)
+        free, dcpu, dmem = base if base is not None else (node.free_now(), 0, 0)
         cpu, mem = node.cpu_free(), node.mem_free()
         if cpu is not None and cpu - dcpu < form.cpu:
             return None
         if mem is not None and mem - dmem < form.mem:
             return None
-        before = self.index.stranded_num(node.view(free, dcpu, dmem))
+        if form.gpus and not form.whole and max(free, default=0) < form.per_card:
+            return None
+        chosen: list[int] = []
+        if form.gpus:
+            usable = [
+                p
+                for p in range(len(free))
+                if node.healthy[p] and model_ok(form.models, node.models[p])
+            ]
+            if form.whole:
+                chosen = [p for p in usable if node.caps[p] == form.per_card == free[p]]
+                if len(chosen) < form.gpus:
+                    return None
+                chosen = chosen[: form.gpus]
+            else:
+                seen: set[tuple[int, int]] = set()
+                for p in usable:  # one card per distinct (free, capacity): they score alike
+                    if free[p] >= form.per_card and (free[p], node.caps[p]) not in seen:
+                        seen.add((free[p], node.caps[p]))
+                        chosen.append(p)
+                if not chosen:
+                    return None
+        if base is None:
+            before = self.stranded(node)
+        else:
+            before = self.index.stranded_num(node.view(free, dcpu, dmem))
         dcpu, dmem = dcpu + form.cpu, dmem + form.mem
         if form.gpus == 0:
             return self.index.stranded_num(node.view(free, dcpu, dmem)) - before, ()
-        usable = [
-            p for p in range(len(free)) if node.healthy[p] and model_ok(form.models, node.models[p])
-        ]
         if form.whole:
-            empty = [p for p in usable if node.caps[p] == form.per_card == free[p]]
-            if len(empty) < form.gpus:
-                return None
-            chosen = tuple(empty[: form.gpus])
             after = list(free)
             for p in chosen:
                 after[p] = 0
-            return self.index.stranded_num(node.view(after, dcpu, dmem)) - before, chosen
+            return self.index.stranded_num(node.view(after, dcpu, dmem)) - before, tuple(chosen)
         best: tuple[int, tuple[int, ...]] | None = None
-        seen: set[tuple[int, int]] = set()
-        for p in usable:
-            if free[p] < form.per_card or (free[p], node.caps[p]) in seen:
-                continue
-            seen.add((free[p], node.caps[p]))
+        for p in chosen:
             after = list(free)
             after[p] -= form.per_card
             cost = self.index.stranded_num(node.view(after, dcpu, dmem)) - before
@@ -305,45 +328,34 @@ def pin_reason(a: Allocation, facts: JobFacts | None, work: Work, now: float) ->
 class _Candidate:
     alloc: Allocation
     facts: JobFacts
-    form: Form
+    form: int  # index into the search's forms
     weight: float  # 1 / (1 + move penalty)
-    removal: tuple[int, int] = (-1, 0)  # (src version, gain)
-    local: tuple[int, tuple[int, tuple[int, ...]] | None] = (-1, None)
+    stamp: int = 0  # bumped at every re-evaluation; heap entries with another stamp are stale
+    active: bool = True
+    removal: tuple[int, int] = (-1, 0)  # (src version, stranded freed by leaving it)
+    local: tuple[int, tuple[int, tuple[int, ...]] | None] = (-1, None)  # (src version, in place)
 
 
-class _Heaps:
-    """Per form, the destinations by add cost, lazily invalidated by node versions."""
+class _Dests:
+    """Per form, the destinations by add cost (a heap, lazily invalidated by node versions), and
+    the best two, recomputed after each move; `changed` says which forms' best two moved."""
 
-    def __init__(self, work: Work) -> None:
+    def __init__(self, work: Work, forms: list[Form]) -> None:
         self.work = work
-        self.heaps: dict[Form, list[tuple[int, str, int, tuple[int, ...]]]] = {}
-        self.top: dict[Form, tuple[int, list[tuple[int, str, tuple[int, ...]]]]] = {}
-        self.tick = 0
-
-    def add_form(self, form: Form) -> None:
-        if form in self.heaps:
-            return
-        heap = []
-        for node in self.work.nodes.values():
-            found = self.work.add_cost(node, form)
-            if found is not None:
-                heap.append((found[0], node.name, node.version, found[1]))
-        heapq.heapify(heap)
-        self.heaps[form] = heap
-
-    def touched(self, nodes: list[WNode]) -> None:
-        self.tick += 1
-        for form, heap in self.heaps.items():
-            for node in nodes:
-                found = self.work.add_cost(node, form)
+        self.forms = forms
+        self.heaps: list[list[tuple[int, str, int, tuple[int, ...]]]] = []
+        for form in forms:
+            heap = []
+            for node in work.nodes.values():
+                found = work.add_cost(node, form)
                 if found is not None:
-                    heapq.heappush(heap, (found[0], node.name, node.version, found[1]))
+                    heap.append((found[0], node.name, node.version, found[1]))
+            heapq.heapify(heap)
+            self.heaps.append(heap)
+        self.top = [self._top(i) for i in range(len(forms))]
 
-    def best_two(self, form: Form) -> list[tuple[int, str, tuple[int, ...]]]:
-        cached = self.top.get(form)
-        if cached is not None and cached[0] == self.tick:
-            return cached[1]
-        heap = self.heaps[form]
+    def _top(self, i: int) -> list[tuple[int, str, tuple[int, ...]]]:
+        heap = self.heaps[i]
         valid: list[tuple[int, str, int, tuple[int, ...]]] = []
         while heap and len(valid) < 2:
             item = heapq.heappop(heap)
@@ -351,9 +363,23 @@ class _Heaps:
                 valid.append(item)
         for item in valid:
             heapq.heappush(heap, item)
-        top = [(c, n, p) for c, n, _, p in valid]
-        self.top[form] = (self.tick, top)
-        return top
+        return [(c, n, p) for c, n, _, p in valid]
+
+    def touched(self, nodes: list[WNode]) -> list[int]:
+        """Re-evaluate `nodes` for every form; the forms whose best two changed."""
+        changed = []
+        names = {n.name for n in nodes}
+        for i, form in enumerate(self.forms):
+            heap = self.heaps[i]
+            for node in nodes:
+                found = self.work.add_cost(node, form)
+                if found is not None:
+                    heapq.heappush(heap, (found[0], node.name, node.version, found[1]))
+            top = self._top(i)
+            if top != self.top[i] or any(n in names for _, n, _ in top):
+                changed.append(i)
+            self.top[i] = top
+        return changed
 
 
 def search(
@@ -364,10 +390,14 @@ def search(
     max_moves: int,
     now: float,
 ) -> tuple[list[Migration], list[Pinned], str]:
-    """Greedy: repeatedly take the move with the best weighted stranded reduction (> 0)."""
+    """Greedy: repeatedly take the move with the best weighted stranded reduction (> 0).
+
+    Every candidate's best move is kept in one heap; after a move only the candidates on the two
+    nodes it touched, and those whose form's best destinations changed, are re-evaluated."""
     work = Work(state, index)
     pinned: list[Pinned] = []
     cands: list[_Candidate] = []
+    form_ids: dict[Form, int] = {}
     for a in sorted(state.allocations, key=lambda a: a.job):
         f = facts.get(a.job)
         why = pin_reason(a, f, work, now)
@@ -377,22 +407,28 @@ def search(
         assert f is not None
         node = work.nodes[a.node]
         card = max((node.caps[p] for p in node.positions(a)), default=max(node.caps, default=0))
-        cands.append(
-            _Candidate(a, f, work.form(a, f, node), 1.0 / (1.0 + move_penalty(f, a, card)))
-        )
+        fid = form_ids.setdefault(work.form(a, f, node), len(form_ids))
+        cands.append(_Candidate(a, f, fid, 1.0 / (1.0 + move_penalty(f, a, card))))
     if max_moves == 0:
         return [], pinned, "max moves is 0: nothing planned"
     if not cands:
         return [], pinned, "no job may move"
-    heaps = _Heaps(work)
+    dests = _Dests(work, list(form_ids))
+    by_form: dict[int, list[_Candidate]] = {}
+    by_node: dict[str, list[_Candidate]] = {}
     for c in cands:
-        heaps.add_form(c.form)
+        by_form.setdefault(c.form, []).append(c)
+        by_node.setdefault(c.alloc.node, []).append(c)
+    heap: list[tuple[float, str, str, int, int, tuple[int, ...]]] = []
+    for c in cands:
+        _evaluate(work, dests, c, heap)
     moves: list[Migration] = []
+    named = {x.alloc.job: x for x in cands}
     while len(moves) < max_moves:
-        best = _best_move(work, heaps, cands)
-        if best is None:
+        picked, gain, dst, positions = _pop_best(heap, named, work)
+        if picked is None or dst is None:
             break
-        gain, c, dst, positions = best
+        c = picked
         src = work.nodes[c.alloc.node]
         moved = work.move(c.alloc, src, dst, positions)
         moves.append(
@@ -411,8 +447,13 @@ def search(
                 host_mem_mib=c.alloc.host_mem_mib,
             )
         )
-        cands.remove(c)
-        heaps.touched([src] if src is dst else [src, dst])
+        c.active = False
+        touched = [src] if src is dst else [src, dst]
+        again = {x.alloc.job: x for n in touched for x in by_node.get(n.name, ()) if x.active}
+        for fid in dests.touched(touched):
+            again.update((x.alloc.job, x) for x in by_form[fid] if x.active)
+        for job in sorted(again):
+            _evaluate(work, dests, again[job], heap)
     if len(moves) == max_moves:
         reason = f"stopped at the maximum of {max_moves} move(s)"
     elif moves:
@@ -422,33 +463,41 @@ def search(
     return moves, pinned, reason
 
 
-def _best_move(
-    work: Work, heaps: _Heaps, cands: list[_Candidate]
-) -> tuple[int, _Candidate, WNode, tuple[int, ...]] | None:
-    best: tuple[float, int, str, str, _Candidate, WNode, tuple[int, ...]] | None = None
-    for c in cands:
-        src = work.nodes[c.alloc.node]
-        if c.removal[0] != src.version:
-            c.removal = (src.version, work.removal_gain(src, c.alloc))
-            c.local = (src.version, work.in_place(src, c.alloc, c.form))
-        options: list[tuple[int, WNode, tuple[int, ...]]] = []
-        for cost, name, positions in heaps.best_two(c.form):
-            if name != src.name:
-                options.append((c.removal[1] - cost, work.nodes[name], positions))
-                break
-        local = c.local[1]
-        if local is not None:
-            options.append((local[0], src, local[1]))
-        for gain, dst, positions in options:
-            if gain <= 0:
-                continue
-            value = gain * c.weight
-            if (
-                best is None
-                or value > best[0]
-                or (value == best[0] and (c.alloc.job, dst.name) < (best[2], best[3]))
-            ):
-                best = (value, gain, c.alloc.job, dst.name, c, dst, positions)
-    if best is None:
-        return None
-    return best[1], best[4], best[5], best[6]
+def _evaluate(
+    work: Work,
+    dests: _Dests,
+    c: _Candidate,
+    heap: list[tuple[float, str, str, int, int, tuple[int, ...]]],
+) -> None:
+    """Push `c`'s best move (if it frees anything) with a fresh stamp."""
+    c.stamp += 1
+    src = work.nodes[c.alloc.node]
+    if c.removal[0] != src.version:
+        c.removal = (src.version, work.removal_gain(src, c.alloc))
+        c.local = (src.version, work.in_place(src, c.alloc, dests.forms[c.form]))
+    removal = c.removal[1]
+    best: tuple[int, str, tuple[int, ...]] | None = None
+    for cost, name, positions in dests.top[c.form]:
+        if name != src.name:
+            best = (removal - cost, name, positions)
+            break
+    local = c.local[1]
+    if local is not None and (best is None or (-local[0], src.name) < (-best[0], best[1])):
+        best = (local[0], src.name, local[1])
+    if best is None or best[0] <= 0:
+        return
+    gain, name, positions = best
+    heapq.heappush(heap, (-gain * c.weight, c.alloc.job, name, gain, c.stamp, positions))
+
+
+def _pop_best(
+    heap: list[tuple[float, str, str, int, int, tuple[int, ...]]],
+    cands: Mapping[str, _Candidate],
+    work: Work,
+) -> tuple[_Candidate | None, int, WNode | None, tuple[int, ...]]:
+    while heap:
+        _, job, name, gain, stamp, positions = heapq.heappop(heap)
+        c = cands[job]
+        if c.active and c.stamp == stamp:
+            return c, gain, work.nodes[name], positions
+    return None, 0, None, ()

@@ -469,9 +469,10 @@ def _check_plan(
     schedulable = {n.name for n in state.nodes if n.schedulable}
     assert all(m.from_node in schedulable and m.to_node in schedulable for m in p.moves)
     assert after.utilization() == state.utilization()
-    for a in after.allocations:
+    changed_node = {m.job for m in p.moves if m.to_node != m.from_node}
+    for a in after.allocations:  # a job never lands on a node with a job it may not meet
         peers = [b for b in after.allocations if b.node == a.node and b.job != a.job]
-        if a.job in moved:
+        if a.job in changed_node:
             assert not any(
                 b.group in a.avoid_groups or a.group in b.avoid_groups for b in peers if b.group
             )
