@@ -50,7 +50,9 @@ class DashApp(App[None]):
     ENABLE_COMMAND_PALETTE = False
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("question_mark", "help", "Help", key_display="?"),
-        Binding("colon", "command", "Command", key_display=":"),
+        # priority: handled as the key arrives, so the keys typed right after it (`:queue⏎` in
+        # one go) go to the prompt, never to the table below it
+        Binding("colon", "command", "Command", key_display=":", priority=True),
         Binding("r", "refresh", "Refresh"),
         Binding("q", "quit", "Quit"),
     ]
@@ -99,6 +101,11 @@ class DashApp(App[None]):
     ) -> None:
         self.notified.append((severity, message))
         super().notify(message, title=title, severity=severity, timeout=timeout, markup=markup)
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "command":  # `:` in a prompt or dialog is just a character
+            return isinstance(self.screen, DashScreen)
+        return True
 
     # --- polling ------------------------------------------------------------------------------
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import threading
 
+from textual import events
+
 from gpuctl.core.jobs import Cordon, Event
 from gpuctl.core.model import Reach
 from gpuctl.ops import fleetstatus
@@ -219,6 +221,18 @@ async def test_colon_commands_jump_between_screens(services: Services) -> None:
         await pilot.press("colon", *"nonsense", "enter")
         assert any("unknown command :nonsense" in m for _, m in app.notified)
         assert len(app.screen_stack) == 3  # still on the node, nothing pushed
+
+
+async def test_a_command_typed_in_one_go_reaches_the_prompt(services: Services) -> None:
+    """`:queue⏎` arriving in one read of the terminal (fast typing, tmux, a paste)."""
+    app = make_app(services)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        for key, char in [("colon", ":"), *((c, c) for c in "queue"), ("enter", "\r")]:
+            app.post_message(events.Key(key, char))
+        await settle(app, pilot)
+        assert isinstance(app.screen, QueueScreen)
+        assert app.is_running  # the `q` of `queue` went into the prompt
 
 
 async def test_enter_drills_into_the_node_and_esc_comes_back(services: Services) -> None:

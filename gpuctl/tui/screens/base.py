@@ -26,7 +26,7 @@ ACTIONS = ("cordon", "uncordon", "drain", "consolidate")
 class DashScreen(Screen[None]):
     NAME = "screen"
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("slash", "filter", "Filter", key_display="/"),
+        Binding("slash", "filter", "Filter", key_display="/", priority=True),  # see `:` (app)
         Binding("escape", "back", "Back", key_display="esc"),
     ]
     KEYS: ClassVar[tuple[tuple[str, str], ...]] = ()  # this screen's own keys, for `?`
