@@ -34,6 +34,8 @@ from gpuctl.tui.widgets.prompt import PromptScreen
 
 MIN_REFRESH_S = 1.0
 DEFAULT_REFRESH_S = 2.0
+QUIT_AGAIN_S = 5.0  # a second `q` within this long quits while an action still runs
+MOVING = ("drain", "consolidate")  # actions that move jobs and take a while
 
 
 def describe(exc: BaseException | None) -> str:
@@ -79,6 +81,7 @@ class DashApp(App[None]):
         self._health = HealthKeeper()
         self._poll_started: float | None = None
         self._callbacks: dict[Worker[Any], Callable[[Any], None]] = {}
+        self._quit_asked_at: float | None = None
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -106,6 +109,21 @@ class DashApp(App[None]):
         if action == "command":  # `:` in a prompt or dialog is just a character
             return isinstance(self.screen, DashScreen)
         return True
+
+    async def action_quit(self) -> None:
+        """Quit; while a drain or consolidation is moving jobs, only on a second `q`."""
+        running = [w.name for w in self.workers if w.name in MOVING and w.is_running]
+        now = time.monotonic()
+        asked = self._quit_asked_at
+        if running and (asked is None or now - asked > QUIT_AGAIN_S):
+            self._quit_asked_at = now
+            self.notify(
+                f"a {running[0]} is moving jobs: press q again to quit anyway (the control loop "
+                "finishes a move left half-way)",
+                severity="warning",
+            )
+            return
+        self.exit()
 
     # --- polling ------------------------------------------------------------------------------
 

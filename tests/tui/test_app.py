@@ -12,6 +12,7 @@ from gpuctl.ops import fleetstatus
 from gpuctl.testing.fakerunner import ManualClock
 from gpuctl.testing.memstore import MemoryStore
 from gpuctl.tui import format as fmt
+from gpuctl.tui.actions import ActionPlan
 from gpuctl.tui.app import DashApp
 from gpuctl.tui.screens.job import JobScreen
 from gpuctl.tui.screens.jobs import JobsScreen, QueueScreen
@@ -472,3 +473,45 @@ async def test_readonly_hides_the_actions_and_their_keys_do_nothing(
         await settle(app, pilot)
         assert isinstance(app.screen, OverviewScreen)
     assert store_state(store) == before
+
+
+class SlowDrain:
+    """An action service whose drain runs until the test lets it finish."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.applied: list[str] = []
+
+    def needs_reason(self, action: str) -> bool:
+        return False
+
+    def plan(self, action: str, target: str | None, *, reason: str | None = None) -> ActionPlan:
+        return ActionPlan(action, target, f"{action} {target}: move 1 job")
+
+    def apply(self, plan: ActionPlan, progress: object = None) -> str:
+        self.release.wait(10)
+        self.applied.append(plan.action)
+        return "drained"
+
+
+async def test_q_while_a_drain_moves_jobs_asks_again_before_quitting(
+    services: Services,
+) -> None:
+    slow = SlowDrain()
+    services.actions = slow
+    app = make_app(services)
+    try:
+        async with app.run_test(size=SIZE) as pilot:
+            await settle(app, pilot)
+            await pilot.press("d")
+            await settle(app, pilot)
+            await pilot.press("y")
+            await pilot.pause()
+            await pilot.press("q")
+            assert app.is_running
+            assert app.notified[-1][1].startswith("a drain is moving jobs: press q again")
+            slow.release.set()
+            await pilot.press("q")
+    finally:
+        slow.release.set()
+    assert not app.is_running
