@@ -26,6 +26,7 @@ from gpuctl.cli import (
     nodeops,
     nodes,
     place,
+    playbook,
     reconcile,
     report,
     status,
@@ -157,6 +158,7 @@ app.add_typer(lab.app, name="lab")
 app.add_typer(bench.app, name="bench")
 app.add_typer(db.app, name="db")
 app.add_typer(metrics.app, name="metrics")
+app.add_typer(playbook.app, name="playbook")
 report.register(app)
 
 

@@ -290,7 +290,7 @@ def _step(doc: Document, i: int, step: StepModel, model: PlaybookFile) -> core.S
     kind = kinds[0]
     raw: BaseModel = getattr(step, _attr(kind))
     options: dict[str, Any] = raw.model_dump()
-    node_step = kind in core.NODE_KINDS
+    node_step = kind in core.NODE_KINDS or kind in ("wait", "assert")  # these judge each node
     when = None
     if step.when is not None:
         when = _expr(doc, ("steps", i, "when"), step.when, node_step, kind)

@@ -108,7 +108,8 @@ class Step:
         if self.kind in NODE_KINDS:
             return True
         cond = self.options.get("that") or self.options.get("until")
-        return isinstance(cond, Expr) and cond.uses_node
+        uses = [c.uses_node for c in (cond, self.when) if isinstance(c, Expr)]
+        return any(uses)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
