@@ -80,6 +80,9 @@ def scan_processes(node: str, gpus: list[View]) -> list[Proc]:
     by_uuid = {g["uuid"]: g["index"] for g in gpus}
     indices = {g["index"] for g in gpus}
     me = os.getpid()
+    # another lab running at the same time has nodes of the same names: its processes carry
+    # their own lab's state path, and are not this node's
+    lab_state = os.environ.get(STATE_ENV)
     found: dict[int, tuple[int, str, list[int], int]] = {}
     try:
         entries = [p.name for p in Path("/proc").iterdir()]
@@ -97,6 +100,8 @@ def scan_processes(node: str, gpus: list[View]) -> list[Proc]:
             if sep:
                 env[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
         if env.get(NODE_ENV) != node or "CUDA_VISIBLE_DEVICES" not in env:
+            continue
+        if lab_state and env.get(STATE_ENV, lab_state) != lab_state:
             continue
         granted: list[int] = []
         for token in env["CUDA_VISIBLE_DEVICES"].split(","):

@@ -90,3 +90,20 @@ def test_a_partitioned_node_does_not_answer_until_healed_and_down_removes_its_na
         assert down.exit_code == 0, down.stderr
         assert not any(netns.exists(ns) for ns in netns.names(lab.dir, "lab-02"))
         assert not alive(node.relay_pid)
+
+
+def test_a_job_on_another_lab_s_node_of_the_same_name_is_not_seen_on_this_one(
+    own_lab: LabFleet, tmp_path: Path
+) -> None:
+    """Two labs at once (two test runs, a demo beside the tests) both have a lab-01: GPU work on
+    one must not show as ghost memory on the other."""
+    query = "nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits"
+    start = "CUDA_VISIBLE_DEVICES=0 setsid -f sleep 600 </dev/null >/dev/null 2>&1"
+    with (
+        lab_fleet(nodes=1, gpus=2) as other,
+        SshTransport(own_known_hosts=tmp_path / "kh", system_known_hosts=()) as transport,
+    ):
+        transport.run(other.spec("lab-01"), start, timeout_s=10)
+        there = transport.run(other.spec("lab-01"), query, timeout_s=10).stdout.decode()
+        here = transport.run(own_lab.spec("lab-01"), query, timeout_s=10).stdout.decode()
+        assert there.strip() and not here.strip(), (there, here)
