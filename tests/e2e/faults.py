@@ -66,6 +66,19 @@ def steps(log: str) -> list[tuple[int, str]]:
     return [(int(m.group(1)), m.group(2)) for m in STEP.finditer(log)]
 
 
+def train_losses(upto: int) -> dict[int, str]:
+    """The loss `examples/train.py` logs at each step 1..upto, as it logs it: the same whether a
+    run was interrupted and resumed or not (so a resumed log can be checked step by step)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpuctl_example_train", EXAMPLES / "train.py")
+    assert spec is not None and spec.loader is not None
+    train = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train)
+    math = train.PlainMath(train.initial_weights())
+    return {step: f"{math.step():.4f}" for step in range(1, upto + 1)}
+
+
 def train_command(*, every: int = 5, step_s: float = 0.05, total: int = 100000) -> str:
     return (
         f"[{PYTHON}, train.py, --steps, '{total}', --checkpoint-every, '{every}',"

@@ -165,7 +165,8 @@ def assert_each_card_held_once(lab: LabFleet, state: Path, ids: list[str], cards
     with open_store(state, write=False) as store:
         assert check_invariants(store, capacity_mib=store.card_capacities()) == []
         holders = [(i.node, c) for i in store.incarnations(holding=True) for c in i.cards]
-        assert len(holders) == len(set(holders)) == cards
+        history = "\n".join(f"{e.kind}: {e.message}" for e in store.events())
+        assert len(holders) == len(set(holders)) == cards, history
         for job_id in ids:
             assert sum(i.state in LIVE for i in store.incarnations(job_id)) <= 1
     really = job_processes(lab)
