@@ -133,15 +133,24 @@ def numbers(
         "capacity_mib": capacity,
         "observed_util_pct": observed_util_pct(snapshot),
     }
-    out.update(fragmentation(state))
+    out.update(fragmentation(state, store, now))
     out.update(jobspecs.fleet_numbers(store, now) if store is not None else _no_jobs())
     return out
 
 
-def fragmentation(state: FleetState) -> dict[str, Any]:
-    """Fragmentation % (stranded / free) and stranded GiB; filled in by the fragmentation
-    measure of `gpuctl.core.fragmentation` once it is wired (None until then)."""
-    return {"fragmentation_pct": None, "stranded_gib": None}
+def fragmentation(state: FleetState, store: Store | None, now: float) -> dict[str, Any]:
+    """Fragmentation % (stranded / free × 100) and stranded GiB over schedulable nodes, against
+    the target workload (the shapes of queued and recent jobs, and the default shapes), exactly
+    as consolidation measures them."""
+    from gpuctl.core.consolidate import fleet_figures
+    from gpuctl.ops.consolidate import workload_for
+
+    figures = fleet_figures(state, workload_for(state, store.jobs() if store else (), now))
+    pct = figures.fragmentation_pct
+    return {
+        "fragmentation_pct": None if pct is None else round(pct, 2),
+        "stranded_gib": round(figures.stranded_gib, 2),
+    }
 
 
 def _no_jobs() -> dict[str, Any]:

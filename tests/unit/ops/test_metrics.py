@@ -190,9 +190,10 @@ def test_an_undefined_number_has_no_sample_never_a_zero() -> None:
     snap = snapshot(gpu(0), gpu(1))
     numbers = fleetstatus.numbers(snap, None, NOW)
     got = parse(exposition(read_fleet(snap, None, NOW, verdicts(snap))))
-    assert numbers["fragmentation_pct"] is None and numbers["failover_success_pct"] is None
-    assert got["gpuctl_fragmentation_ratio"] == {}
+    assert numbers["failover_success_pct"] is None
     assert got["gpuctl_failover_success_ratio"] == {}
+    frag = value(got, "gpuctl_fragmentation_ratio")  # defined: measured on the free cards
+    assert frag == pytest.approx(numbers["fragmentation_pct"] / 100)
     assert got["gpuctl_queue_wait_seconds"] == {}
     assert value(got, "gpuctl_utilization_ratio") == 0.0  # defined: nothing allocated
     assert "gpuctl_failovers" not in got  # no store read: no counters rather than zeros
