@@ -93,16 +93,19 @@ def run(
     document = output in (Output.JSON, Output.YAML)
     services, close = build_services(ctx, write=not dry_run)
     try:
+        app_ctx = context.get(ctx)
+        folder = state_dir(app_ctx.env, app_ctx.state_dir)
         if dry_run:
-            plan = service.plan_run(playbook, services, override_window=override, window=win)
+            plan = service.plan_run(
+                playbook, services, override_window=override, window=win, state_dir=folder
+            )
             _show_plan(plan, output)
             sys.stderr.write("dry run: nothing changed\n")
             return
-        app_ctx = context.get(ctx)
         report = service.run(
             playbook,
             services,
-            state_dir=state_dir(app_ctx.env, app_ctx.state_dir),
+            state_dir=folder,
             resume=resume,
             override_window=override,
             window=win,
@@ -243,8 +246,10 @@ def render_plan(plan: RunPlan) -> str:
     sizes = "/".join(str(len(b)) for b in plan.batches)
     window = "any time" if plan.window is None else plan.window
     where = "inside" if plan.inside_window else "OUTSIDE: the run would do nothing"
-    lines = [
-        head,
+    lines = [head]
+    if plan.resumes is not None:
+        lines.append(f"resumes the interrupted run {plan.resumes}: the steps it did are skipped")
+    lines += [
         f"targets: {', '.join(plan.targets) or 'none'} (batches of {sizes})",
         f"window: {window} ({where}) · max_fail_percentage {plan.max_fail_percentage:g}%",
     ]

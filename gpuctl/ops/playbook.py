@@ -61,6 +61,7 @@ class PlannedStep:
 @dataclasses.dataclass(frozen=True, slots=True)
 class RunPlan:
     playbook: str
+    resumes: str | None  # the interrupted run a run would resume
     source: str
     description: str
     targets: tuple[str, ...]
@@ -74,6 +75,7 @@ class RunPlan:
     def to_dict(self) -> dict[str, Any]:
         return {
             "playbook": self.playbook,
+            "resumes": self.resumes,
             "source": self.source,
             "description": self.description,
             "targets": list(self.targets),
@@ -94,11 +96,15 @@ def plan_run(
     window: TimeWindow | None = None,
     journal: Journal | None = None,
     view: View | None = None,
+    state_dir: Path | None = None,
 ) -> RunPlan:
     """What the run would do, step by step, as the fleet is now. Reads the fleet and the store;
     changes nothing (no event, no journal, no lock, no health sample). `override_window`: use
-    `window` (None: any time) instead of the playbook's."""
+    `window` (None: any time) instead of the playbook's. With `state_dir`, an interrupted run
+    that a run would resume is planned as resumed (its done steps marked)."""
     win = window if override_window else playbook.settings.window
+    if journal is None and state_dir is not None:
+        journal = interrupted(playbook, state_dir)
     view = view or observe(services, {} if journal is None else journal.health)
     if journal is not None:
         plan = journal.batches
@@ -126,6 +132,7 @@ def plan_run(
         )
     return RunPlan(
         playbook=playbook.name,
+        resumes=None if journal is None else journal.run_id,
         source=playbook.source,
         description=playbook.description,
         targets=targets,
@@ -228,6 +235,14 @@ def run(
         verb = f"resumed run {journal.run_id} of" if resumed else "started"
         _event(services, journal, kind, f"{services.operator} {verb} playbook {playbook.name}")
         return _execute(playbook, services, journals, journal, win, resumed, on_step, view)
+
+
+def interrupted(playbook: Playbook, state_dir: Path) -> Journal | None:
+    """The journal of an interrupted run of this very playbook, which a run would resume."""
+    found = JournalFile(state_dir, playbook.name).load()
+    if found is None or found.status != "running" or found.digest != playbook.digest:
+        return None
+    return found
 
 
 def _resumable(

@@ -22,6 +22,8 @@ from typer.testing import CliRunner, Result
 
 from gpuctl.adapters.protocols import ExecResult
 from gpuctl.adapters.store import open_store
+from gpuctl.cli.context import AppContext
+from gpuctl.cli.main import app
 from gpuctl.config.health_rules import load_rules
 from gpuctl.config.playbook import load_playbook
 from gpuctl.core.jobs import JobState
@@ -434,8 +436,6 @@ class Shells:
         return ["-i", str(self.inventory), "--state-dir", str(self.state), *args]
 
     def cli(self, *args: str, answer: str = "") -> Result:
-        from gpuctl.cli.context import AppContext
-        from gpuctl.cli.main import app
         from gpuctl.testing.fakes import ShellTransport
 
         transport = ShellTransport(self.envs)
@@ -595,6 +595,12 @@ def test_after_a_sigkill_the_next_run_takes_the_lock_over_and_resumes(shells: Sh
         os.killpg(crashed.pid, signal.SIGKILL)  # the run and its step's shell, at once
         crashed.wait()
     run_id = (shells.journal("maint") or {})["run_id"]
+    dry = shells.cli("playbook", "run", str(pb), "--dry-run")
+    assert f"resumes the interrupted run {run_id}: the steps it did are skipped" in dry.stdout
+    assert (
+        "[b1.s2] run: run sh -c 'echo once >> $HOME/first' (timeout 60s) [done earlier: changed"
+        in dry.stdout
+    )
     go.touch()
     result = shells.cli("playbook", "run", str(pb), "--yes")
     assert result.exit_code == 0, result.output
@@ -618,3 +624,54 @@ def test_after_a_sigkill_the_next_run_takes_the_lock_over_and_resumes(shells: Sh
     ]
     assert "playbook.resume" in [e.kind for e in dump["events"]]
     assert "playbook maint (resumed): ok: 4 step(s) done" in result.stdout
+
+
+def test_check_says_valid_or_names_file_line_and_field_with_exit_2(shells: Shells) -> None:
+    good = shells.tmp / "good.yaml"
+    good.write_text("name: good\ntargets: {names: [pb01]}\nsteps:\n  - cordon: {reason: x}\n")
+    result = shells.cli("playbook", "check", str(good))
+    assert result.exit_code == 0, result.output
+    assert (
+        result.stdout == f"{good}: ok: playbook good, 1 step(s)\n  1. cordon: cordon (reason: x)\n"
+    )
+    doc = json.loads(shells.cli("playbook", "check", str(good), "-o", "json").stdout)
+    assert doc["valid"] is True and doc["targets_checked"] is True
+    bad = shells.tmp / "bad.yaml"
+    bad.write_text("name: bad\ntargets: {names: [pb09]}\nsteps:\n  - cordon: {reason: x}\n")
+    result = shells.cli("playbook", "check", str(bad))
+    assert result.exit_code == 2 and result.stdout == ""
+    assert result.stderr == (
+        f"error: {bad}:2: targets.names[0]: undefined target: 'pb09' is no node of the inventory\n"
+        "hint: did you mean 'pb02'?\n"
+    )
+    runner = CliRunner().invoke(app, ["playbook", "check", str(bad)], obj=AppContext(env={}))
+    assert runner.exit_code == 0  # no inventory: the targets cannot be checked, and it says so
+    assert runner.stderr == "note: no inventory given: targets not checked against one\n"
+
+
+def test_a_run_shows_its_plan_and_asks_and_no_changes_nothing(shells: Shells) -> None:
+    pb = shells.tmp / "pb.yaml"
+    pb.write_text("name: ask\ntargets: all\nsteps:\n  - cordon: {reason: x}\n")
+    result = shells.cli("playbook", "run", str(pb), answer="n\n")
+    assert result.exit_code == 1
+    assert "[b1.s1] cordon: cordon (reason: x)" in result.stdout
+    assert result.stderr == "run playbook ask as planned? [y/N]: nothing changed\n"
+    assert shells.journal("ask") is None
+    assert store_dump(shells.state)["events"] == []
+    result = shells.cli("playbook", "run", str(pb), answer="y\n")
+    assert result.exit_code == 0, result.output
+    assert "    pb01  changed  cordoned\n    pb02  changed  cordoned\n" in result.stdout
+    assert result.stdout.endswith("playbook ask: ok: 1 step(s) done\n")
+
+
+def test_a_step_failing_beyond_the_threshold_exits_1(shells: Shells) -> None:
+    pb = shells.tmp / "pb.yaml"
+    pb.write_text(
+        "name: fails\ntargets: {names: [pb02]}\nsteps:\n  - run: [sh, -c, 'echo no >&2; exit 4']\n"
+    )
+    result = shells.cli("playbook", "run", str(pb), "--yes")
+    assert result.exit_code == 1
+    assert "    pb02  failed   exit 4: no\n" in result.stdout
+    assert result.stdout.endswith(
+        "playbook fails: failed: 1 of 1 target(s) failed (100% > max_fail_percentage 0%)\n"
+    )
