@@ -1,5 +1,6 @@
 # gpuctl: two commands do all the set-up on a fresh Debian machine.
-#   make demo   installs what is needed, starts a 3-node lab fleet, shows its status, stops it
+#   make demo   installs what is needed, then on a 3-node lab fleet: jobs, a node killed, the jobs
+#               resuming elsewhere from their checkpoints (examples/demo.sh, docs/demo.md)
 #   make test   installs what is needed, then lint, type-check and the whole test suite (what CI runs)
 PYTHON ?= python3
 VENV   ?= .venv
@@ -35,10 +36,7 @@ pytest: deps
 test: deps lint typecheck pytest
 
 demo: deps
-	-$(BIN)/gpuctl lab down --dir $(DEMO_DIR) >/dev/null 2>&1
-	$(BIN)/gpuctl lab up --nodes 3 --dir $(DEMO_DIR)
-	$(BIN)/gpuctl -i $(DEMO_DIR)/inventory.yaml status; \
-	  rc=$$?; $(BIN)/gpuctl lab down --dir $(DEMO_DIR); exit $$rc
+	DEMO_DIR=$(DEMO_DIR) GPUCTL=$(BIN)/gpuctl PYTHON=$(BIN)/python bash examples/demo.sh
 
 bench-gather: deps
 	$(BIN)/python benchmarks/gather.py --nodes 50
