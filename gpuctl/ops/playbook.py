@@ -5,7 +5,8 @@ one run at a time, resumable after a crash).
 Every step is a call into gpuctl's own services (`ops.nodeops`, `ops.consolidate`, `ops.jobs`,
 `ops.health`, the control loop), never a shell-out to gpuctl; `run` steps go through the
 `Transport` with commands built by `shlex.join`. The steps themselves are in
-`gpuctl.ops.playbook_steps`; the lock and the journal in `gpuctl.ops.playbook_state`.
+`gpuctl.ops.playbook_steps` (their dry-run detail in `playbook_preview`, the fleet view they read in
+`playbook_view`); the lock and the journal in `gpuctl.ops.playbook_state`.
 """
 
 from __future__ import annotations
@@ -24,16 +25,11 @@ from gpuctl.errors import StateError
 from gpuctl.ops import playbook_steps as steps
 from gpuctl.ops.playbook_preview import preview
 from gpuctl.ops.playbook_state import JournalFile, PlaybookLock
-from gpuctl.ops.playbook_steps import Services, View, observe
+from gpuctl.ops.playbook_view import Services, View, observe
 
 __all__ = ["RunPlan", "RunReport", "Services", "View", "observe", "plan_run", "run"]
 
 Notice = Callable[[str], None]
-
-
-def minute_of_day() -> int:
-    t = time.localtime()
-    return t.tm_hour * 60 + t.tm_min
 
 
 # --- the plan (the dry run, and what a run shows before it asks) ---------------------------------

@@ -29,7 +29,7 @@ from gpuctl.config.playbook import load_playbook
 from gpuctl.core.jobs import JobState
 from gpuctl.core.model import NodeSnapshot
 from gpuctl.core.nodehealth import AutoDrainPolicy
-from gpuctl.core.playbook import Playbook
+from gpuctl.core.playbook import Journal, Playbook
 from gpuctl.errors import StateError
 from gpuctl.ops import playbook as service
 from gpuctl.ops.playbook import RunReport, Services
@@ -337,7 +337,7 @@ def test_resume_retries_the_failed_step_of_a_run_that_stopped(bench: Bench) -> N
 def test_a_changed_playbook_is_not_resumed(bench: Bench) -> None:
     state = bench.tmp / "state"
     pb = bench.playbook("name: pb\ntargets: all\nsteps:\n  - status:\n")
-    journal = service.Journal(
+    journal = Journal(
         "old", "pb", "0" * 64, 1.0, "alice", (("n1", "n2", "n3"),), 3, done={"b1.s1": "ok"}
     )
     JournalFile(state, "pb").save(journal)
