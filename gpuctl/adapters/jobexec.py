@@ -459,12 +459,12 @@ for s in step-*; do
   [ -d "$s" ] && printf '%s\n' "$s"
 done | sort -t- -k2,2n | tail -n "$2" | while IFS= read -r s; do
   m="$s/COMMITTED"
-  if [ ! -f "$m" ]; then echo "gpuctl-ckpt none $s"; continue; fi
-  z=$(wc -c <"$m")
+  # a folder removed while it is listed (the job pruned an old checkpoint) is not listed
+  if [ ! -f "$m" ]; then [ -d "$s" ] && echo "gpuctl-ckpt none $s"; continue; fi
+  z=$(wc -c <"$m" 2>/dev/null) || continue
   if [ "$z" -gt __MAX__ ]; then echo "gpuctl-ckpt big $s"; continue; fi
-  printf 'gpuctl-ckpt marker %s ' "$s"
-  base64 <"$m" | tr -d '\n'
-  echo
+  b=$(base64 <"$m" 2>/dev/null) || continue
+  printf 'gpuctl-ckpt marker %s %s\n' "$s" "$(printf '%s' "$b" | tr -d '\n')"
 done
 """.replace("__MAX__", str(MAX_MARKER_BYTES))
 )
@@ -522,7 +522,7 @@ def parse_checkpoint_listing(stdout: bytes) -> list[Listed] | None:
             out.append(Listed(name, step, None, None))
         elif fields[0] == "big":
             out.append(Listed(name, step, None, None, "unreadable marker: too large"))
-        elif fields[0] == "marker" and len(fields) == 3:
+        elif fields[0] == "marker" and len(fields) == 3 and fields[2]:
             try:
                 raw = base64.b64decode(fields[2], validate=True)
             except (ValueError, binascii.Error):
