@@ -15,8 +15,10 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from gpuctl.adapters.store import open_store
 from gpuctl.cli.main import app
 from gpuctl.core.jobs import JobState
+from gpuctl.ops.invariants import check_invariants
 from gpuctl.testing.lab import LabFleet
 from tests.e2e.faults import PYTHON, gpuctl, job_processes, kill_job_processes, rig, shared_dir
 
@@ -140,6 +142,8 @@ def test_a_secret_value_never_reaches_logs_the_database_errors_or_the_process_li
             assert not [c for c in ps.seen if form in c], "a command line shows the secret"
             leaks = [p for p, data in files_under(state, own_lab.dir).items() if form in data]
             assert leaks == [], "files hold the secret"
+        with open_store(state, write=False) as store:
+            assert check_invariants(store, capacity_mib=store.card_capacities()) == []
         holder = {pid for (job, _), pids in job_processes(own_lab).items() for pid in pids}
         assert holder  # the job itself holds it, in its own environment: nothing else does
         assert {p for p, data in environs.items() if forms[0] in data} <= holder
