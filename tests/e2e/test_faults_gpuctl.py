@@ -121,7 +121,7 @@ def test_gpuctl_sigkilled_at_random_points_of_a_pass_loses_no_job_and_leaves_no_
                 own_lab.kill("lab-02")  # failovers under fire
             if i == 14:
                 own_lab.revive("lab-02")  # and fencing
-            events = check_database(state).events or 0
+            events = check_database(state).events or 0  # the submit above included
             loop = subprocess.Popen(reconcile, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             # the pass begins when it holds the loop lock (the lock file then names its pid)
             assert wait_for(lambda p=str(loop.pid): lock.read_text().strip() == p, timeout_s=30)
@@ -132,7 +132,7 @@ def test_gpuctl_sigkilled_at_random_points_of_a_pass_loses_no_job_and_leaves_no_
             unsettled = [p for p in report.problems if UNSETTLED.search(p)]
             assert set(report.problems) == set(unsettled), f"after kill {i}: {report.problems}"
             interrupted += code == -signal.SIGKILL and (report.events or 0) > events
-        assert interrupted >= 3, interrupted  # kills landed between the writes of a pass
+        assert interrupted >= 5, interrupted  # kills landed between the writes of a pass
 
         checked = gpuctl(state, inventory, "db", "check")
         assert checked.returncode == 0, checked.stdout + checked.stderr
