@@ -100,12 +100,22 @@ def _resume_problems(store: Store, job: Job, incs: list[Incarnation]) -> list[st
     checkpoints = store.checkpoints(job.id)
     if not checkpoints:
         return []
+    # a recorded checkpoint found damaged later was rightly skipped (the loop says so loudly)
+    unusable = [
+        (e.at, e.data.get("incarnation"), e.data.get("step"))
+        for e in store.events(job_id=job.id, kinds=("checkpoint_invalid",))
+    ]
     out: list[str] = []
     for inc in incs:
         known = [
             c.step
             for c in checkpoints
-            if c.incarnation < inc.n and c.committed_at <= inc.started_at
+            if c.incarnation < inc.n
+            and c.committed_at <= inc.started_at
+            and not any(
+                at <= inc.started_at and (i, st) == (c.incarnation, c.step)
+                for at, i, st in unusable
+            )
         ]
         expected = max(known) if known else None
         if inc.resume_step != expected:

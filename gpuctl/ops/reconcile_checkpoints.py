@@ -95,14 +95,24 @@ def resume_point(p: Pass, job: Job, n: int, node: str) -> tuple[str, int | None]
     if sync is CheckpointSync.SHARED:
         markers = p.runner.checkpoints(p.spec(node), jobspecs.checkpoint_dir(job))
     else:
-        markers = [
-            CheckpointMarker(c.path, c.incarnation, c.step, c.committed_at, True)
-            for c in p.store.checkpoints(job.id)
-            if c.location == "store"
+        markers = [  # gpuctl's own copies, verified again: a damaged one is skipped loudly
+            _local_marker(c) for c in p.store.checkpoints(job.id) if c.location == "store"
         ]
     chosen, warnings = choose_resume(markers, history=history, next_incarnation=n)
     for w in warnings:
         p.act("checkpoint_skipped", f"{job.id}: {w}", job=job.id, node=node, outcome="failed")
+    floor = -1 if chosen is None or chosen.step is None else chosen.step
+    for m in markers:  # which recorded checkpoints are unusable now: the invariants allow for them
+        if not m.valid and m.step is not None and m.step > floor and m.incarnation is not None:
+            p.act(
+                "checkpoint_invalid",
+                f"{job.id}: step {m.step} of incarnation {m.incarnation} is not usable: "
+                f"{m.problem or 'invalid'}",
+                job=job.id,
+                node=node,
+                outcome="failed",
+                data={"incarnation": m.incarnation, "step": m.step},
+            )
     if chosen is None:
         return "", None
     if sync is CheckpointSync.PULL:
@@ -117,3 +127,10 @@ def resume_point(p: Pass, job: Job, n: int, node: str) -> tuple[str, int | None]
         ckpt = Checkpoint(job.id, key[0], key[1], chosen.path, chosen.committed_at or 0.0, "shared")
         p.store.add_checkpoint(ckpt)
     return chosen.path, chosen.step
+
+
+def _local_marker(c: Checkpoint) -> CheckpointMarker:
+    from gpuctl.ops.jobrunner import verify_local
+
+    problem = verify_local(Path(c.path))
+    return CheckpointMarker(c.path, c.incarnation, c.step, c.committed_at, problem is None, problem)

@@ -125,6 +125,8 @@ def place_and_launch(p: Pass) -> None:
                 p.note("launch", f"{job.id}: {exc}", job=job.id, outcome="skipped")
             except (ConfigError, StateError) as exc:
                 p.guard(_hold, p, job, exc.message)
+            except GpuctlError as exc:  # e.g. a checkpoint copy: this job waits, the pass goes on
+                p.note("launch", f"{job.id}: {exc}", job=job.id, outcome="failed")
 
 
 def _hold(p: Pass, job: Job, why: str) -> None:

@@ -10,13 +10,11 @@ import pytest
 
 from gpuctl.adapters import jobexec
 from gpuctl.core.jobs import IncarnationState, JobState
-from gpuctl.ops.jobrunner import CheckpointCopyError
 from gpuctl.testing.lab import LabFleet
 from tests.e2e.faults import (
     PYTHON,
     REPO,
     SLOW_SAVE,
-    InvariantsBroken,
     Rig,
     committed_steps,
     rig,
@@ -146,13 +144,6 @@ def test_a_corrupted_checkpoint_is_skipped_loudly_for_the_one_before_it(
         r.check()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=InvariantsBroken,
-    reason="known bug: the store recorded the newest checkpoint before it was damaged; the "
-    "restart rightly resumes from the one before, but check_invariants (gpuctl db check) calls "
-    "that a resume from the wrong step: the checkpoint_skipped event is not taken into account",
-)
 def test_a_checkpoint_damaged_after_the_store_recorded_it_still_passes_the_invariants(
     own_lab: LabFleet, tmp_path: Path
 ) -> None:
@@ -170,13 +161,6 @@ def test_a_checkpoint_damaged_after_the_store_recorded_it_still_passes_the_invar
         r.check()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=CheckpointCopyError,
-    reason="known bug: with checkpoint.sync: pull, a damaged copy in gpuctl's own checkpoint "
-    "store is chosen unverified; shipping it raises CheckpointCopyError out of the pass, and "
-    "every later pass fails the same way (the whole loop is stuck)",
-)
 def test_a_damaged_copy_in_gpuctl_s_checkpoint_store_is_skipped_for_the_one_before_it(
     own_lab: LabFleet, tmp_path: Path
 ) -> None:
