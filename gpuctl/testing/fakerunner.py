@@ -10,6 +10,7 @@ a committed checkpoint (`commit`). `ManualClock` is a clock a test advances.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import threading
 from collections.abc import Callable, Iterable, Sequence
@@ -281,9 +282,18 @@ class FakeRunner:
             marker = _find(target.checkpoints.values(), remote_path)
             folder = Path(local_dir)
             folder.mkdir(parents=True, exist_ok=True)
-            (folder / "COMMITTED").write_text(
+            state = json.dumps({"step": marker.step, "from": remote_path}).encode()
+            (folder / "state.json").write_bytes(state)
+            (folder / "COMMITTED").write_text(  # a real committed checkpoint: gpuctl verifies it
                 json.dumps(
-                    {"incarnation": marker.incarnation, "step": marker.step, "from": remote_path}
+                    {
+                        "format": 1,
+                        "job_id": "",
+                        "incarnation": marker.incarnation,
+                        "step": marker.step,
+                        "committed_at": marker.committed_at,
+                        "files": {"state.json": hashlib.sha256(state).hexdigest()},
+                    }
                 ),
                 encoding="utf-8",
             )

@@ -3,6 +3,7 @@ history."""
 
 import dataclasses
 import sqlite3
+from collections.abc import Sequence
 from pathlib import Path
 
 from gpuctl.adapters.store import open_store
@@ -48,6 +49,7 @@ class Records:
     inc_list: list[Incarnation]
     checkpoint_list: list[Checkpoint] = dataclasses.field(default_factory=list)
     reservation_list: list[Reservation] = dataclasses.field(default_factory=list)
+    event_list: list[Event] = dataclasses.field(default_factory=list)
 
     def reservations(self) -> list[Reservation]:
         return self.reservation_list
@@ -60,6 +62,9 @@ class Records:
 
     def checkpoints(self, job_id: str) -> list[Checkpoint]:
         return [c for c in self.checkpoint_list if c.job_id == job_id]
+
+    def events(self, *, job_id: str | None = None, kinds: Sequence[str] = ()) -> list[Event]:
+        return [e for e in self.event_list if e.job_id == job_id and e.kind in kinds]
 
 
 def check(records: Records, capacity: dict[tuple[str, int], int] | None = None) -> list[str]:
@@ -149,6 +154,19 @@ def test_a_restart_that_did_not_resume_from_the_last_committed_checkpoint_is_rep
         "job a-000001: incarnation 2 started fresh, but the newest committed checkpoint "
         "before it was step 200"
     ]
+
+
+def test_a_recorded_checkpoint_found_damaged_before_the_restart_may_be_skipped() -> None:
+    cps = [
+        Checkpoint("a-000001", 1, 100, "/ck/100", 12.0, "shared"),
+        Checkpoint("a-000001", 1, 200, "/ck/200", 18.0, "shared"),
+    ]
+    incs = [inc(1, L), inc(2, R, node="n2", at=20.0, resume=100)]
+    damaged = Event(19.0, "gpuctl", "checkpoint_invalid", "step 200 is not usable", "a-000001",
+                    data={"incarnation": 1, "step": 200})  # fmt: skip
+    assert check(Records([job(n=2)], incs, cps, event_list=[damaged])) == []
+    late = dataclasses.replace(damaged, at=25.0)  # found damaged only after the restart
+    assert len(check(Records([job(n=2)], incs, cps, event_list=[late]))) == 1
 
 
 def test_the_checker_reads_a_real_store(tmp_path: Path) -> None:
