@@ -9,11 +9,18 @@ DEMO_DIR ?= /tmp/gpuctl-demo
 
 .PHONY: deps sysdeps venv lint typecheck pytest test demo bench-gather bench-placement clean
 
+# System packages: OpenSSH's server (the lab fleet runs real sshd), iproute2 (lab network
+# partitions), tmux (the dashboard's end-to-end test). Installed only when missing.
 sysdeps:
-	@command -v sshd >/dev/null 2>&1 || test -x /usr/sbin/sshd || { \
-	  echo "installing openssh-server (the lab fleet runs real sshd)"; \
-	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server openssh-client >/dev/null; \
-	  else sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server openssh-client >/dev/null; fi; }
+	@missing=""; \
+	  test -x /usr/sbin/sshd || missing="$$missing openssh-server openssh-client"; \
+	  command -v ip >/dev/null 2>&1 || test -x /usr/sbin/ip || missing="$$missing iproute2"; \
+	  command -v tmux >/dev/null 2>&1 || missing="$$missing tmux"; \
+	  if [ -n "$$missing" ]; then \
+	    echo "installing:$$missing"; \
+	    if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	    $$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	  fi
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
