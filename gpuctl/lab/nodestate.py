@@ -367,10 +367,10 @@ def _wrapper(tool: str, python: str, *, check_busy: bool) -> str:
         )
     busy = ""
     if check_busy:  # a process of this node holding a GPU grant changes memory and processes
-        busy = (
+        busy = (  # few processes hold a grant: look for those first, then whose node they are
             '  n="GPUCTL_LAB_NODE=$GPUCTL_LAB_NODE"\n'
-            '  for f in $(grep -lzsxF "$n" /proc/[0-9]*/environ); do\n'
-            "    if grep -qzs '^CUDA_VISIBLE_DEVICES=' \"$f\"; then k=; break; fi\n"
+            "  for f in $(grep -lzs '^CUDA_VISIBLE_DEVICES=' /proc/[0-9]*/environ); do\n"
+            '    if grep -qzsxF "$n" "$f"; then k=; break; fi\n'
             "  done\n"
         )
     return (

@@ -85,7 +85,7 @@ fi
 [ -n "$m" ] || m="p$$x$(date +%s 2>/dev/null)"
 printf '@@gpuctl-probe @VERSION@ %s\n' "$m"
 t=""
-if timeout -k 1 5 true >/dev/null 2>&1; then t="timeout -k 2 @STEP@"; fi
+if command -v timeout >/dev/null 2>&1; then t="timeout -k 2 @STEP@"; fi
 skip=0
 sec() {
   n=$1; shift
