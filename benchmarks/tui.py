@@ -190,12 +190,14 @@ async def run(args: argparse.Namespace, state_dir: Path) -> dict[str, Any]:
     )
     app = TimedApp(services)
     traced: list[int] = []
+    reported = 0
     async with app.run_test(size=(200, 60)) as pilot:
         while len(app.samples) < args.refreshes:
             await pilot.pause(0.2)
             if args.tracemalloc and len(app.samples) == WARMUP and not traced:
                 traced.append(tracemalloc.get_traced_memory()[0])
-            if args.progress and app.samples and len(app.samples) % 60 == 0:
+            if args.progress and len(app.samples) >= reported + 60:
+                reported = len(app.samples)
                 s = app.samples[-1]
                 sys.stderr.write(
                     f"{len(app.samples)} refreshes, rss {s['rss_mib']:.0f} MiB, "

@@ -9,6 +9,7 @@ second poll piles up behind it. Results reach the UI only through worker state m
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
@@ -34,6 +35,7 @@ from gpuctl.tui.widgets.prompt import PromptScreen
 
 MIN_REFRESH_S = 1.0
 DEFAULT_REFRESH_S = 2.0
+NOTES_KEPT = 100
 QUIT_AGAIN_S = 5.0  # a second `q` within this long quits while an action still runs
 MOVING = ("drain", "consolidate")  # actions that move jobs and take a while
 
@@ -77,7 +79,8 @@ class DashApp(App[None]):
         self.polls = 0  # polls that finished
         self.poll_s: float | None = None  # how long the last poll took
         self.overdue_s: float | None = None  # how long the running poll is past its deadline
-        self.notified: list[tuple[str, str]] = []  # (severity, message), for tests and logs
+        # the last notifications (severity, message), for tests and logs
+        self.notified: deque[tuple[str, str]] = deque(maxlen=NOTES_KEPT)
         self._health = HealthKeeper()
         self._poll_started: float | None = None
         self._callbacks: dict[Worker[Any], Callable[[Any], None]] = {}
