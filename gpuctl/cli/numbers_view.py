@@ -4,19 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-
-def human_s(seconds: float | None) -> str:
-    """12s, 3m05s, 2h05m, 3d04h; N/A for None."""
-    if seconds is None:
-        return "N/A"
-    s = max(0, round(seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+from gpuctl.core.units import human_s as human_s  # re-exported for callers of this module
 
 
 def numbers_line(numbers: dict[str, Any]) -> str:

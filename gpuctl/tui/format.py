@@ -17,6 +17,8 @@ from typing import Any
 from rich.cells import cell_len
 from rich.text import Span, Text
 
+from gpuctl.core.units import human_s as human_s  # re-exported for callers of this module
+
 NA = "N/A"
 SPARKS = "▁▂▃▄▅▆▇█"
 LEVELS = "·▁▂▃▄▅▆▇█"
@@ -88,20 +90,6 @@ def safe(text: object) -> str:
 def plain(text: object, style: str = "") -> Cell:
     """Untrusted text as a cell (escape sequences stripped; never parsed as markup)."""
     return Cell.of(safe(text), style)
-
-
-def human_s(seconds: float | None) -> str:
-    """12s, 3m05s, 2h05m, 3d04h; N/A for None."""
-    if seconds is None:
-        return NA
-    s = max(0, round(seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
 
 
 def pct(value: float | None, digits: int = 0) -> str:
