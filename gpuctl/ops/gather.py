@@ -6,6 +6,7 @@ Partial failure is a value: a node that refuses, times out or fails auth becomes
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Iterable, Sequence
@@ -16,6 +17,7 @@ from gpuctl.adapters.protocols import Clock, Transport
 from gpuctl.core.model import (
     FleetSnapshot,
     Inventory,
+    NodeFacts,
     NodeSnapshot,
     NodeSpec,
     NodeState,
@@ -49,7 +51,12 @@ class Gatherer:
         self._local_probe = local_probe
         self._clock = clock or SystemClock()
         self._fanout: Fanout[NodeSnapshot] = Fanout(max_workers=max_workers)
-        self._command = probe_command()
+        self._full = probe_command()
+        self._light = probe_command(static_facts=False)
+        # per node: facts that do not change between polls (driver, CUDA, CPUs), once read in
+        # full; later polls skip reading them again (one nvidia-smi run fewer per poll)
+        self._static: dict[str, NodeFacts] = {}
+        self._static_lock = threading.Lock()
 
     def poll_node(self, spec: NodeSpec) -> NodeSnapshot:
         start = self._clock.monotonic()
@@ -59,13 +66,17 @@ class Gatherer:
             if spec.transport == "local":
                 observation = self._probe_local(spec.command_timeout_s)
             else:
+                with self._static_lock:
+                    known = self._static.get(spec.name)
                 result = self._transport.run(
                     spec,
-                    self._command,
+                    self._full if known is None else self._light,
                     timeout_s=spec.command_timeout_s,
                     max_output_bytes=MAX_PROBE_OUTPUT_BYTES,
                 )
-                observation = parse_probe(result.stdout, result.exit_code)
+                observation = self._with_static(
+                    spec.name, parse_probe(result.stdout, result.exit_code), known
+                )
         except TransportError as exc:
             reach, error = Reach(exc.reach), exc.message
         except Exception as exc:  # one node's surprise must not stop the fleet scan
@@ -81,6 +92,29 @@ class Gatherer:
             latency_s=self._clock.monotonic() - start,
             taken_at=taken_at,
             labels=labels,
+        )
+
+    def _with_static(
+        self, name: str, observation: Observation, known: NodeFacts | None
+    ) -> Observation:
+        facts = observation.facts
+        if known is None:  # a full probe: remember what it read, when it read it all
+            if observation.nvml_ok and facts.cuda_version and facts.driver_version:
+                with self._static_lock:
+                    self._static[name] = facts
+            return observation
+        if facts.driver_version and facts.driver_version != known.driver_version:
+            with self._static_lock:  # a new driver: read everything again at the next poll
+                self._static.pop(name, None)
+            return observation
+        return dataclasses.replace(
+            observation,
+            facts=dataclasses.replace(
+                facts,
+                driver_version=facts.driver_version or known.driver_version,
+                cuda_version=known.cuda_version,
+                cpu_count=known.cpu_count,
+            ),
         )
 
     def _answered(

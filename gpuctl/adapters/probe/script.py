@@ -106,7 +106,7 @@ facts() {
   if read -r h < /proc/sys/kernel/hostname 2>/dev/null; then :; else h=$(uname -n 2>/dev/null); fi
   printf 'hostname=%s\n' "$h"
   printf 'clock_s=%s\n' "$(date +%s 2>/dev/null)"
-  printf 'cpu_count=%s\n' "$(getconf _NPROCESSORS_ONLN 2>/dev/null || nproc 2>/dev/null)"
+@CPU@
   if [ -r /proc/meminfo ]; then
     while read -r k v rest; do
       case $k in MemTotal:|MemAvailable:) printf '%s %s %s\n' "$k" "$v" "$rest" ;; esac
@@ -131,23 +131,34 @@ case $rc in
     nv @HEALTH@ --query-gpu=@HEALTHFIELDS@ --format=csv,nounits ;;
 esac
 nv @APPS@ --query-compute-apps=@APPFIELDS@ --format=csv,nounits
-nv @VERSION_SECTION@ --version
-case $rc in 0|skip) ;; *) nv @BANNER@ ;; esac
-sec @XID@ xid
+@VERSIONS@sec @XID@ xid
 printf '\n@@%s done\n' "$m"
 exit 0
 """
 
 
-def probe_command(*, step_timeout_s: int = 5) -> str:
-    """The one script gpuctl runs on a node per poll. Constant text: no node data goes in."""
+_CPU = """  printf 'cpu_count=%s\\n' "$(getconf _NPROCESSORS_ONLN 2>/dev/null || nproc 2>/dev/null)"
+"""
+_VERSIONS = """nv @VERSION_SECTION@ --version
+case $rc in 0|skip) ;; *) nv @BANNER@ ;; esac
+"""
+
+
+def probe_command(*, step_timeout_s: int = 5, static_facts: bool = True) -> str:
+    """The one script gpuctl runs on a node per poll. Constant text: no node data goes in.
+
+    `static_facts=False` leaves out what does not change between polls (driver and CUDA versions,
+    CPU count): one `nvidia-smi` run fewer (each initialises NVML) for polls of a node whose
+    static facts the caller already knows.
+    """
     if (
         isinstance(step_timeout_s, bool)
         or not isinstance(step_timeout_s, int)
         or not 1 <= step_timeout_s <= 600
     ):
         raise ValueError(f"step_timeout_s must be an int from 1 to 600, got {step_timeout_s!r}")
-    script = _TEMPLATE
+    script = _TEMPLATE.replace("@CPU@\n", _CPU if static_facts else "")
+    script = script.replace("@VERSIONS@", _VERSIONS if static_facts else "")
     for key, value in (
         ("@VERSION@", PROBE_VERSION),
         ("@STEP@", str(step_timeout_s)),

@@ -139,3 +139,35 @@ def test_a_hung_local_nvml_probe_times_out_instead_of_hanging_the_scan() -> None
     release.set()
     assert node.reach is Reach.TIMEOUT
     assert node.error == "local NVML probe did not answer within 0.2s"
+
+
+def test_warm_polls_skip_the_static_facts_but_still_report_them(fake_node: dict[str, str]) -> None:
+    shell = ShellTransport({"n1": fake_node})
+    with Gatherer(shell) as gatherer:
+        first = gatherer.gather([_node("n1")]).nodes[0]
+        second = gatherer.gather([_node("n1")]).nodes[0]
+    (_, full), (_, light) = shell.calls
+    assert "--version" in full and "_NPROCESSORS_ONLN" in full
+    assert "--version" not in light and "_NPROCESSORS_ONLN" not in light
+    assert first.observation is not None and second.observation is not None
+    assert second.observation.facts.cuda_version == first.observation.facts.cuda_version == "13.1"
+    assert second.observation.facts.cpu_count == first.observation.facts.cpu_count
+    assert second.observation.facts.driver_version == "590.48.01"
+
+
+def test_a_new_driver_makes_the_next_poll_read_everything_again(
+    fake_node: dict[str, str],
+) -> None:
+    shell = ShellTransport({"n1": fake_node})
+    state = Path(fake_node["GPUCTL_LAB_STATE"])
+    with Gatherer(shell) as gatherer:
+        gatherer.gather([_node("n1")])
+        data = nodestate.read_state(state)
+        data["driver_version"] = "600.10.01"
+        nodestate.write_state(state, data)
+        upgraded = gatherer.gather([_node("n1")]).nodes[0]
+        gatherer.gather([_node("n1")])
+    assert upgraded.observation is not None
+    assert upgraded.observation.facts.driver_version == "600.10.01"
+    assert upgraded.observation.facts.cuda_version is None  # not the old driver's CUDA
+    assert "--version" in shell.calls[2][1]  # the poll after the change reads it all again
