@@ -15,9 +15,11 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
+import sys
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
@@ -452,3 +454,56 @@ def _stat(row: Row, field: str) -> str:
 
 def _span(seeds: Sequence[int]) -> str:
     return f"{seeds[0]}-{seeds[-1]}" if len(seeds) > 1 else str(seeds[0])
+
+
+def run_cli(
+    nodes_path: Path,
+    pods_path: Path,
+    policy_names: Sequence[str],
+    seeds: Sequence[int],
+    tune: float,
+    jobs: int,
+    every: int,
+    max_moves_pct: float,
+    *,
+    show: bool,
+    document: str | None,
+) -> str:
+    """`gpuctl bench placement --consolidate-every K`: the Markdown table, or one JSON/YAML
+    document when `document` is `json` or `yaml`."""
+    import json
+
+    from gpuctl.bench.openb import load_nodes, load_pods
+    from gpuctl.bench.runner import workload_name
+
+    if not tune > 0 or math.isinf(tune):
+        raise UsageError(f"--tune must be a positive number, got {tune}")
+    rows = run_matrix(
+        load_nodes(nodes_path),
+        load_pods(pods_path),
+        policy_names,
+        seeds,
+        every=every,
+        max_moves_pct=max_moves_pct,
+        tune=tune,
+        jobs=jobs,
+        progress=_progress if show else None,
+    )
+    name = workload_name(pods_path)
+    if document is None:
+        return render_table(rows, name)
+    doc = report_document(rows, name, tune)
+    if document == "yaml":
+        import yaml
+
+        return str(yaml.safe_dump(doc, sort_keys=False, allow_unicode=True))
+    return json.dumps(doc, indent=2) + "\n"
+
+
+def _progress(run: ConsolidationRun) -> None:
+    how = f"every {run.every}" if run.every else "none"
+    sys.stderr.write(
+        f"{run.policy} seed {run.seed}, consolidation {how}: {run.alloc_130} @130, "
+        f"{run.moves} moves ({run.seconds:.1f} s)\n"
+    )
+    sys.stderr.flush()

@@ -40,6 +40,14 @@ def placement(
     progress: bool | None = typer.Option(
         None, "--progress/--no-progress", help="Progress on stderr (default: when a TTY)."
     ),
+    consolidate_every: int = typer.Option(
+        0,
+        "--consolidate-every",
+        help="Also replay with a consolidation pass every K arrivals, beside each policy (0: off).",
+    ),
+    max_moves_pct: float = typer.Option(
+        5.0, "--max-moves-pct", help="With --consolidate-every: at most this % of placed pods move."
+    ),
     output: Output = OUTPUT_OPTION,
 ) -> None:
     """Replay an openb trace under the FGD paper's protocol and report the GPU allocation ratio
@@ -50,6 +58,13 @@ def placement(
     seed_list = runner.parse_seeds(seeds)
     pub = runner.load_published(published) if published is not None else None
     show = sys.stderr.isatty() if progress is None else progress
+    if consolidate_every:
+        from gpuctl.bench.consolidation import run_cli
+
+        document = output.value if output in (Output.JSON, Output.YAML) else None
+        args = (nodes, pods, names, seed_list, tune, jobs, consolidate_every, max_moves_pct)
+        sys.stdout.write(run_cli(*args, show=show, document=document))
+        return
     report = runner.run_bench(
         nodes, pods, names, seed_list, tune=tune, jobs=jobs, progress=_progress if show else None
     )

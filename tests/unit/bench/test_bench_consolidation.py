@@ -121,3 +121,35 @@ def test_without_ortools_the_benchmark_says_so_and_skips_the_exact_part(
     )  # fmt: skip
     assert code == 0
     assert capsys.readouterr().out == exact.MISSING + "\n"
+
+
+def test_bench_placement_consolidate_every_prints_both_rows_per_policy() -> None:
+    from typer.testing import CliRunner
+
+    from gpuctl.cli.main import app
+
+    args = ["bench", "placement", "--nodes", str(FIXTURES / "nodes.csv")]
+    args += ["--pods", str(FIXTURES / "pods.csv"), "--policy", "fgd,gpuctl", "--seeds", "1,2"]
+    result = CliRunner().invoke(app, [*args, "--consolidate-every", "3", "--max-moves-pct", "20"])
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert lines[0] == "workload pods, seeds 1-2"
+    assert [line.split(" | ")[:2] for line in lines[4:]] == [
+        ["| fgd", "none"],
+        ["| fgd", "every 3, ≤ 20% moved"],
+        ["| gpuctl", "none"],
+        ["| gpuctl", "every 3, ≤ 20% moved"],
+    ]
+    result = CliRunner().invoke(app, [*args, "--consolidate-every", "3", "-o", "json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert [(r["policy"], r["consolidate_every"]) for r in doc["rows"]] == [
+        ("fgd", None),
+        ("fgd", 3),
+        ("gpuctl", None),
+        ("gpuctl", 3),
+    ]
+    assert doc["rows"][1]["max_moves_pct"] == 5.0
+    result = CliRunner().invoke(app, [*args, "--consolidate-every", "3", "--max-moves-pct", "101"])
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: --max-moves-pct must be from 0 to 100, got 101.0")
