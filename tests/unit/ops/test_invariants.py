@@ -93,6 +93,15 @@ def test_a_running_job_whose_only_copy_ended_is_lost() -> None:
     ]
 
 
+def test_an_exit_recorded_before_its_job_was_settled_is_pending_not_lost() -> None:
+    exited = dataclasses.replace(inc(1, X), ended_at=20.0, exit_code=0)
+    assert check(Records([job()], [exited])) == []  # the next pass settles the job
+    unrecorded = inc(1, X)  # exited, but when is unknown: not a recorded end
+    assert check(Records([job()], [unrecorded])) == [
+        "job a-000001: running, but its incarnation 1 is exited: nothing runs it (a lost job)"
+    ]
+
+
 def test_two_live_incarnations_of_one_job_are_reported() -> None:
     problems = check(Records([job(n=2)], [inc(1, R), inc(2, R, node="n2")]))
     assert "job a-000001: 2 live incarnations (1, 2); at most one may run" in problems
