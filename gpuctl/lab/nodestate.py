@@ -382,7 +382,10 @@ def _wrapper(tool: str, python: str, *, check_busy: bool) -> str:
         "esac\n"
         'if [ -n "$k" ] && [ -f "$a/valid" ] && [ -f "$a/$k" ]; then\n'
         + busy
-        + '  if [ -n "$k" ]; then exec cat "$a/$k"; fi\n'
+        + '  if [ -n "$k" ]; then  # small files: the shell prints them, no cat to start\n'
+        + '    while IFS= read -r l || [ -n "$l" ]; do printf "%s\\n" "$l"; done <"$a/$k"\n'
+        + "    exit 0\n"
+        + "  fi\n"
         "fi\n"
         f'exec {python} -IS "${{0%/*}}/{FAKE_SCRIPT}" {tool} "$@"\n'
     )

@@ -94,6 +94,12 @@ sec() {
   if [ -n "$err" ]; then printf '\n@@%s stderr %s\n%.4096s\n' "$m" "$n" "$err"; fi
   printf '\n@@%s end %s rc=%s\n' "$m" "$n" "$rc"
 }
+plain() {  # a section whose command says nothing on stderr: no capture, no subshell
+  n=$1; shift
+  printf '\n@@%s begin %s\n' "$m" "$n"
+  "$@"; rc=$?
+  printf '\n@@%s end %s rc=%s\n' "$m" "$n" "$rc"
+}
 nv() {
   if [ "$skip" = 1 ]; then
     rc=skip; printf '\n@@%s begin %s\n\n@@%s end %s rc=skip\n' "$m" "$1" "$m" "$1"; return 0
@@ -122,7 +128,7 @@ xid() {
   printf '%s\n' "$out" | grep -a 'NVRM: Xid' | tail -n @XIDTAIL@
   return 0
 }
-sec @FACTS@ facts
+plain @FACTS@ facts 2>/dev/null
 nv @GPU@ --query-gpu=@GPUFIELDS@,@HEALTHONLY@ --format=csv,nounits
 case $rc in
   0|skip|124|137|126|127) ;;
@@ -131,7 +137,7 @@ case $rc in
     nv @HEALTH@ --query-gpu=@HEALTHFIELDS@ --format=csv,nounits ;;
 esac
 nv @APPS@ --query-compute-apps=@APPFIELDS@ --format=csv,nounits
-@VERSIONS@sec @XID@ xid
+@VERSIONS@plain @XID@ xid 2>/dev/null
 printf '\n@@%s done\n' "$m"
 exit 0
 """
