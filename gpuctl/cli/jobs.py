@@ -200,7 +200,7 @@ def render_list(views: list[JobView], now: float, *, wide: bool = False) -> str:
 
     if not views:
         return "no jobs\n"
-    head = ["ID", "NAME", "STATE", "TIER", "PRI", "NODE", "GPUS", "INC", "CHECKPOINT", "AGE"]
+    head = ["ID", "NAME", "STATE", "TIER", "PRI", "NODE", "CARDS", "INC", "CHECKPOINT", "AGE"]
     head += ["WAITED", "RESTARTS", "REASON", "COMMAND"] if wide else ["REASON"]
     rows = [head]
     for v in views:

@@ -83,7 +83,7 @@ def test_submit_queues_the_job_and_list_shows_it(tmp_path: Path, state: Path) ->
     listed = gpuctl(state, "jobs", "list")
     assert listed.exit_code == 0 and listed.stderr == ""
     head, row = listed.stdout.splitlines()
-    assert head.split()[:8] == ["ID", "NAME", "STATE", "TIER", "PRI", "NODE", "GPUS", "INC"]
+    assert head.split()[:8] == ["ID", "NAME", "STATE", "TIER", "PRI", "NODE", "CARDS", "INC"]
     assert row.split()[:8] == [job_id, "train", "queued", "standard", "0", "-", "-", "0"]
 
 
