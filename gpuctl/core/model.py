@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import enum
 import hashlib
-import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -165,22 +164,36 @@ class FleetSnapshot:
 
     @property
     def version(self) -> str:
-        """A content hash: plans computed from this snapshot carry it."""
-        body = json.dumps(_nodes_for_version(self), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(body.encode()).hexdigest()[:16]
+        """A content hash of what was observed (not when, nor how fast): plans computed from this
+        snapshot carry it. The same for a snapshot and its JSON round trip."""
+        digest = hashlib.sha256()
+        for node in self.nodes:
+            digest.update(repr(_version_key(node)).encode())
+            digest.update(b"\n")
+        return digest.hexdigest()[:16]
 
 
-def _nodes_for_version(fleet: FleetSnapshot) -> list[dict[str, Any]]:
-    out = []
-    for n in fleet.nodes:
-        d = node_to_dict(n)
-        d.pop("latency_s", None)
-        d.pop("taken_at", None)
-        facts = d.get("facts")
-        if isinstance(facts, dict):
-            facts.pop("clock_s", None)
-        out.append(d)
-    return out
+def _values(obj: Any) -> tuple[Any, ...]:
+    names = _FIELDS.get(type(obj))
+    if names is None:
+        names = _FIELDS[type(obj)] = tuple(f.name for f in dataclasses.fields(obj))
+    return tuple(getattr(obj, name) for name in names)
+
+
+def _version_key(node: NodeSnapshot) -> tuple[Any, ...]:
+    obs = node.observation
+    seen = None
+    if obs is not None:
+        seen = (
+            tuple(_values(g) for g in obs.gpus),
+            tuple(_values(p) for p in obs.processes),
+            tuple(_values(x) for x in obs.xids),
+            _values(dataclasses.replace(obs.facts, clock_s=None)),
+            obs.notes,
+            obs.nvml_ok,
+        )
+    labels = tuple(sorted(node.labels.items()))
+    return (node.name, node.reach.value, node.state.value, node.error, labels, seen)
 
 
 # --- JSON round trip ---------------------------------------------------------------------------
