@@ -31,8 +31,27 @@ def stored_spec(spec: JobSpec) -> dict[str, Any]:
     return spec.model_dump(mode="json")
 
 
+_SPECS: dict[tuple[str, str], JobSpec] = {}
+_SPECS_MAX = 4096
+
+
 def job_spec(job: Job) -> JobSpec:
-    """The job's stored spec, validated again (a spec another gpuctl wrote fails loudly)."""
+    """The job's stored spec, validated again (a spec another gpuctl wrote fails loudly).
+
+    Validated once per spec: the control loop and the dashboard ask for every job's spec at every
+    pass, and a stored spec never changes."""
+    key = (job.id, repr(job.spec))
+    found = _SPECS.get(key)
+    if found is not None:
+        return found
+    spec = _validate(job)
+    if len(_SPECS) >= _SPECS_MAX:
+        _SPECS.pop(next(iter(_SPECS)))
+    _SPECS[key] = spec
+    return spec
+
+
+def _validate(job: Job) -> JobSpec:
     try:
         return JobSpec.model_validate(dict(job.spec))
     except pydantic.ValidationError as exc:
