@@ -67,11 +67,11 @@ _ACTION_RANK = {Action.NONE: 0, Action.ALERT: 1, Action.CORDON: 2, Action.DRAIN:
 
 
 def worst_severity(severities: Iterable[Severity]) -> Severity:
-    return max(severities, key=lambda s: s.rank, default=Severity.OK)
+    return max(severities, key=_SEVERITY_RANK.__getitem__, default=Severity.OK)
 
 
 def strongest_action(actions: Iterable[Action]) -> Action:
-    return max(actions, key=lambda a: a.rank, default=Action.NONE)
+    return max(actions, key=_ACTION_RANK.__getitem__, default=Action.NONE)
 
 
 # --- the rules -----------------------------------------------------------------------------------
