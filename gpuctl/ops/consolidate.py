@@ -26,7 +26,6 @@ from gpuctl.core.consolidate import (
     JobFacts,
     Migration,
     consolidation_version,
-    fleet_figures,
     plan_consolidation,
 )
 from gpuctl.core.fit import Demand, Workload
@@ -172,17 +171,6 @@ def plan(
         now=now,
         target=target,
     )
-
-
-def fragmentation_numbers(inputs: Inputs) -> dict[str, Any]:
-    """Fragmentation % (stranded / free) and stranded GiB of the fleet, as consolidation
-    measures them (for the status numbers)."""
-    f = fleet_figures(inputs.state, inputs.workload)
-    pct = f.fragmentation_pct
-    return {
-        "fragmentation_pct": None if pct is None else round(pct, 2),
-        "stranded_gib": round(f.stranded_gib, 2),
-    }
 
 
 # --- the maintenance window ------------------------------------------------------------------

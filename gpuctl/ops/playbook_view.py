@@ -62,7 +62,6 @@ class View:
 
 def observe(services: Services, health: Mapping[str, str], targets: int | None = None) -> View:
     """One gather, the store's cordons and allocations: every node's facts and the numbers."""
-    from gpuctl.ops import consolidate
     from gpuctl.ops.fleetstatus import numbers
 
     loop = services.loop
@@ -95,11 +94,7 @@ def observe(services: Services, health: Mapping[str, str], targets: int | None =
             util_pct=_mean([g.util_pct for g in gpus]),
             temp_c=max((g.temp_c for g in gpus if g.temp_c is not None), default=None),
         )
-    figures = numbers(snapshot, store, now)
-    if figures.get("fragmentation_pct") is None:
-        figures.update(
-            consolidate.fragmentation_numbers(consolidate.gather_inputs(snapshot, store, now))
-        )
+    figures = numbers(snapshot, store, now)  # fragmentation included, as status shows it
     states = [f.state for f in facts.values()]
     figures.update(
         nodes=len(states),
