@@ -41,7 +41,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -76,38 +76,33 @@ LabelKey = Annotated[str, Field(pattern=LABEL_KEY_PATTERN)]
 LabelValue = Annotated[str, Field(min_length=1, max_length=128)]
 
 
-def _mem_request(value: Any) -> Any:
-    if isinstance(value, bool) or not isinstance(value, str | int | float):
-        raise ValueError("must be a size (24GiB), a fraction of a card (0.5) or whole")
-    try:
-        parse_card_mem(value)
-    except UnitError as exc:
-        raise ValueError(str(exc)) from None
-    return value
+def _unit_check(
+    parse: Callable[[Any], object], shape: str, *, optional: bool
+) -> Callable[[Any], Any]:
+    """A validator that keeps the value as written once `parse` (from `core.units`) accepts it;
+    its error message, or `shape` for a value of the wrong type, becomes the field's error."""
 
-
-def _mem_size(value: Any) -> Any:
-    if value is None:
+    def check(value: Any) -> Any:
+        if value is None and optional:
+            return value
+        if isinstance(value, bool) or not isinstance(value, str | int | float):
+            raise ValueError(shape)
+        try:
+            parse(value)
+        except UnitError as exc:
+            raise ValueError(str(exc)) from None
         return value
-    if isinstance(value, bool) or not isinstance(value, str | int | float):
-        raise ValueError("must be a memory size such as 64GiB")
-    try:
-        parse_mem_mib(value)
-    except UnitError as exc:
-        raise ValueError(str(exc)) from None
-    return value
+
+    return check
 
 
-def _cpu(value: Any) -> Any:
-    if value is None:
-        return value
-    if isinstance(value, bool) or not isinstance(value, str | int | float):
-        raise ValueError("must be a number of cores (4, 0.5) or milli-cores (500m)")
-    try:
-        parse_cpu_milli(value)
-    except UnitError as exc:
-        raise ValueError(str(exc)) from None
-    return value
+_mem_request = _unit_check(
+    parse_card_mem, "must be a size (24GiB), a fraction of a card (0.5) or whole", optional=False
+)
+_mem_size = _unit_check(parse_mem_mib, "must be a memory size such as 64GiB", optional=True)
+_cpu = _unit_check(
+    parse_cpu_milli, "must be a number of cores (4, 0.5) or milli-cores (500m)", optional=True
+)
 
 
 def _duration_s(value: Any) -> Any:
