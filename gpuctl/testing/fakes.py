@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from gpuctl.adapters.protocols import ExecResult
 from gpuctl.core.model import NodeSpec
@@ -99,3 +100,33 @@ class ShellTransport:
 
     def close(self) -> None:
         pass
+
+
+def shell_fleet(
+    folder: Path, names: Sequence[str], *, gpus: int = 2, model: str = "NVIDIA H100 80GB HBM3"
+) -> tuple[Path, ShellTransport]:
+    """Nodes that run commands with the local `sh` and answer the probe with the lab's fake
+    `nvidia-smi` (each its own state file and HOME under `folder`), and their inventory file."""
+    from gpuctl.lab import nodestate
+
+    nodestate.install_node_tools(folder / "bin", python="/usr/bin/python3")
+    envs: dict[str, dict[str, str]] = {}
+    lines = ["nodes:"]
+    for i, name in enumerate(names):
+        state = folder / name / "state.json"
+        state.parent.mkdir()
+        nodestate.write_state(
+            state, nodestate.new_node_state(name, gpus=gpus, model=model, mem_gib=80, node_index=i)
+        )
+        home = folder / name / "home"
+        home.mkdir()
+        envs[name] = {
+            "PATH": f"{folder / 'bin'}:/usr/bin:/bin",
+            "GPUCTL_LAB_STATE": str(state),
+            "GPUCTL_LAB_NODE": name,
+            "HOME": str(home),
+        }
+        lines.append(f"  - {{name: {name}, host: 127.0.0.1, port: {2201 + i}, gpus: {gpus}}}")
+    inventory = folder / "fleet.yaml"
+    inventory.write_text("\n".join(lines) + "\n")
+    return inventory, ShellTransport(envs)

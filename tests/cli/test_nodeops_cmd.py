@@ -18,10 +18,9 @@ from gpuctl.cli.main import app
 from gpuctl.config.inventory import load_inventory
 from gpuctl.config.jobspec import load_specs
 from gpuctl.core.jobs import IncarnationState, JobState
-from gpuctl.lab import nodestate
 from gpuctl.ops import jobs as service
 from gpuctl.ops.jobrunner import SshJobRunner
-from gpuctl.testing.fakes import ShellTransport
+from gpuctl.testing.fakes import ShellTransport, shell_fleet
 
 NODES = ("gpu01", "gpu02")
 # ignores SIGUSR1 (writes no checkpoint), exits 0 on SIGTERM
@@ -30,30 +29,7 @@ PATIENT = "trap '' USR1; trap 'exit 0' TERM; while :; do sleep 0.2; done"
 
 @pytest.fixture
 def fleet(tmp_path: Path) -> Iterator[tuple[Path, ShellTransport]]:
-    nodestate.install_node_tools(tmp_path / "bin", python="/usr/bin/python3")
-    envs = {}
-    lines = ["nodes:"]
-    for i, name in enumerate(NODES):
-        state = tmp_path / name / "state.json"
-        state.parent.mkdir()
-        nodestate.write_state(
-            state,
-            nodestate.new_node_state(
-                name, gpus=2, model="NVIDIA H100 80GB HBM3", mem_gib=80, node_index=i
-            ),
-        )
-        home = tmp_path / name / "home"
-        home.mkdir()
-        envs[name] = {
-            "PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin",
-            "GPUCTL_LAB_STATE": str(state),
-            "GPUCTL_LAB_NODE": name,
-            "HOME": str(home),
-        }
-        lines.append(f"  - {{name: {name}, host: 127.0.0.1, port: {2201 + i}, gpus: 2}}")
-    inventory = tmp_path / "fleet.yaml"
-    inventory.write_text("\n".join(lines) + "\n")
-    transport = ShellTransport(envs)
+    inventory, transport = shell_fleet(tmp_path, NODES)
     yield inventory, transport
     stop_all(tmp_path / "state", inventory, transport)
 

@@ -21,39 +21,15 @@ from gpuctl.cli.context import AppContext
 from gpuctl.cli.main import app
 from gpuctl.config.jobspec import load_specs
 from gpuctl.core.jobs import JobState
-from gpuctl.lab import nodestate
 from gpuctl.ops import jobs as service
-from gpuctl.testing.fakes import ShellTransport
+from gpuctl.testing.fakes import ShellTransport, shell_fleet
 
 NODES = ("gpu01", "gpu02")
 
 
 @pytest.fixture
 def fleet(tmp_path: Path) -> Iterator[tuple[Path, ShellTransport]]:
-    nodestate.install_node_tools(tmp_path / "bin", python="/usr/bin/python3")
-    envs = {}
-    lines = ["nodes:"]
-    for i, name in enumerate(NODES):
-        state = tmp_path / name / "state.json"
-        state.parent.mkdir()
-        nodestate.write_state(
-            state,
-            nodestate.new_node_state(
-                name, gpus=2, model="NVIDIA H100 80GB HBM3", mem_gib=80, node_index=i
-            ),
-        )
-        home = tmp_path / name / "home"
-        home.mkdir()
-        envs[name] = {
-            "PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin",
-            "GPUCTL_LAB_STATE": str(state),
-            "GPUCTL_LAB_NODE": name,
-            "HOME": str(home),
-        }
-        lines.append(f"  - {{name: {name}, host: 127.0.0.1, port: {2201 + i}, gpus: 2}}")
-    inventory = tmp_path / "fleet.yaml"
-    inventory.write_text("\n".join(lines) + "\n")
-    yield inventory, ShellTransport(envs)
+    yield shell_fleet(tmp_path, NODES)
 
 
 def submit(state_dir: Path, tmp_path: Path, command: str) -> str:
