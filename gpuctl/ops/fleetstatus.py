@@ -10,6 +10,8 @@ import dataclasses
 from typing import Any
 
 from gpuctl.adapters.protocols import Store
+from gpuctl.core.fit import Workload
+from gpuctl.core.fragmentation import WorkloadIndex
 from gpuctl.core.jobs import IncarnationState, Job
 from gpuctl.core.model import FleetSnapshot, Reach
 from gpuctl.core.placement.model import Allocation, FleetState
@@ -63,12 +65,15 @@ def _reserved(store: Store) -> list[Allocation]:
     ]
 
 
-def fleet_state(snapshot: FleetSnapshot, store: Store | None) -> FleetState:
-    """Placement's view: the snapshot, the cards gpuctl granted, and the cordons."""
+def fleet_state(
+    snapshot: FleetSnapshot, store: Store | None, *, versioned: bool = True
+) -> FleetState:
+    """Placement's view: the snapshot, the cards gpuctl granted, and the cordons. `versioned`:
+    see `fleet_state_from_snapshot`."""
     if store is None:
-        return fleet_state_from_snapshot(snapshot)
+        return fleet_state_from_snapshot(snapshot, versioned=versioned)
     allocations, _ = store_allocations(store)
-    state = fleet_state_from_snapshot(snapshot, allocations)
+    state = fleet_state_from_snapshot(snapshot, allocations, versioned=versioned)
     cordoned = {c.node: c for c in store.cordons()}
     if not cordoned:
         return state
@@ -145,12 +150,27 @@ def fragmentation(state: FleetState, store: Store | None, now: float) -> dict[st
     from gpuctl.core.consolidate import fleet_figures
     from gpuctl.ops.consolidate import workload_for
 
-    figures = fleet_figures(state, workload_for(state, store.jobs() if store else (), now))
+    figures = fleet_figures(state, _index(workload_for(state, store.jobs() if store else (), now)))
     pct = figures.fragmentation_pct
     return {
         "fragmentation_pct": None if pct is None else round(pct, 2),
         "stranded_gib": round(figures.stranded_gib, 2),
     }
+
+
+_INDEXES: list[WorkloadIndex] = []  # the last one used: polls keep asking with the same workload
+FIGURES_MEMO = 20_000  # node states per generation (two kept): a few polls of a large fleet
+
+
+def _index(workload: Workload) -> WorkloadIndex:
+    """The index of `workload`, kept from one call to the next while the workload stays the same:
+    a node whose free memory did not change since the last poll is not measured again."""
+    last = _INDEXES[0] if _INDEXES else None
+    if last is not None and last.workload == workload:
+        return last
+    index = WorkloadIndex(workload, cache_limit=FIGURES_MEMO)
+    _INDEXES[:] = [index]
+    return index
 
 
 def _no_jobs() -> dict[str, Any]:

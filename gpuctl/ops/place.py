@@ -9,7 +9,7 @@ unschedulable with the reason. Nothing here changes the fleet.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from gpuctl.adapters.protocols import Transport
@@ -43,14 +43,18 @@ def fleet_state_from_snapshot(
     known: Sequence[Allocation] = (),
     *,
     ghost_floor_mib: int = GHOST_FLOOR_MIB,
+    versioned: bool = True,
 ) -> FleetState:
     """The placement view of a snapshot, with gpuctl's `known` allocations (none until the job
-    store exists)."""
+    store exists). `versioned=False`: no content hash of the snapshot (the state's `version` is
+    empty) for readers that never turn it into a plan to apply (the dashboard: the hash of a
+    thousand-node snapshot costs more than the view)."""
     by_node: dict[str, list[Allocation]] = {}
     for a in known:
         by_node.setdefault(a.node, []).append(a)
     nodes = tuple(_node(n, by_node.get(n.name, ()), ghost_floor_mib) for n in snapshot.nodes)
-    return FleetState(nodes=nodes, allocations=tuple(known), version=snapshot.version)
+    version = snapshot.version if versioned else ""
+    return FleetState(nodes=nodes, allocations=tuple(known), version=version)
 
 
 def _unschedulable_reason(node: NodeSnapshot) -> str | None:
@@ -63,14 +67,20 @@ def _unschedulable_reason(node: NodeSnapshot) -> str | None:
     return None
 
 
-def _node(node: NodeSnapshot, allocs: Iterable[Allocation], floor: int) -> PlacementNode:
-    allocs = tuple(allocs)
+def _node(node: NodeSnapshot, allocs: Sequence[Allocation], floor: int) -> PlacementNode:
     reason = _unschedulable_reason(node)
     facts = node.observation.facts if node.observation else None
     cpu = facts.cpu_count if facts else None
+    on_card: dict[int, list[Allocation]] = {}
+    for a in allocs:
+        for i in a.cards:
+            on_card.setdefault(i, []).append(a)
+    gpus = node.gpus
+    if any(gpus[i].index > gpus[i + 1].index for i in range(len(gpus) - 1)):
+        gpus = tuple(sorted(gpus, key=_by_index))
     return PlacementNode(
         name=node.name,
-        cards=tuple(_card(g, allocs, floor) for g in sorted(node.gpus, key=lambda g: g.index)),
+        cards=tuple(_card(g, on_card.get(g.index, ()), floor) for g in gpus),
         cpu_milli=None if cpu is None else cpu * 1000,
         cpu_allocated_milli=sum(a.cpu_milli for a in allocs),
         host_mem_mib=facts.host_mem_total_mib if facts else None,
@@ -81,18 +91,20 @@ def _node(node: NodeSnapshot, allocs: Iterable[Allocation], floor: int) -> Place
     )
 
 
+def _by_index(g: GpuSnapshot) -> int:
+    return g.index
+
+
 def _card(g: GpuSnapshot, allocs: Sequence[Allocation], floor: int) -> Card:
+    """`allocs`: the allocations that hold this card."""
     capacity = g.mem_total_mib or 0
-    allocated = sum(
-        (capacity if a.whole else a.mib_per_card) for a in allocs for i in a.cards if i == g.index
-    )
+    allocated = sum(capacity if a.whole else a.mib_per_card for a in allocs) if allocs else 0
     used = g.mem_used_mib
-    ghost = 0 if used is None else max(0, used - allocated)
+    ghost = 0 if used is None else used - allocated
     if ghost < floor:
         ghost = 0
     healthy = (
-        g.mem_total_mib is not None
-        and g.mem_total_mib > 0
+        capacity > 0
         and used is not None  # unknown usage: nothing on the card can be called free
         and g.remapped_rows_failure is not True
         and not (g.ecc_volatile_uncorrected or 0) > 0

@@ -146,7 +146,7 @@ def collect(
             return _with_store(services, health, snapshot, now, store, reasons)
     except StateError as exc:
         store_error = exc.message
-    state = fleetstatus.fleet_state(snapshot, None)
+    state = fleetstatus.fleet_state(snapshot, None, versioned=False)
     numbers = fleetstatus.numbers(snapshot, None, now, state=state)
     return _assemble(services, health, snapshot, now, state, numbers, store_error=store_error)
 
@@ -162,7 +162,7 @@ def _with_store(
     from gpuctl.ops import fleetstatus
     from gpuctl.ops.jobs import list_jobs
 
-    state = fleetstatus.fleet_state(snapshot, store)
+    state = fleetstatus.fleet_state(snapshot, store, versioned=False)
     numbers = fleetstatus.numbers(snapshot, store, now, state=state)
     views = list_jobs(store)
     whys = waiting_reasons(state, views, services.settings) if reasons else {}
@@ -306,30 +306,36 @@ def alerts(
     nodes: Sequence[NodeView], jobs: Sequence[JobLine], store_error: str | None
 ) -> tuple[Alert, ...]:
     """What needs an operator now: the store, nodes not answering, health verdicts that are not
-    ok, memory in use beyond gpuctl's allocations, held jobs. Worst first, at most MAX_ALERTS."""
-    out: list[Alert] = []
+    ok, memory in use beyond gpuctl's allocations, held jobs. Worst first, at most MAX_ALERTS
+    (warnings past that many are not even worded: a fleet full of ghost memory costs nothing)."""
+    critical: list[Alert] = []
+    warn: list[Alert] = []
     if store_error:
-        out.append(Alert("store", "critical", f"job figures unavailable: {store_error}"))
+        critical.append(Alert("store", "critical", f"job figures unavailable: {store_error}"))
     for n in nodes:
         if n.snapshot.reach is not Reach.OK:
             why = n.snapshot.error or "no answer"
-            out.append(Alert(f"down:{n.name}", "critical", f"{n.name} {n.reach}: {why}", n.name))
+            critical.append(
+                Alert(f"down:{n.name}", "critical", f"{n.name} {n.reach}: {why}", n.name)
+            )
             continue
         v = n.verdict
-        if v is not None and v.severity.value != "ok" and v.reasons:
+        if v is not None and v.reasons and v.severity.value != "ok":
             sev = "critical" if v.severity.value in ("critical", "unknown") else "warn"
-            more = f" (+{len(v.reasons) - 1} more)" if len(v.reasons) > 1 else ""
-            text = f"{n.name} {v.verdict.value}: {v.reasons[0].text}{more}"
-            out.append(Alert(f"health:{n.name}", sev, text, n.name))
-        if n.placement is not None:
+            if sev == "critical" or len(warn) < MAX_ALERTS:
+                more = f" (+{len(v.reasons) - 1} more)" if len(v.reasons) > 1 else ""
+                text = f"{n.name} {v.verdict.value}: {v.reasons[0].text}{more}"
+                (critical if sev == "critical" else warn).append(
+                    Alert(f"health:{n.name}", sev, text, n.name)
+                )
+        if n.placement is not None and len(warn) < MAX_ALERTS:
             for c in n.placement.cards:
                 if c.ghost_mib > 0:
                     what = "ghost memory" if c.allocated_mib == 0 else "beyond its allocation"
                     text = f"{n.name} GPU {c.index}: {c.ghost_mib / 1024:.1f} GiB {what}"
-                    out.append(Alert(f"ghost:{n.name}:{c.index}", "warn", text, n.name))
+                    warn.append(Alert(f"ghost:{n.name}:{c.index}", "warn", text, n.name))
     for j in jobs:
-        if j.view.job.state is JobState.HELD:
+        if j.view.job.state is JobState.HELD and len(warn) < MAX_ALERTS:
             job = j.view.job
-            out.append(Alert(f"held:{job.id}", "warn", f"job {job.id} held: {job.reason or '-'}"))
-    out.sort(key=lambda a: a.severity != "critical")
-    return tuple(out[:MAX_ALERTS])
+            warn.append(Alert(f"held:{job.id}", "warn", f"job {job.id} held: {job.reason or '-'}"))
+    return tuple((critical + warn)[:MAX_ALERTS])
