@@ -113,13 +113,22 @@ def evaluate(
 
     xid_reasons, ignored = _xid_reasons(obs.xids, gpus, rules, last_reset_uptime_s)
     reasons.extend(xid_reasons)
-    earlier = _earlier(node, history)
+    earlier: tuple[NodeSnapshot, ...] | None = None  # read only for a hot GPU
     for gpu in gpus:
-        reasons.extend(_gpu_reasons(gpu, node, earlier, rules))
+        if gpu.temp_c is not None and gpu.temp_c >= rules.temperature.limit_c and earlier is None:
+            earlier = _earlier(node, history)
+        reasons.extend(_gpu_reasons(gpu, node, earlier or (), rules))
 
+    by_gpu: dict[int | None, list[Reason]] = {}
+    for r in reasons:
+        by_gpu.setdefault(r.gpu, []).append(r)
     per_gpu = []
     for gpu in gpus:
-        mine = tuple(r for r in _ordered(reasons) if r.gpu == gpu.index)
+        found = by_gpu.get(gpu.index)
+        if not found:  # the usual case: a verdict with nothing to say
+            per_gpu.append(_healthy(gpu.index, gpu.uuid))
+            continue
+        mine = _ordered(found)
         severity = worst_severity(r.severity for r in mine)
         per_gpu.append(
             GpuVerdict(
@@ -132,6 +141,22 @@ def evaluate(
             )
         )
     return _node_verdict(node, reasons, tuple(per_gpu), ignored=ignored)
+
+
+_HEALTHY: dict[tuple[int, str | None], GpuVerdict] = {}
+
+
+def _healthy(index: int, uuid: str | None) -> GpuVerdict:
+    """The verdict of a GPU with nothing to say: one shared value per GPU (a thousand-node
+    fleet judges eight thousand of them at every poll)."""
+    hit = _HEALTHY.get((index, uuid))
+    if hit is None:
+        if len(_HEALTHY) > 200_000:
+            _HEALTHY.clear()
+        hit = _HEALTHY[(index, uuid)] = GpuVerdict(
+            index, uuid, Severity.OK.verdict, Severity.OK, Action.NONE, ()
+        )
+    return hit
 
 
 def evaluate_fleet(
@@ -236,6 +261,8 @@ def _xid_reasons(
     rules: HealthRules,
     last_reset_uptime_s: float | None,
 ) -> tuple[list[Reason], int]:
+    if not xids:
+        return [], 0
     by_pci = {pci_key(g.pci_bus_id): g.index for g in gpus if pci_key(g.pci_bus_id) is not None}
     groups: dict[tuple[int | None, int], list[XidEvent]] = {}
     ignored = 0
@@ -274,28 +301,36 @@ def _gpu_reasons(
         )
     sbe, dbe = gpu.retired_pages_sbe, gpu.retired_pages_dbe
     retired = (sbe or 0) + (dbe or 0)
-    pages = {"sbe": _num(sbe), "dbe": _num(dbe)}
-    if (sbe is not None or dbe is not None) and retired >= rules.retired_pages_limit:
-        out.append(
-            _reason(
-                rules.rule(RETIRED_PAGES_EXHAUSTED),
-                i,
-                count=retired,
-                limit=rules.retired_pages_limit,
-                **pages,
+    exhausted = (sbe is not None or dbe is not None) and retired >= rules.retired_pages_limit
+    if exhausted or gpu.retired_pages_pending:
+        pages = {"sbe": _num(sbe), "dbe": _num(dbe)}
+        if exhausted:
+            out.append(
+                _reason(
+                    rules.rule(RETIRED_PAGES_EXHAUSTED),
+                    i,
+                    count=retired,
+                    limit=rules.retired_pages_limit,
+                    **pages,
+                )
             )
-        )
-    elif gpu.retired_pages_pending:
-        out.append(_reason(rules.rule(RETIRED_PAGES_PENDING), i, **pages))
-    rows = {
-        "correctable": _num(gpu.remapped_rows_correctable),
-        "uncorrectable": _num(gpu.remapped_rows_uncorrectable),
-    }
-    if gpu.remapped_rows_failure:
-        out.append(_reason(rules.rule(ROW_REMAP_FAILURE), i, **rows))
-    elif gpu.remapped_rows_pending:
-        out.append(_reason(rules.rule(ROW_REMAP_PENDING), i, **rows))
-    out.extend(_temperature_reasons(gpu, node, earlier, rules))
+        else:
+            out.append(_reason(rules.rule(RETIRED_PAGES_PENDING), i, **pages))
+    if gpu.remapped_rows_failure or gpu.remapped_rows_pending:
+        rows = {
+            "correctable": _num(gpu.remapped_rows_correctable),
+            "uncorrectable": _num(gpu.remapped_rows_uncorrectable),
+        }
+        if gpu.remapped_rows_failure:
+            out.append(_reason(rules.rule(ROW_REMAP_FAILURE), i, **rows))
+        else:
+            out.append(_reason(rules.rule(ROW_REMAP_PENDING), i, **rows))
+    if (
+        (gpu.temp_c is not None and gpu.temp_c >= rules.temperature.limit_c)
+        or gpu.thermal_slowdown_hw
+        or gpu.thermal_slowdown_sw
+    ):
+        out.extend(_temperature_reasons(gpu, node, earlier, rules))
     return out
 
 
