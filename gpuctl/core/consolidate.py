@@ -206,14 +206,26 @@ def node_free(n: PlacementNode) -> NodeFree:
 def fleet_figures(state: FleetState, workload: Workload | WorkloadIndex) -> FleetFigures:
     """Whole free cards and nodes, free and stranded memory, over schedulable nodes."""
     index = workload if isinstance(workload, WorkloadIndex) else WorkloadIndex(workload)
-    nodes = [n for n in state.nodes if n.schedulable]
-    stranded = sum(index.stranded_num(node_free(n)) for n in nodes)
+    stranded = whole_cards = whole_nodes = free_mib = capacity = 0
+    for n in state.nodes:
+        if not n.schedulable:
+            continue
+        empty = 0
+        for c in n.cards:
+            if c.healthy:
+                capacity += c.capacity_mib
+                free_mib += c.free_mib
+                if c.allocated_mib == 0 and c.ghost_mib == 0:
+                    empty += 1
+        whole_cards += empty
+        whole_nodes += 1 if n.cards and empty == len(n.cards) else 0
+        stranded += index.stranded_num(node_free(n))
     return FleetFigures(
-        whole_free_cards=sum(1 for n in nodes for c in n.cards if c.empty),
-        whole_free_nodes=sum(1 for n in nodes if n.cards and all(c.empty for c in n.cards)),
-        free_mib=sum(c.free_mib for n in nodes for c in n.cards),
+        whole_free_cards=whole_cards,
+        whole_free_nodes=whole_nodes,
+        free_mib=free_mib,
         stranded_mib=stranded / index.denominator,
-        capacity_mib=sum(c.capacity_mib for n in nodes for c in n.cards if c.healthy),
+        capacity_mib=capacity,
     )
 
 

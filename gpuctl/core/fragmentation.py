@@ -226,18 +226,24 @@ class WorkloadIndex:
     __slots__ = (
         "_by_model",
         "_cache",
+        "_cache_limit",
         "_cpu_only",
         "_cpu_steps",
         "_fit_weights",
         "_groups",
         "_mem_steps",
+        "_older",
         "denominator",
         "host_ratio",
         "workload",
     )
 
-    def __init__(self, workload: Workload) -> None:
+    def __init__(self, workload: Workload, *, cache_limit: int = 500_000) -> None:
+        """`cache_limit`: node states remembered per generation; two generations are kept (the
+        newest states and the ones before), so memory stays bounded for an index that lives long
+        (the dashboard's, across polls) and the states in use stay warm."""
         self.workload = workload
+        self._cache_limit = cache_limit
         fracs = [Fraction(p) for _, p in workload]
         if any(f < 0 for f in fracs):
             raise ValueError("a workload probability is never negative")
@@ -263,6 +269,7 @@ class WorkloadIndex:
         self._cpu_steps = sorted({rc for g in self._groups for rc, _, _ in g.hosts})
         self._mem_steps = sorted({rm for g in self._groups for _, rm, _ in g.hosts})
         self._cache: dict[Hashable, int] = {}
+        self._older: dict[Hashable, int] = {}
         self._by_model: dict[str | None, tuple[int, tuple[_Group, ...]]] = {}
         self._fit_weights: dict[tuple[str | None, int | None, int | None], tuple[int, ...]] = {}
         self.host_ratio = host_ratio(workload)
@@ -279,9 +286,11 @@ class WorkloadIndex:
         key = (node.gpu_model, ci, mi, tuple(sorted(zip(node.free, node.capacity, strict=True))))
         hit = self._cache.get(key)
         if hit is None:
-            hit = self._compute(node, ci, mi)
-            if len(self._cache) > 1_000_000:
-                self._cache.clear()
+            hit = self._older.get(key)
+            if hit is None:
+                hit = self._compute(node, ci, mi)
+            if len(self._cache) >= self._cache_limit:
+                self._older, self._cache = self._cache, {}
             self._cache[key] = hit
         return hit
 
