@@ -49,7 +49,12 @@ class OverviewScreen(DashScreen):
 
     def show(self, data: DashData) -> None:
         self.query_one(NumbersPanel).show(data.numbers)
-        self.query_one(FleetTable).sync(rows.fleet_rows(data, self.filter))
+        table = self.query_one(FleetTable)
+        if self.filter:  # a filter reads every row's text
+            table.sync(rows.fleet_rows(data, self.filter))
+        else:
+            views = {n.name: n for n in data.nodes}
+            table.sync_lazy(list(views), lambda name: rows.fleet_row(views[name]))
         self.query_one(EventsList).sync(rows.event_rows(data, self.dash.offset_s))
 
     def selected(self) -> str | None:

@@ -2,20 +2,27 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from textual.widgets import DataTable
 from textual.widgets.data_table import ColumnKey, RowKey
 
 from gpuctl.tui.format import Cell
 
-Row = tuple[str, tuple[Cell, ...]]
+Cells = tuple[Cell, ...]
+Row = tuple[str, Cells]
+WINDOW_MARGIN = 1.0  # rows worked out beyond the visible ones, in screens (above and below)
+UNSIZED_ROWS = 100  # rows worked out before the table has a size
 
 
 class KeyedTable(DataTable[Cell]):
     """`sync(rows)` makes the table show `rows`. When the keys are the same as before (the usual
     refresh), only cells that changed are updated; when rows come or go (a filter, a new node),
-    the table is rebuilt and the cursor put back on the row it was on."""
+    the table is rebuilt and the cursor put back on the row it was on.
+
+    `sync_lazy(keys, cells_of)` does the same for a large table whose rows cost something to
+    format (the fleet: a thousand nodes): only the rows on screen, and a screen's worth above and
+    below, are formatted at once; the others when they scroll into view, or when read."""
 
     def __init__(self, columns: Sequence[tuple[str, str]], **kwargs: object) -> None:
         super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)  # type: ignore[arg-type]
@@ -23,6 +30,9 @@ class KeyedTable(DataTable[Cell]):
         self._shown: dict[str, tuple[Cell, ...]] = {}
         self._keys: list[str] = []
         self.rebuilds = 0  # how often rows came or went (tests: in-place updates do not rebuild)
+        self.formatted = 0  # rows formatted by `sync_lazy` so far (tests, benchmarks)
+        self._pending: set[str] = set()  # rows whose newest cells are not formatted yet
+        self._cells_of: Callable[[str], Cells] | None = None
         for key, label in self._columns:
             self.add_column(label, key=key)
 
@@ -36,14 +46,68 @@ class KeyedTable(DataTable[Cell]):
         return self._keys[self.cursor_row]
 
     def shown(self, key: str) -> tuple[str, ...]:
-        """The plain text of a row's cells."""
+        """The plain text of a row's cells (formatted now if it was not yet)."""
+        if key in self._pending:
+            self._format([key])
         return tuple(c.plain for c in self._shown[key])
 
     def sync(self, rows: Sequence[Row]) -> None:
+        self._pending = set()
+        self._cells_of = None
         keys = [k for k, _ in rows]
         if keys != self._keys:
             self._rebuild(rows)
             return
+        self._apply(rows)
+
+    def sync_lazy(self, keys: Sequence[str], cells_of: Callable[[str], Cells]) -> None:
+        """Show the rows `keys`, formatting a row's cells with `cells_of(key)` only when it is
+        (nearly) on screen."""
+        self._cells_of = cells_of
+        window = self._window(len(keys))
+        if list(keys) != self._keys:
+            blank = tuple(Cell(()) for _ in self._columns)
+            now = set(keys[window.start : window.stop])
+            self.formatted += len(now)
+            self._rebuild(
+                [(k, cells_of(k) if k in now else self._shown.get(k, blank)) for k in keys]
+            )
+            self._pending = set(keys) - now
+            return
+        self._pending = set(keys)
+        self._format(self._keys[window.start : window.stop])
+
+    def _window(self, count: int) -> range:
+        """The rows on screen, and a margin above and below."""
+        height = self.size.height
+        if height <= 0:
+            return range(min(count, UNSIZED_ROWS))
+        margin = int(height * WINDOW_MARGIN)
+        top = int(self.scroll_y)
+        return range(max(0, top - margin), min(count, top + height + margin))
+
+    def _format(self, keys: Sequence[str]) -> None:
+        cells_of = self._cells_of
+        todo = [k for k in keys if k in self._pending]
+        if cells_of is None or not todo:
+            return
+        self._pending.difference_update(todo)
+        self.formatted += len(todo)
+        self._apply([(k, cells_of(k)) for k in todo])
+
+    def watch_scroll_y(self, old: float, new: float) -> None:
+        self._format_window()
+        super().watch_scroll_y(old, new)
+
+    def on_resize(self) -> None:
+        self._format_window()
+
+    def _format_window(self) -> None:
+        if self._pending:
+            window = self._window(len(self._keys))
+            self._format(self._keys[window.start : window.stop])
+
+    def _apply(self, rows: Sequence[Row]) -> None:
         changed: list[tuple[str, str, Cell]] = []
         for key, cells in rows:
             old = self._shown[key]
