@@ -41,7 +41,8 @@ CUDA_VERSION = "13.1"
 MAX_XIDS = 1000
 TOOL_NAMES = ("nvidia-smi", "dmesg")
 FAKE_SCRIPT = ".fake_nvidia_smi.py"
-ANSWERS_DIR = "answers"  # beside the state file: pre-rendered idle answers of the fake tools
+ANSWERS_FILE = "answers.sh"  # beside the state file: pre-rendered idle answers of the fake tools
+GRANT_CACHE = ".granted"  # beside the state file: one SSH session's look for GPU grants
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _MODEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9 ._()/+-]{0,63}")
@@ -306,9 +307,9 @@ def install_node_tools(bin_dir: Path, *, python: str) -> None:
     """Write the fake `nvidia-smi` and `dmesg` into `bin_dir` (mode 0755).
 
     Each tool is a small `sh` wrapper: an invocation that the lab pre-rendered (the probe's own
-    queries, on a node where no process holds a GPU grant) is answered with `cat` from the
-    node's `answers/` folder, as fast as a real driver; anything else runs the Python fake
-    (`#!<python> -IS`), which reads the state file and `/proc`.
+    queries, on a node where no process holds a GPU grant) is answered by the shell from the
+    node's `{ANSWERS_FILE}` (see `render_answers`), as fast as a real driver; anything else runs
+    the Python fake (`#!<python> -IS`), which reads the state file and `/proc`.
     """
     if not _PYTHON.fullmatch(python):
         raise LabError(f"python {python!r}: must be an absolute path without spaces")
@@ -359,70 +360,103 @@ def _probe_invocations() -> dict[str, list[str]]:
 
 def _wrapper(tool: str, python: str, *, check_busy: bool) -> str:
     if tool == "dmesg":
-        cases = "  '') k=dmesg ;;\n"
+        cases = f"  '') k={_function('dmesg')} ;;\n"
     else:
         cases = "".join(
-            f"  {shlex.quote(' '.join(args))}) k={key} ;;\n"
+            f"  {shlex.quote(' '.join(args))}) k={_function(key)} ;;\n"
             for key, args in _probe_invocations().items()
         )
-    busy = ""
-    if check_busy:  # a process of this node holding a GPU grant changes memory and processes
-        busy = (  # few processes hold a grant: look for those first, then whose node they are
-            '  n="GPUCTL_LAB_NODE=$GPUCTL_LAB_NODE"\n'
-            "  for f in $(grep -lzs '^CUDA_VISIBLE_DEVICES=' /proc/[0-9]*/environ); do\n"
-            '    if grep -qzsxF "$n" "$f"; then k=; break; fi\n'
-            "  done\n"
-        )
+    # a process of this node holding a GPU grant changes memory and processes
+    idle = " && idle" if check_busy else ""
     return (
         "#!/bin/sh\n"
-        f"# gpuctl lab: fake {tool}. Pre-rendered idle answers are served from answers/ beside\n"
-        "# the node state; anything else goes to the Python fake (reads the state and /proc).\n"
-        'a="${GPUCTL_LAB_STATE%/*}/' + ANSWERS_DIR + '"\n'
+        f"# gpuctl lab: fake {tool}. The idle answers to the probe's own invocations are\n"
+        f"# pre-rendered in {ANSWERS_FILE} beside the node state (read at once by the shell);\n"
+        "# anything else, a fault, or a process of this node holding a GPU grant goes to the\n"
+        "# Python fake (reads the state and /proc).\n"
+        "d=${GPUCTL_LAB_STATE%/*}\n"
         'case "$*" in\n' + cases + "  *) k= ;;\n"
-        "esac\n"
-        'if [ -n "$k" ] && [ -f "$a/valid" ] && [ -f "$a/$k" ]; then\n'
-        + busy
-        + '  if [ -n "$k" ]; then  # small files: the shell prints them, no cat to start\n'
-        + '    while IFS= read -r l || [ -n "$l" ]; do printf "%s\\n" "$l"; done <"$a/$k"\n'
-        + "    exit 0\n"
-        + "  fi\n"
-        "fi\n"
+        "esac\n" + (_IDLE if check_busy else "") + "answers=\n"
+        f'if [ -n "$k" ] && [ -f "$d/{ANSWERS_FILE}" ]; then . "$d/{ANSWERS_FILE}"; fi\n'
+        f'if [ -n "$answers" ]{idle}; then "$k"; exit 0; fi\n'
         f'exec {python} -IS "${{0%/*}}/{FAKE_SCRIPT}" {tool} "$@"\n'
     )
+
+
+# Few processes hold a grant: look for those first, then whose node they are. Within one SSH
+# exec session without a terminal (one probe), the first call's finding serves the later calls:
+# the probe asks nvidia-smi twice, and the scan costs a grep over every process's environment.
+# The session is named by its leader's pid and start time (pids are reused).
+_IDLE = r"""idle() {  # true when no process of this node holds a GPU grant
+  key=
+  if [ -n "$SSH_CONNECTION" ] && [ ! -t 0 ] && read -r st </proc/self/stat; then
+    set -- ${st##*") "}
+    s=$4
+    if read -r st <"/proc/$s/stat"; then set -- ${st##*") "}; key="$s-${20}"; fi
+  fi
+  if [ -n "$key" ] && read -r ck cb 2>/dev/null <"$d/@CACHE@" && [ "$ck" = "$key" ]; then
+    case $cb in 0) return 0 ;; 1) return 1 ;; esac
+  fi
+  b=0
+  for f in $(grep -lzs '^CUDA_VISIBLE_DEVICES=' /proc/[0-9]*/environ); do
+    if grep -qzsxF "GPUCTL_LAB_NODE=$GPUCTL_LAB_NODE" "$f"; then b=1; break; fi
+  done
+  if [ -n "$key" ]; then { printf '%s %s\n' "$key" "$b" >"$d/@CACHE@"; } 2>/dev/null; fi
+  [ "$b" = 0 ]
+}
+""".replace("@CACHE@", GRANT_CACHE)
+
+
+def _function(key: str) -> str:
+    """The shell function in the answers file that prints one answer."""
+    return "answer_" + key.replace("-", "_")
+
+
+def _idle_answers(state: dict[str, Any]) -> dict[str, str] | None:
+    """What the fake tools print for the probe's invocations on an idle node; None when the
+    answers cannot be fixed in advance (a fault makes every call different, or one fails)."""
+    from gpuctl.lab import fake_nvidia_smi as fake
+
+    faults = state.get("faults") or {}
+    if faults.get("garbage") or faults.get("hang"):
+        return None
+    answers: dict[str, str] = {}
+    for key, args in _probe_invocations().items():
+        buf = io.StringIO()
+        if fake.smi_main(args, state=state, out=buf, scan=False) != 0:
+            return None
+        answers[key] = buf.getvalue()
+    buf = io.StringIO()
+    fake.dmesg_main([], state=state, out=buf)
+    answers["dmesg"] = buf.getvalue()
+    return answers
 
 
 def render_answers(state_path: Path, state: dict[str, Any]) -> None:
     """Pre-render the idle answers of the probe's invocations beside the state file.
 
-    Called after every state write. Faults that make answers dynamic (garbage, hang) leave no
-    answers, so the Python fake handles them. The `valid` marker is removed before and written
-    after the answers, so a reader never serves a mix of old and new.
+    Called after every state write. The answers file is one shell file of functions that print
+    them, replaced atomically (rename), so a reader sees old or new answers, never a mix; faults
+    that make answers dynamic (garbage, hang) render a file without answers, so the Python fake
+    handles every call.
     """
-    from gpuctl.lab import fake_nvidia_smi as fake
-
-    folder = state_path.parent / ANSWERS_DIR
-    marker = folder / "valid"
-    with contextlib.suppress(FileNotFoundError):
-        marker.unlink()
-    faults = state.get("faults") or {}
-    if faults.get("garbage") or faults.get("hang"):
-        return
-    answers: dict[str, str] = {}
-    for key, args in _probe_invocations().items():
-        buf = io.StringIO()
-        if fake.smi_main(args, state=state, out=buf, scan=False) != 0:
-            return
-        answers[key] = buf.getvalue()
-    buf = io.StringIO()
-    fake.dmesg_main([], state=state, out=buf)
-    answers["dmesg"] = buf.getvalue()
-    folder.mkdir(mode=0o755, exist_ok=True)
-    folder.chmod(0o755)  # the lab user reads it, whatever the umask
-    for key, text in answers.items():
-        fd, tmp = tempfile.mkstemp(prefix=f".{key}.", dir=folder)
+    lines = [
+        "# gpuctl lab: idle answers of the fake tools, rendered from the node state by gpuctl",
+        "answers=",
+    ]
+    answers = _idle_answers(state)
+    if answers is not None:
+        for key, text in answers.items():
+            lines.append(f"{_function(key)}() {{ printf %s {shlex.quote(text)}; }}")
+        lines.append("answers=1")
+    target = state_path.parent / ANSWERS_FILE
+    fd, tmp = tempfile.mkstemp(prefix=f".{ANSWERS_FILE}.", dir=state_path.parent)
+    try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            os.fchmod(f.fileno(), 0o644)
-        Path(tmp).replace(folder / key)
-    marker.write_text("1\n", encoding="utf-8")
-    marker.chmod(0o644)
+            f.write("\n".join(lines) + "\n")
+            os.fchmod(f.fileno(), 0o644)  # the lab user reads it, whatever the umask
+        Path(tmp).replace(target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            Path(tmp).unlink()
+        raise

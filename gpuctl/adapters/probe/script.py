@@ -83,52 +83,62 @@ if read -r u < /proc/sys/kernel/random/uuid 2>/dev/null; then
 fi
 [ -n "$m" ] || m=$(od -An -N8 -tx1 /dev/urandom 2>/dev/null | tr -dc 0-9a-f)
 [ -n "$m" ] || m="p$$x$(date +%s 2>/dev/null)"
-printf '@@gpuctl-probe @VERSION@ %s\n' "$m"
+O="@@gpuctl-probe @VERSION@ $m
+"
 t=""
 if command -v timeout >/dev/null 2>&1; then t="timeout -k 2 @STEP@"; fi
 skip=0
+out() { printf '%s' "$O"; O=; }  # what the shell printed itself goes out in one write
+begin() { O="$O
+@@$m begin $1
+"; }
+end() { O="$O
+@@$m end $1 rc=$2
+"; }
 sec() {
   n=$1; shift
-  printf '\n@@%s begin %s\n' "$m" "$n"
+  begin "$n"; out
   { err=$("$@" 2>&1 1>&3 3>&-); rc=$?; } 3>&1
   if [ -n "$err" ]; then printf '\n@@%s stderr %s\n%.4096s\n' "$m" "$n" "$err"; fi
-  printf '\n@@%s end %s rc=%s\n' "$m" "$n" "$rc"
-}
-plain() {  # a section whose command says nothing on stderr: no capture, no subshell
-  n=$1; shift
-  printf '\n@@%s begin %s\n' "$m" "$n"
-  "$@"; rc=$?
-  printf '\n@@%s end %s rc=%s\n' "$m" "$n" "$rc"
+  end "$n" "$rc"
 }
 nv() {
-  if [ "$skip" = 1 ]; then
-    rc=skip; printf '\n@@%s begin %s\n\n@@%s end %s rc=skip\n' "$m" "$1" "$m" "$1"; return 0
-  fi
+  if [ "$skip" = 1 ]; then rc=skip; begin "$1"; end "$1" skip; return 0; fi
   n=$1; shift
   sec "$n" $t nvidia-smi "$@"
   case $rc in 124|137|126|127) skip=1 ;; esac
 }
 facts() {
-  if read -r h < /proc/sys/kernel/hostname 2>/dev/null; then :; else h=$(uname -n 2>/dev/null); fi
-  printf 'hostname=%s\n' "$h"
-  printf 'clock_s=%s\n' "$(date +%s 2>/dev/null)"
+  if read -r h < /proc/sys/kernel/hostname; then :; else h=$(uname -n); fi
+  O="${O}hostname=$h
+clock_s=$(date +%s)
+"
 @CPU@
-  if [ -r /proc/meminfo ]; then
+  if [ -r /proc/meminfo ]; then  # MemAvailable is the third line: read no further
     while read -r k v rest; do
-      case $k in MemTotal:|MemAvailable:) printf '%s %s %s\n' "$k" "$v" "$rest" ;; esac
+      case $k in
+        MemTotal:) O="$O$k $v $rest
+" ;;
+        MemAvailable:) O="$O$k $v $rest
+"; break ;;
+      esac
     done < /proc/meminfo
   fi
-  return 0
 }
-xid() {
-  if out=$(dmesg 2>/dev/null); then echo "source=dmesg"
-  elif out=$($t journalctl -k -q --no-pager -o short-monotonic -n 20000 2>/dev/null); then
-    echo "source=journalctl"
-  else echo "source=none"; return 0; fi
-  printf '%s\n' "$out" | grep -a 'NVRM: Xid' | tail -n @XIDTAIL@
-  return 0
+xa='index($0, "NVRM: Xid") { l[n++ % @XIDTAIL@] = $0 }
+END {
+  if (NR == 0) exit 1
+  print "source=" s
+  for (i = (n > @XIDTAIL@ ? n - @XIDTAIL@ : 0); i < n; i++) print l[i % @XIDTAIL@]
+}'
+xid() {  # the last XID lines of dmesg (no output: refused), else of journalctl -k
+  dmesg | awk -v s=dmesg "$xa" && return 0
+  if r=$($t journalctl -k -q --no-pager -o short-monotonic -n 20000); then
+    printf '%s\n' "$r" | awk -v s=journalctl "$xa" && return 0
+  fi
+  echo "source=none"
 }
-plain @FACTS@ facts 2>/dev/null
+begin @FACTS@; facts 2>/dev/null; end @FACTS@ 0
 nv @GPU@ --query-gpu=@GPUFIELDS@,@HEALTHONLY@ --format=csv,nounits
 case $rc in
   0|skip|124|137|126|127) ;;
@@ -137,13 +147,16 @@ case $rc in
     nv @HEALTH@ --query-gpu=@HEALTHFIELDS@ --format=csv,nounits ;;
 esac
 nv @APPS@ --query-compute-apps=@APPFIELDS@ --format=csv,nounits
-@VERSIONS@plain @XID@ xid 2>/dev/null
-printf '\n@@%s done\n' "$m"
+@VERSIONS@begin @XID@; out; xid 2>/dev/null; end @XID@ 0
+O="$O
+@@$m done
+"; out
 exit 0
 """
 
 
-_CPU = """  printf 'cpu_count=%s\\n' "$(getconf _NPROCESSORS_ONLN 2>/dev/null || nproc 2>/dev/null)"
+_CPU = """  O="${O}cpu_count=$(getconf _NPROCESSORS_ONLN || nproc)
+"
 """
 _VERSIONS = """nv @VERSION_SECTION@ --version
 case $rc in 0|skip) ;; *) nv @BANNER@ ;; esac

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -242,6 +243,43 @@ def test_a_process_with_a_grant_shows_up_using_its_memory(lab: dict[str, Any], s
     assert [g.util_pct for g in obs.gpus] == [97, 97]
 
 
+def test_one_ssh_session_looks_for_gpu_grants_once_and_the_next_one_looks_again(
+    lab: dict[str, Any], spawn: Any, tmp_path: Path
+) -> None:
+    """The probe asks nvidia-smi twice; the /proc scan for granted processes runs once per SSH
+    exec session (the lab's cost per poll), and a new session sees a new process."""
+    shadow, log = tmp_path / "shadow", tmp_path / "grep.log"
+    shadow.mkdir()
+    (shadow / "grep").write_text(
+        f'#!/bin/sh\necho "$1" >>{log}\nexec {shutil.which("grep")} "$@"\n'
+    )
+    (shadow / "grep").chmod(0o755)
+    env = {**lab["env"], "PATH": f"{shadow}:{lab['env']['PATH']}"}
+    ssh = {**env, "SSH_CONNECTION": "127.0.0.1 40022 127.0.0.1 22"}
+
+    def session(env: dict[str, str]) -> tuple[Observation, int]:
+        done = subprocess.run(
+            ["sh", "-c", probe_command()],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            start_new_session=True,  # as sshd starts every exec
+            timeout=30,
+            check=False,
+        )
+        scans = log.read_text().split().count("-lzs") if log.exists() else 0
+        log.unlink(missing_ok=True)
+        return parse_probe(done.stdout, done.returncode), scans
+
+    first, scans = session(ssh)
+    assert (first.processes, scans) == ((), 1)
+    job = spawn(["sleep", "60"], {**lab["env"], "CUDA_VISIBLE_DEVICES": "0"})
+    second, scans = session(ssh)
+    assert ([p.pid for p in second.processes], scans) == ([job.pid], 1)
+    local, scans = session(env)  # not over SSH: each of its three nvidia-smi calls looks
+    assert ([p.pid for p in local.processes], scans) == ([job.pid], 3)
+
+
 def test_without_a_state_file_the_fake_fails_like_a_missing_driver(lab: dict[str, Any]) -> None:
     lab["env"]["GPUCTL_LAB_STATE"] = "/nonexistent/state.json"
     obs = probe(lab)
@@ -273,10 +311,11 @@ def test_state_files_are_written_atomically_and_validated(tmp_path: Path) -> Non
     nodestate.write_state(path, nodestate.new_node_state("n1", gpus=1, model="X", mem_gib=24,
                                                          node_index=0))  # fmt: skip
     assert path.stat().st_mode & 0o777 == 0o644
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["answers", "state.json"]
-    assert sorted(p.name for p in (tmp_path / "answers").iterdir()) == [
-        "apps", "dmesg", "gpu", "gpu-all", "gpu-health", "valid", "version"
-    ]  # fmt: skip
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["answers.sh", "state.json"]
+    answers = (tmp_path / "answers.sh").read_text()
+    for name in ("apps", "dmesg", "gpu", "gpu_all", "gpu_health", "version"):
+        assert f"\nanswer_{name}() {{ printf %s '" in answers
+    assert answers.endswith("\nanswers=1\n")
     assert nodestate.read_state(path)["gpus"][0]["mem_total_mib"] == 24 * 1024
     path.write_text("{not json")
     with pytest.raises(LabError, match=r"state\.json: lab node state unreadable"):
@@ -314,7 +353,7 @@ def test_pre_rendered_answers_are_exactly_what_the_python_fake_says(lab: dict[st
     nodestate.inject(lab["state"], gpu=1, xid=79)
     invocations = [("nvidia-smi", *args) for args in nodestate._probe_invocations().values()]
     fast = {inv: _tool(lab, *inv) for inv in [*invocations, ("dmesg",)]}
-    (lab["state"].parent / "answers" / "valid").unlink()  # every call now runs the Python fake
+    (lab["state"].parent / "answers.sh").unlink()  # every call now runs the Python fake
     slow = {inv: _tool(lab, *inv) for inv in fast}
     assert fast == slow
     assert b"NVRM: Xid" in fast[("dmesg",)]
@@ -323,10 +362,11 @@ def test_pre_rendered_answers_are_exactly_what_the_python_fake_says(lab: dict[st
 def test_a_fault_or_a_granted_process_bypasses_the_pre_rendered_answers(
     lab: dict[str, Any], spawn: Any
 ) -> None:
+    answers = lab["state"].parent / "answers.sh"
     nodestate.inject(lab["state"], garbage=True)
-    assert not (lab["state"].parent / "answers" / "valid").exists()
+    assert "answers=1" not in answers.read_text()
     nodestate.inject(lab["state"], clear=True)
-    assert (lab["state"].parent / "answers" / "valid").exists()
+    assert "answers=1" in answers.read_text()
     apps = ("nvidia-smi", *nodestate._probe_invocations()["apps"])
     assert len(_tool(lab, *apps).splitlines()) == 1  # the header only: no process
     env = {**lab["env"], "CUDA_VISIBLE_DEVICES": "1", "GPUCTL_LAB_MEM_MIB": "777"}
