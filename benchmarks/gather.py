@@ -10,7 +10,9 @@ probe, which also reads health fields, processes, versions, host facts and XIDs)
 
 Goals (issue 2): warm round <= 0.5 s and cold <= 2 s for 50 nodes; >= 5x faster than the naive loop.
 Every node of the lab runs on this machine, so the nodes' own work (sshd sessions, the fake
-nvidia-smi) shares its cores with gpuctl: CPU time of both sides is reported.
+nvidia-smi) shares its cores with gpuctl: CPU time of both sides is reported. `cpu all` is the
+whole machine's (other work on it counts too); `cpu nodes` counts only the lab's processes (its
+sshd processes and every session they ran), `cpu gpuctl` only this process.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from typing import Any, TypeVar
 
 from gpuctl.adapters.ssh import SshTransport
 from gpuctl.core.model import FleetSnapshot, Reach
+from gpuctl.lab import sshd
+from gpuctl.lab.fleet import STATE_ENV
 from gpuctl.ops.gather import Gatherer
 from gpuctl.testing.lab import LabFleet, lab_fleet
 
@@ -53,14 +57,39 @@ def own_cpu_s() -> float:
     return t.user + t.system
 
 
-def timed(fn: Callable[[], T]) -> tuple[T, dict[str, float]]:
-    m0, o0, w0 = machine_cpu_s(), own_cpu_s(), time.perf_counter()
+def lab_processes(lab: LabFleet) -> tuple[int, ...]:
+    """The nodes' sshd listeners and what runs under them now (per-connection sshd processes)."""
+    table = sshd.ProcTable(STATE_ENV)
+    pids: set[int] = set()
+    for node in lab.lab.nodes:
+        if node.pid is not None:
+            pids |= {node.pid} | table.descendants(node.pid)
+    return tuple(sorted(pids))
+
+
+def nodes_cpu_s(pids: tuple[int, ...]) -> float:
+    """CPU seconds of these processes and of their children that ended (sshd reaps every session,
+    and each session's shell reaps its commands): on a warm round, all the nodes' work."""
+    ticks = 0
+    for pid in pids:
+        try:
+            raw = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        fields = raw[raw.rfind(")") + 2 :].split()
+        ticks += sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def timed(fn: Callable[[], T], nodes: tuple[int, ...] = ()) -> tuple[T, dict[str, float]]:
+    m0, o0, n0, w0 = machine_cpu_s(), own_cpu_s(), nodes_cpu_s(nodes), time.perf_counter()
     value = fn()
     wall = time.perf_counter() - w0
     return value, {
         "wall_s": wall,
         "cpu_all_s": machine_cpu_s() - m0,
         "cpu_gpuctl_s": own_cpu_s() - o0,
+        "cpu_nodes_s": nodes_cpu_s(nodes) - n0,
     }
 
 
@@ -109,8 +138,9 @@ def run(nodes: int, gpus: int, rounds: int) -> dict[str, Any]:
                     f"cold gather: only {answered(cold_fleet)}/{nodes} answered: {bad[:3]}"
                 )
             warm = []
+            pids = lab_processes(lab)  # the connections are open now: one sshd pair per node
             for _ in range(rounds):
-                fleet, t = timed(lambda: gatherer.gather(specs))
+                fleet, t = timed(lambda: gatherer.gather(specs), pids)
                 if answered(fleet) != nodes:
                     raise SystemExit(f"warm gather: only {answered(fleet)}/{nodes} answered")
                 warm.append(t)
@@ -119,6 +149,7 @@ def run(nodes: int, gpus: int, rounds: int) -> dict[str, Any]:
         if naive_ok != nodes:
             raise SystemExit(f"naive loop: only {naive_ok}/{nodes} answered")
     warm_walls = [w["wall_s"] for w in warm]
+    polls = rounds * nodes
     warm_median = statistics.median(warm_walls)
     return {
         "nodes": nodes,
@@ -132,6 +163,9 @@ def run(nodes: int, gpus: int, rounds: int) -> dict[str, Any]:
             "max_wall_s": max(warm_walls),
             "median_cpu_all_s": statistics.median(w["cpu_all_s"] for w in warm),
             "median_cpu_gpuctl_s": statistics.median(w["cpu_gpuctl_s"] for w in warm),
+            "median_cpu_nodes_s": statistics.median(w["cpu_nodes_s"] for w in warm),
+            "cpu_gpuctl_ms_per_poll": 1000 * sum(w["cpu_gpuctl_s"] for w in warm) / polls,
+            "cpu_nodes_ms_per_poll": 1000 * sum(w["cpu_nodes_s"] for w in warm) / polls,
         },
         "naive": naive,
         "speedup_warm_vs_naive": naive["wall_s"] / warm_median,
@@ -158,6 +192,8 @@ def report(result: dict[str, Any], nodes: int, gpus: int, rounds: int) -> str:
         *(f"{name:18}{wall:9.3f}{cpu:11.2f}{own:>14}" for name, wall, cpu, own in rows),
         f"warm min/max {warm['min_wall_s']:.3f}/{warm['max_wall_s']:.3f} s; "
         f"connections opened: {result['connections_opened']}",
+        f"warm CPU per node poll: {warm['cpu_nodes_ms_per_poll']:.1f} ms on the node (sshd, "
+        f"probe, fake tools), {warm['cpu_gpuctl_ms_per_poll']:.1f} ms in gpuctl",
         f"speed-up vs naive: warm {result['speedup_warm_vs_naive']:.1f}x, "
         f"cold {result['speedup_cold_vs_naive']:.1f}x",
         "goals: " + ", ".join(f"{k}={'yes' if v else 'NO'}" for k, v in result["goals"].items()),
