@@ -32,6 +32,7 @@ def stored_spec(spec: JobSpec) -> dict[str, Any]:
 
 
 _SPECS: dict[tuple[str, str], JobSpec] = {}
+_REQUESTS: dict[tuple[str, str], JobRequest] = {}  # the same keys: to_request of that spec
 _SPECS_MAX = 4096
 
 
@@ -40,13 +41,17 @@ def job_spec(job: Job) -> JobSpec:
 
     Validated once per spec: the control loop and the dashboard ask for every job's spec at every
     pass, and a stored spec never changes."""
-    key = (job.id, repr(job.spec))
+    return _spec(job, (job.id, repr(job.spec)))
+
+
+def _spec(job: Job, key: tuple[str, str]) -> JobSpec:
     found = _SPECS.get(key)
     if found is not None:
         return found
     spec = _validate(job)
     if len(_SPECS) >= _SPECS_MAX:
-        _SPECS.pop(next(iter(_SPECS)))
+        _SPECS.clear()
+        _REQUESTS.clear()
     _SPECS[key] = spec
     return spec
 
@@ -151,8 +156,14 @@ def _avoid(names: Sequence[str], ids: Mapping[str, Sequence[str]] | None) -> tup
 def job_request(job: Job, ids: Mapping[str, Sequence[str]] | None = None) -> JobRequest:
     """The placement request, named by the job's id (names repeat over time, ids never).
     With `ids` (from `ids_by_name`), `avoid_jobs` names become the ids of those jobs."""
-    req = to_request(job_spec(job))
-    return dataclasses.replace(req, name=job.id, avoid_jobs=_avoid(req.avoid_jobs, ids))
+    key = (job.id, repr(job.spec))
+    req = _REQUESTS.get(key)
+    if req is None:
+        req = to_request(_spec(job, key))
+        req = _REQUESTS[key] = dataclasses.replace(req, name=job.id)
+    if not req.avoid_jobs:
+        return req
+    return dataclasses.replace(req, avoid_jobs=_avoid(req.avoid_jobs, ids))
 
 
 def allocation(
