@@ -37,11 +37,11 @@ def dash(
     from gpuctl.adapters.clock import SystemClock
     from gpuctl.config.paths import state_dir
     from gpuctl.ops.jobs import operator
-    from gpuctl.tui.services import live_services, saved_services, state_store
+    from gpuctl.tui.services import KeptStore, live_services, saved_services
 
     app_ctx = context.get(ctx)
     folder = state_dir(app_ctx.env, app_ctx.state_dir)
-    opener = state_store(folder)
+    opener = KeptStore(folder)
     clock = SystemClock()
     if snapshot is not None:
         services = saved_services(snapshot, open_store=opener, clock=clock)

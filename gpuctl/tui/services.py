@@ -8,6 +8,7 @@ from __future__ import annotations
 import codecs
 import contextlib
 import dataclasses
+import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
@@ -17,8 +18,10 @@ from typing import TYPE_CHECKING, Protocol
 from gpuctl.adapters.protocols import Clock, JobRunner, Store, Transport
 from gpuctl.core.model import FleetSnapshot, Inventory
 from gpuctl.core.placement.model import Settings
+from gpuctl.errors import StateError
 
 if TYPE_CHECKING:
+    from gpuctl.adapters.store.memo import MemoStore
     from gpuctl.core.health import HealthRules
     from gpuctl.ops.gather import Gatherer
     from gpuctl.tui.actions import ActionService
@@ -127,6 +130,8 @@ class Services:
 
     def close(self) -> None:
         self.source.close()
+        if isinstance(self.open_store, KeptStore):
+            self.open_store.close()
 
 
 def state_store(state_dir: Path) -> StoreOpener:
@@ -143,6 +148,57 @@ def state_store(state_dir: Path) -> StoreOpener:
             store.close()
 
     return opener
+
+
+class KeptStore:
+    """A `StoreOpener` for the dashboard: reads go through one read-only connection kept open,
+    whose reads are remembered until the database changes (`adapters.store.memo.MemoStore`);
+    each write opens the store for that write alone. `close()` closes the kept connection."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.state_dir = state_dir
+        self._kept: MemoStore | None = None
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def __call__(self, write: bool) -> Iterator[Store]:
+        from gpuctl.adapters.store import open_store
+
+        if write:
+            with open_store(self.state_dir, write=True) as store:
+                yield store
+            return
+        store = self._reader()
+        try:
+            yield store
+        finally:
+            if store is not self._kept:
+                store.close()
+
+    def _reader(self) -> MemoStore:
+        from gpuctl.adapters.store.memo import MemoStore
+        from gpuctl.adapters.store.opening import open_connection
+
+        with self._lock:
+            kept = self._kept
+            if kept is not None:
+                try:
+                    if kept.still_current():
+                        return kept
+                except StateError:
+                    pass
+                self._kept = None
+                kept.close()
+            store = MemoStore(open_connection(self.state_dir, write=False))
+            if not store.ephemeral:  # no database yet: look again next time
+                self._kept = store
+            return store
+
+    def close(self) -> None:
+        with self._lock:
+            if self._kept is not None:
+                self._kept.close()
+                self._kept = None
 
 
 def live_services(
