@@ -3,7 +3,10 @@ scrolled into view shows its newest cells, never stale ones."""
 
 from __future__ import annotations
 
+from rich.segment import Segment
+from rich.style import Style
 from textual.app import App, ComposeResult
+from textual.widgets import DataTable
 
 from gpuctl.tui.format import Cell
 from gpuctl.tui.widgets.table import KeyedTable
@@ -83,3 +86,36 @@ async def test_a_plain_sync_after_a_lazy_one_leaves_nothing_pending() -> None:
         await pilot.pause()
         assert table.keys == ("a",)
         assert table.shown("a") == ("a", "x")
+
+
+def _by_position(lines: list[list[Segment]]) -> list[list[tuple[str, Style | None]]]:
+    """Each line as (character, style) per position: how the segments are split does not
+    matter on screen, what each cell of the terminal shows does."""
+    return [[(ch, seg.style) for seg in line for ch in seg.text] for line in lines]
+
+
+async def test_cells_are_drawn_exactly_as_textual_draws_them() -> None:
+    cells = [
+        Cell.of("node-0001"),
+        Cell.of("ready", "green"),
+        Cell((("█", "green"), ("▒", "cyan"), ("·", "grey50"))),
+        Cell.of("a note far longer than its column is wide, cut at the edge", "bold red"),
+        Cell(()),
+        Cell((("GPU ", ""), ("日本", "magenta"), ("x", "bold"))),
+    ]
+    app = TableApp()
+    async with app.run_test(size=(70, 12)) as pilot:
+        table = app.query_one(KeyedTable)
+        table.sync([(f"r{i}", (cell, Cell.of(str(i)))) for i, cell in enumerate(cells)])
+        await pilot.pause()
+        style = table.rich_style
+        for row in range(len(cells)):
+            for col in range(2):
+                full = table.ordered_columns[col].get_render_width(table)
+                for width in (full, 12, 3):  # 12 and 3: narrower than the long cells
+                    for cursor in (False, True):
+                        ours = table._render_cell(row, col, style, width, cursor)
+                        table._cell_render_cache.clear()  # textual keys it without the width
+                        textual = DataTable._render_cell(table, row, col, style, width, cursor)
+                        where = (row, col, width, cursor)
+                        assert _by_position(ours) == _by_position(textual), where

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from rich.segment import Segment
+from rich.style import Style
 from textual.widgets import DataTable
 from textual.widgets.data_table import ColumnKey, RowKey
 
@@ -13,6 +15,7 @@ Cells = tuple[Cell, ...]
 Row = tuple[str, Cells]
 WINDOW_MARGIN = 1.0  # rows worked out beyond the visible ones, in screens (above and below)
 UNSIZED_ROWS = 100  # rows worked out before the table has a size
+CELL_CACHE = 8192  # rendered cells kept (a screen of the fleet table is ~600)
 
 
 class KeyedTable(DataTable[Cell]):
@@ -33,6 +36,7 @@ class KeyedTable(DataTable[Cell]):
         self.formatted = 0  # rows formatted by `sync_lazy` so far (tests, benchmarks)
         self._pending: set[str] = set()  # rows whose newest cells are not formatted yet
         self._cells_of: Callable[[str], Cells] | None = None
+        self._rendered: dict[object, list[list[Segment]]] = {}
         for key, label in self._columns:
             self.add_column(label, key=key)
 
@@ -162,3 +166,86 @@ class KeyedTable(DataTable[Cell]):
             return
         target = self._keys.index(at) if at in self._keys else min(row_before, len(self._keys) - 1)
         self.move_cursor(row=max(0, target), animate=False)
+
+    # --- rendering ------------------------------------------------------------------------
+
+    def _render_cell(
+        self,
+        row_index: int,
+        column_index: int,
+        base_style: Style,
+        width: int,
+        cursor: bool = False,
+        hover: bool = False,
+    ) -> list[list[Segment]]:
+        """A data cell, straight from its styled pieces to one line of segments.
+
+        `DataTable` renders every cell through rich's console (padding, styling, wrapping and
+        cropping renderables: ~100 µs a cell), and again for every visible cell whenever any
+        cell of the table changed; the fleet table changes at every poll. A `Cell` is one line
+        of styled text, so its line is built here directly (the same segments: a test compares
+        both) and kept by value: a cell that did not change is not built again. Anything else
+        (the header, a cell that is not a `Cell`, a row taller than one line) goes to textual.
+        """
+        if row_index < 0 or column_index < 0 or row_index < self.fixed_rows:
+            return super()._render_cell(row_index, column_index, base_style, width, cursor, hover)
+        row_key = self._row_locations.get_key(row_index)
+        column_key = self._column_locations.get_key(column_index)
+        if row_key is None or column_key is None:
+            return super()._render_cell(row_index, column_index, base_style, width, cursor, hover)
+        row = self.rows.get(row_key)
+        cell = self._data.get(row_key, {}).get(column_key)
+        if (
+            row is None
+            or row.height != 1
+            or not isinstance(cell, Cell)
+            or column_index < self.fixed_columns
+        ):
+            return super()._render_cell(row_index, column_index, base_style, width, cursor, hover)
+        key = (
+            cell,
+            row_index,
+            column_index,
+            base_style,
+            width,
+            cursor,
+            hover,
+            self.show_cursor,
+            self._show_hover_cursor,
+            self._pseudo_class_state,
+        )
+        lines = self._rendered.get(key)
+        if lines is None:
+            component, post = self._get_styles_to_render_cell(
+                False,
+                False,
+                False,
+                hover,
+                cursor,
+                self.show_cursor,
+                self._show_hover_cursor,
+                self.cursor_foreground_priority == "css",
+                self.cursor_background_priority == "css",
+            )
+            meta = Style.from_meta({"row": row_index, "column": column_index})
+            pre = base_style + meta + component
+            lines = [self._cell_line(cell, pre, post, width)]
+            if len(self._rendered) >= CELL_CACHE:
+                self._rendered.clear()
+            self._rendered[key] = lines
+        return lines
+
+    def _cell_line(self, cell: Cell, pre: Style, post: Style, width: int) -> list[Segment]:
+        get_style = self.app.console.get_style
+        bare = pre + post
+        pad = self.cell_padding
+        inner = [
+            Segment(text, pre + get_style(style) + post if style else bare)
+            for text, style in cell.parts
+            if text
+        ]
+        inner = Segment.adjust_line_length(inner, max(0, width - 2 * pad), bare)
+        if pad <= 0:
+            return Segment.adjust_line_length(inner, width, bare)
+        edge = Segment(" " * pad, bare)
+        return Segment.adjust_line_length([edge, *inner, edge], width, bare)
