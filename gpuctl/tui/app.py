@@ -23,6 +23,7 @@ from gpuctl.errors import GpuctlError
 from gpuctl.tui.actions import ActionPlan
 from gpuctl.tui.data import DashData, HealthKeeper, collect
 from gpuctl.tui.messages import ActionRequested, OpenJob, OpenNode
+from gpuctl.tui.quietgc import QuietGc
 from gpuctl.tui.screens.base import DashScreen
 from gpuctl.tui.screens.job import JobScreen
 from gpuctl.tui.screens.jobs import JobsScreen, QueueScreen
@@ -38,6 +39,7 @@ DEFAULT_REFRESH_S = 2.0
 NOTES_KEPT = 100
 QUIT_AGAIN_S = 5.0  # a second `q` within this long quits while an action still runs
 MOVING = ("drain", "consolidate")  # actions that move jobs and take a while
+GC_AFTER_S = 0.2  # garbage is collected this long after a refresh is shown
 
 
 def describe(exc: BaseException | None) -> str:
@@ -85,15 +87,18 @@ class DashApp(App[None]):
         self._poll_started: float | None = None
         self._callbacks: dict[Worker[Any], Callable[[Any], None]] = {}
         self._quit_asked_at: float | None = None
+        self.gc = QuietGc()  # garbage collection between refreshes (see gpuctl.tui.quietgc)
 
     # --- lifecycle ------------------------------------------------------------------------------
 
     def on_mount(self) -> None:
+        self.gc.start()
         self.push_screen(OverviewScreen())
         self.set_interval(self.refresh_s, self._tick)
         self.action_refresh()
 
     def on_unmount(self) -> None:
+        self.gc.stop()
         self.services.close()
 
     def notify(
@@ -138,6 +143,8 @@ class DashApp(App[None]):
         if self._poll_started is None:
             self.action_refresh()
             return
+        if time.monotonic() - self._poll_started > self.refresh_s:
+            self.gc.idle()  # a poll that hangs leaves no refresh to collect after
         late = time.monotonic() - self._poll_started - self.services.source.deadline_s
         if late > 0:
             first = self.overdue_s is None
@@ -175,6 +182,7 @@ class DashApp(App[None]):
         screen = self.screen
         if isinstance(screen, DashScreen):
             screen.refresh_view(data)
+        self.set_timer(GC_AFTER_S, self.gc.idle)  # once the refresh is on screen
 
     def _status(self) -> None:
         screen = self.screen
