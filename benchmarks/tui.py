@@ -3,14 +3,17 @@ refreshed every second in a headless `gpuctl dash`, with a SQLite state store ho
 queued jobs.
 
     python benchmarks/tui.py [--nodes 1000] [--gpus 8] [--refreshes 600] [--jobs 200]
-                             [--queued 20] [--tracemalloc] [-o json]
+                             [--queued 20] [--churn all|live] [--tracemalloc] [-o json]
 
 Per refresh: the poll (the worker: source, store reads, fleet state, the numbers, why each queued
 job waits, health verdicts, alerts), the apply (the UI thread: numbers panel, fleet table cells
 updated in place, events), and the process CPU time between refreshes (everything, rendering
 included). Memory: RSS after every refresh (and, with --tracemalloc, Python allocations at the
-start and the end; slower). Every GPU's memory, utilization and temperature change at every
-refresh, and a few nodes stop answering and come back, so every refresh updates cells.
+start and the end; slower). Every GPU's utilization and temperature change at every
+refresh, and a few nodes stop answering and come back, so every refresh updates cells;
+`--churn all` (the default, the worst case) also changes every GPU's memory in use at every
+refresh, `--churn live` that of 5 % of the GPUs per refresh (a fleet of training jobs). Garbage
+collection pauses are reported apart (the dashboard collects between refreshes).
 
 Goals (issue 6): <= 100 ms per refresh, no growing memory over 10 minutes (600 refreshes).
 """
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import random
@@ -44,7 +48,7 @@ from gpuctl.core.model import (
 )
 from gpuctl.tui.app import DashApp
 from gpuctl.tui.data import DashData
-from gpuctl.tui.services import Services, state_store
+from gpuctl.tui.services import KeptStore, Services
 
 MIB = 81_559
 VARIANTS = 16  # distinct snapshots cycled through (the source itself should cost nothing)
@@ -63,8 +67,21 @@ def cpu_s() -> float:
     return t.user + t.system
 
 
-def synthetic(nodes: int, gpus: int, seed: int) -> list[FleetSnapshot]:
+MEM_LEVELS = (0, 0, 20_000, 40_000, 80_000)
+
+
+def synthetic(nodes: int, gpus: int, seed: int, churn: str = "all") -> list[FleetSnapshot]:
+    """VARIANTS snapshots, cycled. Every refresh every GPU's utilization, temperature and power
+    change, and 0.5 % of the nodes do not answer. Memory in use: with `churn="all"` it changes
+    on every GPU at every refresh (the worst case); with `churn="live"` on 5 % of the GPUs per
+    refresh (jobs starting and stopping, allocators growing), as on a fleet running training
+    jobs, whose memory in use stays put for minutes; the cycle wraps around without a jump."""
     rng = random.Random(seed)
+    base = [
+        [rng.choice(MEM_LEVELS) + rng.randint(0, 999) for _ in range(gpus)] for _ in range(nodes)
+    ]
+    moving = [[rng.random() < 0.4 for _ in range(gpus)] for _ in range(nodes)]  # 40 % x 2/16
+    phase = [[rng.randrange(VARIANTS) for _ in range(gpus)] for _ in range(nodes)]
     out = []
     for v in range(VARIANTS):
         fleet = []
@@ -83,7 +100,7 @@ def synthetic(nodes: int, gpus: int, seed: int) -> list[FleetSnapshot]:
                     uuid=f"GPU-{i:04d}-{g}",
                     model="NVIDIA H100 80GB HBM3",
                     mem_total_mib=MIB,
-                    mem_used_mib=rng.choice((0, 0, 20_000, 40_000, 80_000)) + rng.randint(0, 999),
+                    mem_used_mib=_mem(churn, rng, base[i][g], moving[i][g], phase[i][g], v),
                     util_pct=rng.randint(0, 100),
                     temp_c=rng.randint(30, 84),
                     power_w=float(rng.randint(60, 700)),
@@ -95,6 +112,15 @@ def synthetic(nodes: int, gpus: int, seed: int) -> list[FleetSnapshot]:
             fleet.append(NodeSnapshot(name, Reach.OK, NodeState.READY, observation=obs, taken_at=v))
         out.append(FleetSnapshot(taken_at=float(v), nodes=tuple(fleet)))
     return out
+
+
+def _mem(churn: str, rng: random.Random, base: int, moving: bool, phase: int, v: int) -> int:
+    if churn == "all":
+        return rng.choice(MEM_LEVELS) + rng.randint(0, 999)
+    if not moving:
+        return base
+    # two levels, switching when (v + phase) crosses 0 and VARIANTS / 2: twice per cycle
+    return base if (v + phase) % VARIANTS < VARIANTS // 2 else (base + 20_000) % (MIB - 1000)
 
 
 class CyclingSource:
@@ -156,11 +182,26 @@ def fill_store(state_dir: Path, nodes: int, gpus: int, running: int, queued: int
         store.close()
 
 
+class GcPauses:
+    """Every garbage collection's pause, from CPython's gc callbacks."""
+
+    def __init__(self) -> None:
+        self.pauses: list[float] = []
+        self._start = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.pauses.append(time.perf_counter() - self._start)
+
+
 class TimedApp(DashApp):
     def __init__(self, services: Services) -> None:
         super().__init__(services, refresh_s=1.0, readonly=True)
         self.samples: list[dict[str, float]] = []
         self._cpu_mark = cpu_s()
+        self.gc_pauses = GcPauses()
 
     def _polled(self, data: DashData) -> None:
         start = time.perf_counter()
@@ -173,17 +214,24 @@ class TimedApp(DashApp):
                 "apply_s": apply_s,
                 "cpu_s": cpu - self._cpu_mark,
                 "rss_mib": rss_mib(),
+                "gc_s": sum(self.gc_pauses.pauses),
+                "gc_max_s": max(self.gc_pauses.pauses, default=0.0),
             }
         )
+        self.gc_pauses.pauses.clear()
         self._cpu_mark = cpu
 
 
 async def run(args: argparse.Namespace, state_dir: Path) -> dict[str, Any]:
-    snapshots = synthetic(args.nodes, args.gpus, args.seed)
+    snapshots = synthetic(args.nodes, args.gpus, args.seed, args.churn)
     fill_store(state_dir, args.nodes, args.gpus, args.jobs, args.queued)
+    # The pre-built snapshots are the harness's, not the dashboard's (a live source holds one
+    # poll at a time): out of the garbage collector's full passes, which would scan them all.
+    gc.collect()
+    gc.freeze()
     services = Services(
         source=CyclingSource(snapshots),
-        open_store=state_store(state_dir),
+        open_store=KeptStore(state_dir),
         clock=SystemClock(),
         rules=load_rules(),
         expected_gpus={n.name: args.gpus for n in snapshots[0].nodes},
@@ -191,6 +239,7 @@ async def run(args: argparse.Namespace, state_dir: Path) -> dict[str, Any]:
     app = TimedApp(services)
     traced: list[int] = []
     reported = 0
+    gc.callbacks.append(app.gc_pauses)
     async with app.run_test(size=(200, 60)) as pilot:
         while len(app.samples) < args.refreshes:
             await pilot.pause(0.2)
@@ -227,6 +276,7 @@ def summarize(
     half = len(rss) // 2
     out: dict[str, Any] = {
         "fleet": {
+            "churn": args.churn,
             "nodes": args.nodes,
             "gpus_per_node": args.gpus,
             "jobs": args.jobs,
@@ -238,6 +288,8 @@ def summarize(
         "apply": _ms([s["apply_s"] for s in steady]),
         "refresh": _ms(total),
         "cpu_per_refresh": _ms([s["cpu_s"] for s in steady[1:]] or [0.0]),
+        "gc_per_refresh": _ms([s["gc_s"] for s in steady[1:]] or [0.0]),
+        "gc_longest_pause_ms": round(max(s["gc_max_s"] for s in steady) * 1000, 1),
         "rss_mib": {
             "after_warmup": round(rss[0], 1),
             "end": round(rss[-1], 1),
@@ -263,6 +315,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=200, help="running jobs in the store")
     parser.add_argument("--queued", type=int, default=20, help="queued jobs in the store")
     parser.add_argument("--seed", type=int, default=6)
+    parser.add_argument(
+        "--churn",
+        choices=("all", "live"),
+        default="all",
+        help="memory in use changes on every GPU at every refresh (all: the worst case) or on "
+        "5%% of them (live: a fleet of training jobs); utilization and temperature always change",
+    )
     parser.add_argument("--tracemalloc", action="store_true", help="also trace allocations")
     parser.add_argument("--progress", action="store_true", help="a line on stderr per minute")
     parser.add_argument("-o", "--output", choices=("text", "json"), default="text")
@@ -281,7 +340,8 @@ def main(argv: list[str] | None = None) -> int:
     f = r["fleet"]
     sys.stdout.write(
         f"gpuctl dash, headless: {f['nodes']} nodes x {f['gpus_per_node']} GPUs, "
-        f"{f['jobs']} running + {f['queued']} queued jobs, {r['refreshes']} refreshes (1/s)\n"
+        f"{f['jobs']} running + {f['queued']} queued jobs, {r['refreshes']} refreshes (1/s), "
+        f"memory churn: {f['churn']}\n"
         f"  first refresh (every row built): {r['first_refresh_ms']} ms\n"
     )
     for key, words in (
@@ -289,12 +349,17 @@ def main(argv: list[str] | None = None) -> int:
         ("apply", "apply (UI thread)"),
         ("refresh", "refresh = poll + apply"),
         ("cpu_per_refresh", "process CPU per refresh"),
+        ("gc_per_refresh", "garbage collection"),
     ):
         m = r[key]
         sys.stdout.write(
             f"  {words:<24} median {m['median_ms']:>7} ms  p95 {m['p95_ms']:>7} ms"
             f"  max {m['max_ms']:>7} ms\n"
         )
+    sys.stdout.write(
+        f"  longest garbage collection pause {r['gc_longest_pause_ms']} ms (the dashboard "
+        "collects between refreshes: see gpuctl/tui/quietgc.py)\n"
+    )
     m = r["rss_mib"]
     sys.stdout.write(
         f"  RSS after warm-up {m['after_warmup']} MiB, end {m['end']} MiB, max {m['max']} MiB "
