@@ -329,24 +329,28 @@ class WorkloadIndex:
 
     def _compute(self, node: NodeFree, ci: int | None, mi: int | None) -> int:
         free = node.free
-        total = sum(free)
+        ascending = sorted(free)
+        below = [0]  # below[i]: the sum of the i smallest free amounts
+        for f in ascending:
+            below.append(below[-1] + f)
+        total = below[-1]
+        whole = [f for f, c in zip(free, node.capacity, strict=True) if f == c and c > 0]
         all_stranded, groups = self._for_model(node.gpu_model)
         fit_weights = self._host_fit(node.gpu_model, ci, mi)
         stranded = all_stranded * total
-        usable: dict[_Req, tuple[int, int]] = {}  # req -> (cards that fit one share, their units)
         for g, fit_weight in zip(groups, fit_weights, strict=True):
-            got = usable.get(g.req)
-            if got is None:
-                _, per_gpu, whole = g.req
-                if whole:
-                    fit = [f for f, c in zip(free, node.capacity, strict=True) if f == c and c > 0]
-                else:
-                    fit = [f for f in free if f >= per_gpu and per_gpu > 0]
-                got = usable[g.req] = (len(fit), sum(fit))
-            if got[0] < g.req[0]:
+            cards, per_gpu, is_whole = g.req
+            if is_whole:
+                fit_count, fit_sum = len(whole), sum(whole)
+            elif per_gpu > 0:  # the cards that hold one share: free >= per_gpu
+                at = bisect.bisect_left(ascending, per_gpu)
+                fit_count, fit_sum = len(ascending) - at, total - below[at]
+            else:
+                fit_count = fit_sum = 0
+            if fit_count < cards:
                 stranded += g.weight * total
                 continue
-            stranded += fit_weight * (total - got[1]) + (g.weight - fit_weight) * total
+            stranded += fit_weight * (total - fit_sum) + (g.weight - fit_weight) * total
         return stranded
 
 

@@ -159,7 +159,7 @@ def fragmentation(state: FleetState, store: Store | None, now: float) -> dict[st
 
 
 _INDEXES: list[WorkloadIndex] = []  # the last one used: polls keep asking with the same workload
-FIGURES_MEMO = 20_000  # node states per generation (two kept): a few polls of a large fleet
+FIGURES_MEMO = 4096  # node states per generation (two kept): the last few polls of a large fleet
 
 
 def _index(workload: Workload) -> WorkloadIndex:
