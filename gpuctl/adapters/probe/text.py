@@ -37,7 +37,10 @@ _NOT_AVAILABLE = frozenset(
 
 def clean(text: str, limit: int = MAX_STRING_CHARS) -> str:
     """Untrusted text made safe to keep and display: no escape sequences, no control characters."""
-    text = _ESCAPES.sub("", text[: limit * 4])
+    text = text[: limit * 4]
+    if text.isascii() and text.isprintable():  # nearly every cell: nothing to strip out
+        return text.strip()[:limit]
+    text = _ESCAPES.sub("", text)
     kept = "".join(c for c in text if unicodedata.category(c) not in _DROP_CATEGORIES)
     return kept.strip()[:limit]
 

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from gpuctl.adapters.probe import MAX_PROBE_BYTES, parse_probe, parse_xid_line
 from gpuctl.adapters.probe.script import frame_probe_output
+from gpuctl.adapters.probe.text import MAX_STRING_CHARS, clean
 from gpuctl.core.model import Observation
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "nvidia-smi"
@@ -187,3 +188,15 @@ def test_every_real_capture_file_survives_being_fed_whole_as_probe_output() -> N
         obs = parse_probe(path.read_bytes(), 0)
         assert_sane(obs)
         assert not obs.nvml_ok
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=300) | st.text(st.characters(max_codepoint=0x7F), max_size=300))
+def test_clean_keeps_printable_text_and_drops_every_control_or_format_character(
+    raw: str,
+) -> None:
+    out = clean(raw)
+    assert len(out) <= MAX_STRING_CHARS
+    assert not any(unicodedata.category(c) in {"Cc", "Cf", "Cs", "Zl", "Zp"} for c in out)
+    if raw.isascii() and raw.isprintable():
+        assert out == raw.strip()[:MAX_STRING_CHARS]
