@@ -103,7 +103,8 @@ class Watchdog:
                     target=self._loop, name="gpuctl-ssh-watchdog", daemon=True
                 )
                 self._thread.start()
-            self._cv.notify()
+            if self._heap[0][2] is timer:  # else the thread already wakes earlier than this one
+                self._cv.notify()
         return timer
 
     def _loop(self) -> None:

@@ -121,3 +121,17 @@ def test_a_cancelled_timer_never_fires_while_later_ones_still_do() -> None:
         assert not cancelled.is_set()
     finally:
         dog.close()
+
+
+def test_a_timer_due_before_every_pending_one_fires_on_time() -> None:
+    dog = ssh_exec.Watchdog()
+    early, late = threading.Event(), threading.Event()
+    try:
+        far = dog.arm(time.monotonic() + 30, late.set)  # the thread now sleeps for 30 s
+        started = time.monotonic()
+        dog.arm(time.monotonic() + 0.05, early.set)
+        assert early.wait(timeout=5)
+        assert time.monotonic() - started < 2
+        assert not late.is_set() and far.cancel() is False
+    finally:
+        dog.close()
