@@ -6,7 +6,9 @@ every session command in a new session, so `$$` is the process group of the comm
 it starts (bar daemons that call `setsid`). The client reads that number first; when its own
 deadline passes it closes the channel and kills the group with a second, short exec. coreutils
 `timeout` on the node is the backstop when the client is gone (it stops the group a little after
-the client's deadline).
+the client's deadline). A command that starts with the `SELF_BOUNDED` line bounds every step it
+takes itself (the gather probe: each step under its own `timeout`) and runs without that
+backstop, as `printf MARK$$; exec sh -c COMMAND`: two processes fewer per run.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ if TYPE_CHECKING:
     from paramiko import Channel
 
 PGID_MARK = b"\x1egpuctl-pgid="
+SELF_BOUNDED = "# gpuctl: every step of this command has its own time limit\n"
 _READ_CHUNK = 1 << 16
 
 
@@ -34,6 +37,8 @@ def wrap_command(command: str, timeout_s: float) -> str:
     limit = math.ceil(timeout_s) + 2
     inner = shlex.quote(command)
     mark = PGID_MARK.decode("ascii").replace("\x1e", "\\036")
+    if command.startswith(SELF_BOUNDED):
+        return f"printf '{mark}%s\\n' \"$$\"; exec sh -c {inner}"
     return (
         f"printf '{mark}%s\\n' \"$$\"; "
         f"command -v timeout >/dev/null 2>&1 && exec timeout -k 2 {limit} sh -c {inner}; "

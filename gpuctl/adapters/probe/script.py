@@ -12,12 +12,16 @@ a kernel log line) can forge a section boundary. Each section is
 
 Every `nvidia-smi` call runs under coreutils `timeout` when the node has it; after one call times
 out (or `nvidia-smi` is not installed) the remaining calls are skipped (`rc=skip`), so a hung
-driver costs one step timeout, not one per query. The transport enforces the overall deadline.
+driver costs one step timeout, not one per query. The transport enforces the overall deadline;
+since every step is bounded, the script starts with `SELF_BOUNDED` and the SSH transport runs it
+without a `timeout` backstop of its own.
 
 Nothing variable is interpolated into the script except `step_timeout_s`, an int checked here.
 """
 
 from __future__ import annotations
+
+from gpuctl.adapters.ssh_exec import SELF_BOUNDED
 
 PROBE_VERSION = "1"
 HEADER_PREFIX = "@@gpuctl-probe "
@@ -76,7 +80,7 @@ SECTION_VERSION = "version"
 SECTION_XID = "xid"
 SECTION_BANNER = "banner"  # plain `nvidia-smi`, only when `--version` is refused (old drivers)
 
-_TEMPLATE = r"""LC_ALL=C; export LC_ALL
+_TEMPLATE = r"""@BOUNDED@LC_ALL=C; export LC_ALL
 m=
 if read -r u < /proc/sys/kernel/random/uuid 2>/dev/null; then
   o=$IFS; IFS=-; set -- $u; IFS=$o; m="$1$2$3$4$5"
@@ -179,6 +183,7 @@ def probe_command(*, step_timeout_s: int = 5, static_facts: bool = True) -> str:
     script = _TEMPLATE.replace("@CPU@\n", _CPU if static_facts else "")
     script = script.replace("@VERSIONS@", _VERSIONS if static_facts else "")
     for key, value in (
+        ("@BOUNDED@", SELF_BOUNDED),  # the transport needs no backstop timeout around it
         ("@VERSION@", PROBE_VERSION),
         ("@STEP@", str(step_timeout_s)),
         ("@XIDTAIL@", str(XID_TAIL_LINES)),

@@ -60,6 +60,19 @@ def test_the_wrapper_passes_a_hostile_command_through_unchanged(shell: str) -> N
 
 
 @pytest.mark.parametrize("shell", SHELLS)
+def test_a_self_bounded_command_runs_in_place_of_the_login_shell(shell: str) -> None:
+    """No `timeout` backstop: the command is the session's own process (two processes fewer),
+    in the group the client kills on its deadline; any other command runs under `timeout`."""
+    probe = ssh_exec.SELF_BOUNDED + "echo $$; exit 7"
+    done = run_like_sshd(shell, ssh_exec.wrap_command(probe, timeout_s=5))
+    pgid, rest = split_marker(done.stdout)
+    assert (done.returncode, int(rest)) == (7, pgid)
+    other = run_like_sshd(shell, ssh_exec.wrap_command("echo $$; exit 7", timeout_s=5))
+    pgid, rest = split_marker(other.stdout)
+    assert other.returncode == 7 and int(rest) != pgid  # a child of timeout, in the same group
+
+
+@pytest.mark.parametrize("shell", SHELLS)
 def test_the_kill_command_kills_the_whole_process_group(shell: str) -> None:
     group = subprocess.Popen(
         ["/bin/sh", "-c", "sleep 300 & sleep 300 & wait"],
