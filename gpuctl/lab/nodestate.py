@@ -42,7 +42,7 @@ MAX_XIDS = 1000
 TOOL_NAMES = ("nvidia-smi", "dmesg")
 FAKE_SCRIPT = ".fake_nvidia_smi.py"
 ANSWERS_FILE = "answers.sh"  # beside the state file: pre-rendered idle answers of the fake tools
-GRANT_CACHE = ".granted"  # beside the state file: one SSH session's look for GPU grants
+GRANT_CACHE = ".granted"  # beside the state file: the last probe run's look for GPU grants
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _MODEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9 ._()/+-]{0,63}")
@@ -383,25 +383,20 @@ def _wrapper(tool: str, python: str, *, check_busy: bool) -> str:
     )
 
 
-# Few processes hold a grant: look for those first, then whose node they are. Within one SSH
-# exec session without a terminal (one probe), the first call's finding serves the later calls:
-# the probe asks nvidia-smi twice, and the scan costs a grep over every process's environment.
-# The session is named by its leader's pid and start time (pids are reused).
+# Few processes hold a grant: look for those first, then whose node they are. The probe asks
+# nvidia-smi twice or more per run and names each run (GPUCTL_PROBE_RUN): the first call's
+# finding serves the run's later calls, as the scan costs a grep over every process's
+# environment. A call outside a probe run (a test, a terminal) always looks.
 _IDLE = r"""idle() {  # true when no process of this node holds a GPU grant
-  key=
-  if [ -n "$SSH_CONNECTION" ] && [ ! -t 0 ] && read -r st </proc/self/stat; then
-    set -- ${st##*") "}
-    s=$4
-    if read -r st <"/proc/$s/stat"; then set -- ${st##*") "}; key="$s-${20}"; fi
-  fi
-  if [ -n "$key" ] && read -r ck cb 2>/dev/null <"$d/@CACHE@" && [ "$ck" = "$key" ]; then
+  run=${GPUCTL_PROBE_RUN:-}
+  if [ -n "$run" ] && read -r cr cb 2>/dev/null <"$d/@CACHE@" && [ "$cr" = "$run" ]; then
     case $cb in 0) return 0 ;; 1) return 1 ;; esac
   fi
   b=0
   for f in $(grep -lzs '^CUDA_VISIBLE_DEVICES=' /proc/[0-9]*/environ); do
     if grep -qzsxF "GPUCTL_LAB_NODE=$GPUCTL_LAB_NODE" "$f"; then b=1; break; fi
   done
-  if [ -n "$key" ]; then { printf '%s %s\n' "$key" "$b" >"$d/@CACHE@"; } 2>/dev/null; fi
+  if [ -n "$run" ]; then { printf '%s %s\n' "$run" "$b" >"$d/@CACHE@"; } 2>/dev/null; fi
   [ "$b" = 0 ]
 }
 """.replace("@CACHE@", GRANT_CACHE)

@@ -87,6 +87,7 @@ if read -r u < /proc/sys/kernel/random/uuid 2>/dev/null; then
 fi
 [ -n "$m" ] || m=$(od -An -N8 -tx1 /dev/urandom 2>/dev/null | tr -dc 0-9a-f)
 [ -n "$m" ] || m="p$$x$(date +%s 2>/dev/null)"
+GPUCTL_PROBE_RUN=$m; export GPUCTL_PROBE_RUN  # one name per run for the tools it starts
 O="@@gpuctl-probe @VERSION@ $m
 "
 t=""

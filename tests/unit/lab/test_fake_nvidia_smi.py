@@ -243,41 +243,35 @@ def test_a_process_with_a_grant_shows_up_using_its_memory(lab: dict[str, Any], s
     assert [g.util_pct for g in obs.gpus] == [97, 97]
 
 
-def test_one_ssh_session_looks_for_gpu_grants_once_and_the_next_one_looks_again(
+def test_one_probe_run_looks_for_gpu_grants_once_and_the_next_run_looks_again(
     lab: dict[str, Any], spawn: Any, tmp_path: Path
 ) -> None:
-    """The probe asks nvidia-smi twice; the /proc scan for granted processes runs once per SSH
-    exec session (the lab's cost per poll), and a new session sees a new process."""
+    """The probe asks nvidia-smi three times (twice on warm polls); the /proc scan for granted
+    processes runs once per probe run (the lab's cost per poll), and the next run sees a new
+    process. A call outside a probe run always looks."""
     shadow, log = tmp_path / "shadow", tmp_path / "grep.log"
     shadow.mkdir()
-    (shadow / "grep").write_text(
-        f'#!/bin/sh\necho "$1" >>{log}\nexec {shutil.which("grep")} "$@"\n'
-    )
+    grep = shutil.which("grep")
+    (shadow / "grep").write_text(f'#!/bin/sh\necho "$1" >>{log}\nexec {grep} "$@"\n')
     (shadow / "grep").chmod(0o755)
     env = {**lab["env"], "PATH": f"{shadow}:{lab['env']['PATH']}"}
-    ssh = {**env, "SSH_CONNECTION": "127.0.0.1 40022 127.0.0.1 22"}
 
-    def session(env: dict[str, str]) -> tuple[Observation, int]:
-        done = subprocess.run(
-            ["sh", "-c", probe_command()],
-            env=env,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            start_new_session=True,  # as sshd starts every exec
-            timeout=30,
-            check=False,
-        )
-        scans = log.read_text().split().count("-lzs") if log.exists() else 0
+    def scans() -> int:
+        found = log.read_text().split().count("-lzs") if log.exists() else 0
         log.unlink(missing_ok=True)
-        return parse_probe(done.stdout, done.returncode), scans
+        return found
 
-    first, scans = session(ssh)
-    assert (first.processes, scans) == ((), 1)
+    assert (probe({**lab, "env": env}).processes, scans()) == ((), 1)
     job = spawn(["sleep", "60"], {**lab["env"], "CUDA_VISIBLE_DEVICES": "0"})
-    second, scans = session(ssh)
-    assert ([p.pid for p in second.processes], scans) == ([job.pid], 1)
-    local, scans = session(env)  # not over SSH: each of its three nvidia-smi calls looks
-    assert ([p.pid for p in local.processes], scans) == ([job.pid], 3)
+    again = probe({**lab, "env": env})
+    assert ([p.pid for p in again.processes], scans()) == ([job.pid], 1)
+    apps = nodestate._probe_invocations()["apps"]
+    for _ in range(2):
+        direct = subprocess.run(
+            ["nvidia-smi", *apps], env=env, capture_output=True, text=True, check=True
+        )
+        assert f", {job.pid}, " in direct.stdout
+    assert scans() == 2
 
 
 def test_without_a_state_file_the_fake_fails_like_a_missing_driver(lab: dict[str, Any]) -> None:
