@@ -87,6 +87,7 @@ class DashApp(App[None]):
         self._poll_started: float | None = None
         self._callbacks: dict[Worker[Any], Callable[[Any], None]] = {}
         self._quit_asked_at: float | None = None
+        self._inbox: DashData | None = None  # the last poll's data, until the UI thread takes it
         self.gc = QuietGc()  # garbage collection between refreshes (see gpuctl.tui.quietgc)
 
     # --- lifecycle ------------------------------------------------------------------------------
@@ -163,8 +164,15 @@ class DashApp(App[None]):
         self._poll_started = time.monotonic()
         services, health = self.services, self._health
         reasons = self.wants_reasons()
+
+        def poll() -> None:
+            # The data goes through `_inbox`, not the worker's result: a finished worker sits in
+            # reference cycles that only the cyclic collector frees, and would keep a whole
+            # refresh (a thousand nodes' views) alive with it.
+            self._inbox = collect(services, health, reasons=reasons)
+
         self.run_worker(
-            lambda: collect(services, health, reasons=reasons),
+            poll,
             name="poll",
             group="poll",
             thread=True,
@@ -209,8 +217,9 @@ class DashApp(App[None]):
             if self.overdue_s is not None:
                 self.overdue_s = None
                 self._status()
-            if event.state is WorkerState.SUCCESS and worker.result is not None:
-                self._polled(worker.result)
+            data, self._inbox = self._inbox, None
+            if event.state is WorkerState.SUCCESS and data is not None:
+                self._polled(data)
             elif event.state is WorkerState.ERROR:
                 self.notify(f"refresh failed: {describe(worker.error)}", severity="error")
             return

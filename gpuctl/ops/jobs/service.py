@@ -120,7 +120,11 @@ def list_jobs(store: Store, *, include_done: bool = False) -> list[JobView]:
     """Active jobs (queued, running, held), oldest submission first; `include_done`: every job."""
     jobs = store.jobs(None if include_done else ACTIVE)
     jobs.sort(key=lambda j: (j.submitted_at, j.id))
-    return [_view(store, j) for j in jobs]
+    by_job: dict[str, list[Incarnation]] = {j.id: [] for j in jobs}
+    for inc in store.incarnations():  # one read for all, not one per job
+        if inc.job_id in by_job:
+            by_job[inc.job_id].append(inc)
+    return [_view(store, j, by_job[j.id]) for j in jobs]
 
 
 def find_job(store: Store, ref: str) -> Job:

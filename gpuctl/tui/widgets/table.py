@@ -6,6 +6,7 @@ from collections.abc import Callable, Sequence
 
 from rich.segment import Segment
 from rich.style import Style
+from textual.cache import LRUCache
 from textual.widgets import DataTable
 from textual.widgets.data_table import ColumnKey, RowKey
 
@@ -15,7 +16,8 @@ Cells = tuple[Cell, ...]
 Row = tuple[str, Cells]
 WINDOW_MARGIN = 1.0  # rows worked out beyond the visible ones, in screens (above and below)
 UNSIZED_ROWS = 100  # rows worked out before the table has a size
-CELL_CACHE = 8192  # rendered cells kept (a screen of the fleet table is ~600)
+CELL_CACHE = 1024  # rendered cells kept per generation, two kept (a screen: ~600 cells)
+LINE_CACHE = 400  # textual's row and line caches (1,000 each): a few screens of lines
 
 
 class KeyedTable(DataTable[Cell]):
@@ -37,6 +39,13 @@ class KeyedTable(DataTable[Cell]):
         self._pending: set[str] = set()  # rows whose newest cells are not formatted yet
         self._cells_of: Callable[[str], Cells] | None = None
         self._rendered: dict[object, list[list[Segment]]] = {}
+        self._rendered_before: dict[object, list[list[Segment]]] = {}
+        # textual keys these by the table's update count, which moves at every refresh: the
+        # entries of earlier refreshes are never read again, only kept (and walked by the
+        # garbage collector). A few screens' worth is all they ever serve.
+        for name in ("_row_render_cache", "_row_renderable_cache", "_line_cache"):
+            if isinstance(getattr(self, name, None), LRUCache):
+                setattr(self, name, LRUCache(LINE_CACHE))
         for key, label in self._columns:
             self.add_column(label, key=key)
 
@@ -214,7 +223,7 @@ class KeyedTable(DataTable[Cell]):
             self._show_hover_cursor,
             self._pseudo_class_state,
         )
-        lines = self._rendered.get(key)
+        lines = self._rendered.get(key) or self._rendered_before.get(key)
         if lines is None:
             component, post = self._get_styles_to_render_cell(
                 False,
@@ -230,8 +239,9 @@ class KeyedTable(DataTable[Cell]):
             meta = Style.from_meta({"row": row_index, "column": column_index})
             pre = base_style + meta + component
             lines = [self._cell_line(cell, pre, post, width)]
+        if key not in self._rendered:
             if len(self._rendered) >= CELL_CACHE:
-                self._rendered.clear()
+                self._rendered_before, self._rendered = self._rendered, {}
             self._rendered[key] = lines
         return lines
 

@@ -100,7 +100,10 @@ def test_the_memo_stays_small_when_every_poll_asks_something_new(tmp_path: Path)
     kept = KeptStore(state)
     with kept(False) as store:
         assert isinstance(store, MemoStore)
-        for i in range(MEMO_KEYS * 3):
+        for i in range(300):
             store.events(since=float(i), limit=50)  # the dashboard's window moves every poll
+        assert len(store._memo) == 0
+        for i in range(MEMO_KEYS + 10):
+            store.checkpoints(f"job-{i}")
         assert len(store._memo) <= MEMO_KEYS
     kept.close()
