@@ -8,7 +8,8 @@ deadline passes it closes the channel and kills the group with a second, short e
 `timeout` on the node is the backstop when the client is gone (it stops the group a little after
 the client's deadline). A command that starts with the `SELF_BOUNDED` line bounds every step it
 takes itself (the gather probe: each step under its own `timeout`) and runs without that
-backstop, as `printf MARK$$; exec sh -c COMMAND`: two processes fewer per run.
+backstop, as `printf MARK$$; exec sh -c COMMAND`: two processes fewer per run (three when the
+login shell is itself `sh`: it then runs the command with `eval`).
 """
 
 from __future__ import annotations
@@ -38,7 +39,12 @@ def wrap_command(command: str, timeout_s: float) -> str:
     inner = shlex.quote(command)
     mark = PGID_MARK.decode("ascii").replace("\x1e", "\\036")
     if command.startswith(SELF_BOUNDED):
-        return f"printf '{mark}%s\\n' \"$$\"; exec sh -c {inner}"
+        # sshd runs `SHELL -c` with the shell's name as $0: a login shell that is `sh` runs the
+        # command itself (one exec fewer, the same $0); any other hands it to sh
+        return (
+            f"printf '{mark}%s\\n' \"$$\"; gpuctl_c={inner}; "
+            'case $0 in sh) eval "$gpuctl_c"; exit ;; esac; exec sh -c "$gpuctl_c"'
+        )
     return (
         f"printf '{mark}%s\\n' \"$$\"; "
         f"command -v timeout >/dev/null 2>&1 && exec timeout -k 2 {limit} sh -c {inner}; "

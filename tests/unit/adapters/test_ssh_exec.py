@@ -16,9 +16,14 @@ SHELLS = [s for s in ("/bin/sh", "/bin/dash", "/bin/bash") if shutil.which(s)]
 
 
 def run_like_sshd(shell: str, command: str) -> subprocess.CompletedProcess[bytes]:
-    """sshd runs `$SHELL -c COMMAND` in a new session; so do we."""
+    """sshd runs `$SHELL -c COMMAND` in a new session, the shell's own name as $0; so do we."""
     return subprocess.run(
-        [shell, "-c", command], capture_output=True, start_new_session=True, timeout=10, check=False
+        [Path(shell).name, "-c", command],
+        executable=shell,
+        capture_output=True,
+        start_new_session=True,
+        timeout=10,
+        check=False,
     )
 
 
@@ -52,21 +57,24 @@ def test_the_wrapper_reports_the_process_group_the_command_runs_in(shell: str) -
 
 
 @pytest.mark.parametrize("shell", SHELLS)
-def test_the_wrapper_passes_a_hostile_command_through_unchanged(shell: str) -> None:
-    command = "printf '%s|' 'a;b' \"\\$(x)\" '`y`' \"it's\"; printf '\\n'"
-    direct = run_like_sshd(shell, command)
+@pytest.mark.parametrize("head", ["", ssh_exec.SELF_BOUNDED])
+def test_the_wrapper_passes_a_hostile_command_through_unchanged(shell: str, head: str) -> None:
+    command = head + "printf '%s|' 'a;b' \"\\$(x)\" '`y`' \"it's\" \"$0\"; printf '\\n'"
     wrapped = run_like_sshd(shell, ssh_exec.wrap_command(command, timeout_s=5))
-    assert split_marker(wrapped.stdout)[1] == direct.stdout == b"a;b|$(x)|`y`|it's|\n"
+    assert split_marker(wrapped.stdout)[1] == b"a;b|$(x)|`y`|it's|sh|\n"
 
 
 @pytest.mark.parametrize("shell", SHELLS)
 def test_a_self_bounded_command_runs_in_place_of_the_login_shell(shell: str) -> None:
     """No `timeout` backstop: the command is the session's own process (two processes fewer),
     in the group the client kills on its deadline; any other command runs under `timeout`."""
-    probe = ssh_exec.SELF_BOUNDED + "echo $$; exit 7"
+    probe = ssh_exec.SELF_BOUNDED + "echo $$; tr '\\0' ' ' </proc/$$/cmdline | head -c 12; exit 7"
     done = run_like_sshd(shell, ssh_exec.wrap_command(probe, timeout_s=5))
     pgid, rest = split_marker(done.stdout)
-    assert (done.returncode, int(rest)) == (7, pgid)
+    pid, running = rest.decode().splitlines()
+    assert (done.returncode, int(pid)) == (7, pgid)
+    # a login shell that is `sh` runs it itself (eval), any other execs sh in its place
+    assert running == ("sh -c printf" if Path(shell).name == "sh" else "sh -c # gpuc")
     other = run_like_sshd(shell, ssh_exec.wrap_command("echo $$; exit 7", timeout_s=5))
     pgid, rest = split_marker(other.stdout)
     assert other.returncode == 7 and int(rest) != pgid  # a child of timeout, in the same group
