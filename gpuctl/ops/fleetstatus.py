@@ -16,7 +16,7 @@ from gpuctl.core.jobs import IncarnationState, Job
 from gpuctl.core.model import FleetSnapshot, Reach
 from gpuctl.core.placement.model import Allocation, FleetState
 from gpuctl.errors import StateError
-from gpuctl.ops.place import fleet_state_from_snapshot
+from gpuctl.ops.place import PlacementMemo, fleet_state_from_snapshot
 
 BAND_IDLE_BELOW = 0.50
 BAND_TARGET = (0.60, 0.80)
@@ -66,14 +66,18 @@ def _reserved(store: Store) -> list[Allocation]:
 
 
 def fleet_state(
-    snapshot: FleetSnapshot, store: Store | None, *, versioned: bool = True
+    snapshot: FleetSnapshot,
+    store: Store | None,
+    *,
+    versioned: bool = True,
+    memo: PlacementMemo | None = None,
 ) -> FleetState:
-    """Placement's view: the snapshot, the cards gpuctl granted, and the cordons. `versioned`:
-    see `fleet_state_from_snapshot`."""
+    """Placement's view: the snapshot, the cards gpuctl granted, and the cordons. `versioned`,
+    `memo`: see `fleet_state_from_snapshot`."""
     if store is None:
-        return fleet_state_from_snapshot(snapshot, versioned=versioned)
+        return fleet_state_from_snapshot(snapshot, versioned=versioned, memo=memo)
     allocations, _ = store_allocations(store)
-    state = fleet_state_from_snapshot(snapshot, allocations, versioned=versioned)
+    state = fleet_state_from_snapshot(snapshot, allocations, versioned=versioned, memo=memo)
     cordoned = {c.node: c for c in store.cordons()}
     if not cordoned:
         return state

@@ -9,7 +9,7 @@ unschedulable with the reason. Nothing here changes the fleet.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from pathlib import Path
 
 from gpuctl.adapters.protocols import Transport
@@ -44,17 +44,86 @@ def fleet_state_from_snapshot(
     *,
     ghost_floor_mib: int = GHOST_FLOOR_MIB,
     versioned: bool = True,
+    memo: PlacementMemo | None = None,
 ) -> FleetState:
     """The placement view of a snapshot, with gpuctl's `known` allocations (none until the job
     store exists). `versioned=False`: no content hash of the snapshot (the state's `version` is
     empty) for readers that never turn it into a plan to apply (the dashboard: the hash of a
-    thousand-node snapshot costs more than the view)."""
+    thousand-node snapshot costs more than the view). `memo`: a node whose placement inputs
+    did not change since the call before keeps its `PlacementNode` (see `PlacementMemo`)."""
     by_node: dict[str, list[Allocation]] = {}
     for a in known:
         by_node.setdefault(a.node, []).append(a)
-    nodes = tuple(_node(n, by_node.get(n.name, ()), ghost_floor_mib) for n in snapshot.nodes)
+    if memo is not None:
+        nodes = memo.nodes(snapshot.nodes, by_node, ghost_floor_mib)
+    else:
+        nodes = tuple(_node(n, by_node.get(n.name, ()), ghost_floor_mib) for n in snapshot.nodes)
     version = snapshot.version if versioned else ""
     return FleetState(nodes=nodes, allocations=tuple(known), version=version)
+
+
+class PlacementMemo:
+    """Each node's `PlacementNode` from the call before, reused while what placement reads of
+    the node did not change: on a live fleet utilization and temperature change at every poll,
+    memory in use rarely, so a poller (the dashboard, every second) rebuilds only the nodes
+    whose memory, health flags, allocations or reachability moved. Holds the last call's nodes
+    only; a test checks it against building every node anew."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, tuple[Hashable, PlacementNode]] = {}
+        self.reused = 0  # nodes reused by the last call (tests, benchmarks)
+
+    def nodes(
+        self,
+        nodes: Sequence[NodeSnapshot],
+        allocations: Mapping[str, Sequence[Allocation]],
+        floor: int,
+    ) -> tuple[PlacementNode, ...]:
+        last, kept = self._last, {}
+        out = []
+        reused = 0
+        for n in nodes:
+            allocs = allocations.get(n.name, ())
+            key = _placement_key(n, allocs, floor)
+            hit = last.get(n.name)
+            if hit is not None and hit[0] == key:
+                made = hit[1]
+                reused += 1
+            else:
+                made = _node(n, allocs, floor)
+            kept[n.name] = (key, made)
+            out.append(made)
+        self._last, self.reused = kept, reused
+        return tuple(out)
+
+
+def _placement_key(node: NodeSnapshot, allocs: Sequence[Allocation], floor: int) -> Hashable:
+    """Everything `_node` reads of a node (and nothing it does not: utilization, temperature,
+    power, processes)."""
+    obs = node.observation
+    if obs is None:
+        return (node.reach, node.state, None, tuple(node.labels.items()), tuple(allocs), floor)
+    facts = obs.facts
+    gpus = tuple(
+        (
+            g.index,
+            g.uuid,
+            g.model,
+            g.mem_total_mib,
+            g.mem_used_mib,
+            g.remapped_rows_failure,
+            g.ecc_volatile_uncorrected,
+        )
+        for g in obs.gpus
+    )
+    return (
+        node.reach,
+        node.state,
+        (obs.nvml_ok, facts.cpu_count, facts.host_mem_total_mib, gpus),
+        tuple(node.labels.items()),
+        tuple(allocs),
+        floor,
+    )
 
 
 def _unschedulable_reason(node: NodeSnapshot) -> str | None:

@@ -20,6 +20,7 @@ from textual.notifications import SeverityLevel
 from textual.worker import Worker, WorkerState
 
 from gpuctl.errors import GpuctlError
+from gpuctl.ops.place import PlacementMemo
 from gpuctl.tui.actions import ActionPlan
 from gpuctl.tui.data import DashData, HealthKeeper, collect
 from gpuctl.tui.messages import ActionRequested, OpenJob, OpenNode
@@ -84,6 +85,7 @@ class DashApp(App[None]):
         # the last notifications (severity, message), for tests and logs
         self.notified: deque[tuple[str, str]] = deque(maxlen=NOTES_KEPT)
         self._health = HealthKeeper()
+        self._placement = PlacementMemo()  # nodes whose placement inputs did not move
         self._poll_started: float | None = None
         self._callbacks: dict[Worker[Any], Callable[[Any], None]] = {}
         self._quit_asked_at: float | None = None
@@ -162,14 +164,14 @@ class DashApp(App[None]):
         if self._poll_started is not None:
             return  # one poll at a time: a slow one never piles up others behind it
         self._poll_started = time.monotonic()
-        services, health = self.services, self._health
+        services, health, placement = self.services, self._health, self._placement
         reasons = self.wants_reasons()
 
         def poll() -> None:
             # The data goes through `_inbox`, not the worker's result: a finished worker sits in
             # reference cycles that only the cyclic collector frees, and would keep a whole
             # refresh (a thousand nodes' views) alive with it.
-            self._inbox = collect(services, health, reasons=reasons)
+            self._inbox = collect(services, health, reasons=reasons, placement=placement)
 
         self.run_worker(
             poll,

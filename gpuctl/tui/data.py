@@ -20,6 +20,7 @@ from gpuctl.core.model import FleetSnapshot, NodeSnapshot, NodeState, Reach
 from gpuctl.core.placement.model import FleetState, PlacementNode, Settings
 from gpuctl.errors import GpuctlError, StateError
 from gpuctl.ops.jobs import JobView
+from gpuctl.ops.place import PlacementMemo
 from gpuctl.tui.services import Services
 
 EVENT_WINDOW_S = 24 * 3600.0
@@ -130,12 +131,17 @@ def _slim(node: NodeSnapshot) -> NodeSnapshot:
 
 
 def collect(
-    services: Services, health: HealthKeeper | None = None, *, reasons: bool = True
+    services: Services,
+    health: HealthKeeper | None = None,
+    *,
+    reasons: bool = True,
+    placement: PlacementMemo | None = None,
 ) -> DashData:
     """One refresh: poll the source, read the store, ask the services. A store that cannot be
     read leaves the fleet view intact (`store_error` says why). `reasons`: also plan the queue to
     say why each queued job waits (the costliest part on a large fleet; the dashboard asks for it
-    only while the queue or a job is on screen)."""
+    only while the queue or a job is on screen). `health` and `placement` carry what the app
+    keeps from one poll to the next."""
     from gpuctl.ops import fleetstatus
 
     snapshot = services.source.poll()
@@ -143,10 +149,10 @@ def collect(
     store_error = None
     try:
         with services.open_store(False) as store:
-            return _with_store(services, health, snapshot, now, store, reasons)
+            return _with_store(services, health, snapshot, now, store, reasons, placement)
     except StateError as exc:
         store_error = exc.message
-    state = fleetstatus.fleet_state(snapshot, None, versioned=False)
+    state = fleetstatus.fleet_state(snapshot, None, versioned=False, memo=placement)
     numbers = fleetstatus.numbers(snapshot, None, now, state=state)
     return _assemble(services, health, snapshot, now, state, numbers, store_error=store_error)
 
@@ -158,11 +164,12 @@ def _with_store(
     now: float,
     store: Store,
     reasons: bool,
+    placement: PlacementMemo | None,
 ) -> DashData:
     from gpuctl.ops import fleetstatus
     from gpuctl.ops.jobs import list_jobs
 
-    state = fleetstatus.fleet_state(snapshot, store, versioned=False)
+    state = fleetstatus.fleet_state(snapshot, store, versioned=False, memo=placement)
     numbers = fleetstatus.numbers(snapshot, store, now, state=state)
     views = list_jobs(store)
     whys = waiting_reasons(state, views, services.settings) if reasons else {}
