@@ -2,7 +2,8 @@
 
 `up` writes everything into one folder (`DIR`): `lab.json` (what was started: pids, ports, user),
 `inventory.yaml`, `known_hosts`, the client key `id_ed25519`, and one folder per node under
-`nodes/<name>/` (sshd_config, host key, GPU state, `bin/` with the fake tools, `home/`, sshd.log).
+`nodes/<name>/` (sshd_config, host key, GPU state, `bin/` with the fake tools, `home/`, `run/`,
+sshd.log).
 `down`, `kill`, `revive`, `freeze`, `thaw` and `inject` work from any later process through
 `lab.json`.
 """
@@ -47,6 +48,7 @@ LAB_HOST = "127.0.0.1"
 DEFAULT_GPU_MODEL = "NVIDIA H100 80GB HBM3"
 NODE_ENV = "GPUCTL_LAB_NODE"
 STATE_ENV = "GPUCTL_LAB_STATE"
+RUN_DIR = "run"  # the fake tools' memo of the current probe run (nodestate.RUN_DIR_ENV)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -122,7 +124,7 @@ def _prepare(
     for index in range(1, count + 1):
         name = f"lab-{index:0{width}d}"
         node_dir = lab.node_dir(name)
-        for folder in (node_dir, node_dir / "bin", node_dir / "home"):
+        for folder in (node_dir, node_dir / "bin", node_dir / "home", node_dir / RUN_DIR):
             record.mkdir(folder)
         state = nodestate.new_node_state(
             name, gpus=gpus, model=gpu_model, mem_gib=gpu_mem_gib, node_index=index
@@ -131,7 +133,8 @@ def _prepare(
         nodestate.install_node_tools(node_dir / "bin", python=python)
         sshd_mod.generate_ed25519(node_dir / "ssh_host_ed25519_key", name)
         if user.dedicated:
-            for path in (node_dir, node_dir / "bin", node_dir / "home", lab.state_path(name)):
+            for path in (node_dir, node_dir / "bin", node_dir / "home", node_dir / RUN_DIR,
+                         lab.state_path(name)):  # fmt: skip
                 os.chown(path, user.uid, user.gid)
             for tool in (node_dir / "bin").iterdir():
                 os.chown(tool, user.uid, user.gid)
@@ -144,6 +147,7 @@ def _write_config(lab: Lab, node: LabNode, version: tuple[int, int] | None) -> N
     env = {
         NODE_ENV: node.name,
         STATE_ENV: str(lab.state_path(node.name)),
+        nodestate.RUN_DIR_ENV: str(node_dir / RUN_DIR),
         "HOME": str(node_dir / "home"),
         "PATH": f"{node_dir / 'bin'}:/usr/local/bin:/usr/bin:/bin",
     }

@@ -42,7 +42,8 @@ MAX_XIDS = 1000
 TOOL_NAMES = ("nvidia-smi", "dmesg")
 FAKE_SCRIPT = ".fake_nvidia_smi.py"
 ANSWERS_FILE = "answers.sh"  # beside the state file: pre-rendered idle answers of the fake tools
-GRANT_CACHE = ".granted"  # beside the state file: the last probe run's look for GPU grants
+RUN_DIR_ENV = "GPUCTL_LAB_RUN_DIR"  # a folder of the node for the fake tools' runtime memo
+GRANT_MEMO = "granted"  # in it: the last probe run's look for GPU-granted processes
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _MODEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9 ._()/+-]{0,63}")
@@ -384,22 +385,24 @@ def _wrapper(tool: str, python: str, *, check_busy: bool) -> str:
 
 
 # Few processes hold a grant: look for those first, then whose node they are. The probe asks
-# nvidia-smi twice or more per run and names each run (GPUCTL_PROBE_RUN): the first call's
-# finding serves the run's later calls, as the scan costs a grep over every process's
-# environment. A call outside a probe run (a test, a terminal) always looks.
+# nvidia-smi twice or more per run and names each run (GPUCTL_PROBE_RUN): on a node with a
+# runtime folder (GPUCTL_LAB_RUN_DIR, set by the lab's sshd), the first call's finding serves the
+# run's later calls, as the scan costs a grep over every process's environment. A call outside a
+# probe run (a test, a terminal) or without the folder (the tests' local-shell fleet) looks.
 _IDLE = r"""idle() {  # true when no process of this node holds a GPU grant
-  run=${GPUCTL_PROBE_RUN:-}
-  if [ -n "$run" ] && read -r cr cb 2>/dev/null <"$d/@CACHE@" && [ "$cr" = "$run" ]; then
-    case $cb in 0) return 0 ;; 1) return 1 ;; esac
+  memo=
+  if [ -n "${GPUCTL_PROBE_RUN:-}" ] && [ -n "${@RUNENV@:-}" ]; then memo=$@RUNENV@/@MEMO@; fi
+  if [ -n "$memo" ] && read -r mr mb 2>/dev/null <"$memo" && [ "$mr" = "$GPUCTL_PROBE_RUN" ]; then
+    case $mb in 0) return 0 ;; 1) return 1 ;; esac
   fi
   b=0
   for f in $(grep -lzs '^CUDA_VISIBLE_DEVICES=' /proc/[0-9]*/environ); do
     if grep -qzsxF "GPUCTL_LAB_NODE=$GPUCTL_LAB_NODE" "$f"; then b=1; break; fi
   done
-  if [ -n "$run" ]; then { printf '%s %s\n' "$run" "$b" >"$d/@CACHE@"; } 2>/dev/null; fi
+  if [ -n "$memo" ]; then { printf '%s %s\n' "$GPUCTL_PROBE_RUN" "$b" >"$memo"; } 2>/dev/null; fi
   [ "$b" = 0 ]
 }
-""".replace("@CACHE@", GRANT_CACHE)
+""".replace("@RUNENV@", RUN_DIR_ENV).replace("@MEMO@", GRANT_MEMO)
 
 
 def _function(key: str) -> str:

@@ -246,15 +246,18 @@ def test_a_process_with_a_grant_shows_up_using_its_memory(lab: dict[str, Any], s
 def test_one_probe_run_looks_for_gpu_grants_once_and_the_next_run_looks_again(
     lab: dict[str, Any], spawn: Any, tmp_path: Path
 ) -> None:
-    """The probe asks nvidia-smi three times (twice on warm polls); the /proc scan for granted
-    processes runs once per probe run (the lab's cost per poll), and the next run sees a new
-    process. A call outside a probe run always looks."""
-    shadow, log = tmp_path / "shadow", tmp_path / "grep.log"
+    """The probe asks nvidia-smi three times (twice on warm polls); on a node with a runtime
+    folder (the lab's sshd names one) the /proc scan for granted processes runs once per probe
+    run, and the next run sees a new process. A call outside a probe run always looks, and so
+    does every call on a node without the folder, which then gets no file written."""
+    shadow, log, run = tmp_path / "shadow", tmp_path / "grep.log", tmp_path / "run"
     shadow.mkdir()
+    run.mkdir()
     grep = shutil.which("grep")
     (shadow / "grep").write_text(f'#!/bin/sh\necho "$1" >>{log}\nexec {grep} "$@"\n')
     (shadow / "grep").chmod(0o755)
-    env = {**lab["env"], "PATH": f"{shadow}:{lab['env']['PATH']}"}
+    plain = {**lab["env"], "PATH": f"{shadow}:{lab['env']['PATH']}"}
+    env = {**plain, nodestate.RUN_DIR_ENV: str(run)}
 
     def scans() -> int:
         found = log.read_text().split().count("-lzs") if log.exists() else 0
@@ -272,6 +275,10 @@ def test_one_probe_run_looks_for_gpu_grants_once_and_the_next_run_looks_again(
         )
         assert f", {job.pid}, " in direct.stdout
     assert scans() == 2
+    (run / nodestate.GRANT_MEMO).unlink()
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    assert ([p.pid for p in probe({**lab, "env": plain}).processes], scans()) == ([job.pid], 3)
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
 
 
 def test_without_a_state_file_the_fake_fails_like_a_missing_driver(lab: dict[str, Any]) -> None:
