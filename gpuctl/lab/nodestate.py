@@ -447,6 +447,8 @@ def render_answers(state_path: Path, state: dict[str, Any]) -> None:
         for key, text in answers.items():
             lines.append(f"{_function(key)}() {{ printf %s {shlex.quote(text)}; }}")
         lines.append("answers=1")
+    with contextlib.suppress(FileNotFoundError):  # a lab started by an older gpuctl: its tools
+        (state_path.parent / "answers" / "valid").unlink()  # would serve the old answers
     target = state_path.parent / ANSWERS_FILE
     fd, tmp = tempfile.mkstemp(prefix=f".{ANSWERS_FILE}.", dir=state_path.parent)
     try:
