@@ -331,6 +331,15 @@ def test_state_files_are_written_atomically_and_validated(tmp_path: Path) -> Non
     assert a["gpus"][0]["uuid"] != a["gpus"][1]["uuid"]
 
 
+def test_a_state_write_retires_the_answers_an_older_gpuctl_left(lab: dict[str, Any]) -> None:
+    legacy = lab["state"].parent / "answers"
+    legacy.mkdir()
+    (legacy / "valid").write_text("1\n")  # tools of an older lab served answers/ while valid
+    nodestate.inject(lab["state"], gpu=0, temp_c=90)
+    assert not (legacy / "valid").exists()
+    assert probe(lab).gpus[0].temp_c == 90
+
+
 def test_installed_tools_are_sh_wrappers_over_a_stdlib_python_fake(lab: dict[str, Any]) -> None:
     for tool in ("nvidia-smi", "dmesg"):
         path = lab["bin"] / tool
