@@ -309,7 +309,7 @@ def install_node_tools(bin_dir: Path, *, python: str) -> None:
 
     Each tool is a small `sh` wrapper: an invocation that the lab pre-rendered (the probe's own
     queries, on a node where no process holds a GPU grant) is answered by the shell from the
-    node's `{ANSWERS_FILE}` (see `render_answers`), as fast as a real driver; anything else runs
+    node's `answers.sh` (see `render_answers`), as fast as a real driver; anything else runs
     the Python fake (`#!<python> -IS`), which reads the state file and `/proc`.
     """
     if not _PYTHON.fullmatch(python):
