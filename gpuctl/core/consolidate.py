@@ -192,15 +192,7 @@ def consolidation_version(state: FleetState) -> str:
 
 def node_free(n: PlacementNode) -> NodeFree:
     """A node as the fragmentation measure sees it (unhealthy cards: nothing free)."""
-    models = {c.model for c in n.cards}
-    return NodeFree(
-        name=n.name,
-        free=tuple(c.free_mib for c in n.cards),
-        capacity=tuple(c.capacity_mib for c in n.cards),
-        cpu_free_milli=n.cpu_free_milli,
-        mem_free_mib=n.host_mem_free_mib,
-        gpu_model=models.pop() if len(models) == 1 else None,
-    )
+    return n.totals().free
 
 
 def fleet_figures(state: FleetState, workload: Workload | WorkloadIndex) -> FleetFigures:
@@ -210,16 +202,12 @@ def fleet_figures(state: FleetState, workload: Workload | WorkloadIndex) -> Flee
     for n in state.nodes:
         if not n.schedulable:
             continue
-        empty = 0
-        for c in n.cards:
-            if c.healthy:
-                capacity += c.capacity_mib
-                free_mib += c.free_mib
-                if c.allocated_mib == 0 and c.ghost_mib == 0:
-                    empty += 1
-        whole_cards += empty
-        whole_nodes += 1 if n.cards and empty == len(n.cards) else 0
-        stranded += index.stranded_num(node_free(n))
+        t = n.totals()
+        capacity += t.capacity_mib
+        free_mib += t.free_mib
+        whole_cards += t.empty_cards
+        whole_nodes += 1 if n.cards and t.empty_cards == len(n.cards) else 0
+        stranded += index.stranded_num(t.free)
     return FleetFigures(
         whole_free_cards=whole_cards,
         whole_free_nodes=whole_nodes,

@@ -64,7 +64,10 @@ def fleet_state(snapshot: FleetSnapshot, store: Store | None) -> FleetState:
 
 def card_size(state: FleetState) -> int:
     """The most common card capacity of schedulable nodes (ties: the larger)."""
-    sizes = Counter(c.capacity_mib for n in state.nodes if n.schedulable for c in n.cards)
+    sizes: Counter[int] = Counter()
+    for n in state.nodes:
+        if n.schedulable:
+            sizes.update(n.totals().free.capacity)
     sizes.pop(0, None)
     if not sizes:
         return DEFAULT_CARD_MIB

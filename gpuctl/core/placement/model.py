@@ -12,6 +12,7 @@ import enum
 import re
 from collections.abc import Mapping
 
+from gpuctl.core.fit import NodeFree
 from gpuctl.core.policies import DEFAULT_POLICY
 from gpuctl.core.units import CardMem
 
@@ -59,6 +60,18 @@ class PlacementNode:
     labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
     schedulable: bool = True
     reason: str | None = None  # why not schedulable: "cordoned", "unreachable (timeout)", ...
+    # worked out once per node value, on first use (a poller keeps unchanged nodes: the fleet's
+    # sums then cost one lookup per node, not a walk over every card)
+    _totals: NodeTotals | None = dataclasses.field(
+        default=None, init=False, repr=False, compare=False
+    )
+
+    def totals(self) -> NodeTotals:
+        found = self._totals
+        if found is None:
+            found = NodeTotals.of(self)
+            object.__setattr__(self, "_totals", found)
+        return found
 
     @property
     def cpu_free_milli(self) -> int | None:
@@ -69,6 +82,42 @@ class PlacementNode:
         if self.host_mem_mib is None:
             return None
         return max(0, self.host_mem_mib - self.host_mem_allocated_mib)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NodeTotals:
+    """Sums over one node's cards (memory of healthy cards only) and its free view."""
+
+    capacity_mib: int
+    allocated_mib: int  # each card's at most its capacity
+    free_mib: int
+    empty_cards: int  # healthy, nothing allocated, no ghost memory
+    free: NodeFree  # what the fragmentation measure reads
+
+    @classmethod
+    def of(cls, node: PlacementNode) -> NodeTotals:
+        capacity = allocated = free_mib = empty = 0
+        models = set()
+        frees = []
+        for c in node.cards:
+            models.add(c.model)
+            free = c.free_mib
+            frees.append(free)
+            if c.healthy:
+                capacity += c.capacity_mib
+                allocated += min(c.allocated_mib, c.capacity_mib)
+                free_mib += free
+                if c.allocated_mib == 0 and c.ghost_mib == 0:
+                    empty += 1
+        free_view = NodeFree(
+            node.name,
+            tuple(frees),
+            tuple(c.capacity_mib for c in node.cards),
+            node.cpu_free_milli,
+            node.host_mem_free_mib,
+            models.pop() if len(models) == 1 else None,
+        )
+        return cls(capacity, allocated, free_mib, empty, free_view)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -114,19 +163,11 @@ class FleetState:
 
     def capacity_mib(self) -> int:
         """GPU memory of healthy cards on schedulable nodes: the band's denominator."""
-        return sum(
-            c.capacity_mib for n in self.nodes if n.schedulable for c in n.cards if c.healthy
-        )
+        return sum(n.totals().capacity_mib for n in self.nodes if n.schedulable)
 
     def allocated_mib(self) -> int:
         """Allocated GPU memory of healthy cards on schedulable nodes: the band's numerator."""
-        return sum(
-            min(c.allocated_mib, c.capacity_mib)
-            for n in self.nodes
-            if n.schedulable
-            for c in n.cards
-            if c.healthy
-        )
+        return sum(n.totals().allocated_mib for n in self.nodes if n.schedulable)
 
     def utilization(self) -> float | None:
         """Allocated / total GPU memory of schedulable nodes (0..1); None without capacity."""
