@@ -21,7 +21,9 @@ read, so a node whose clock is off cannot create or hide a verdict.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import operator
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -166,12 +168,14 @@ def evaluate_fleet(
     expected_gpus: Mapping[str, int | None],
     rules: HealthRules,
     last_reset_uptime_s: Mapping[str, float] | None = None,
+    memo: VerdictMemo | None = None,
 ) -> tuple[NodeVerdict, ...]:
-    """`evaluate` for every node, in the fleet's order."""
+    """`evaluate` for every node, in the fleet's order. `memo`: see `VerdictMemo`."""
     nodes = fleet.nodes if isinstance(fleet, FleetSnapshot) else tuple(fleet)
     resets = last_reset_uptime_s or {}
-    return tuple(
-        evaluate(
+    judge = evaluate if memo is None else memo.evaluate
+    out = tuple(
+        judge(
             node,
             history.get(node.name, ()),
             expected_gpus=expected_gpus.get(node.name),
@@ -179,6 +183,102 @@ def evaluate_fleet(
             last_reset_uptime_s=resets.get(node.name),
         )
         for node in nodes
+    )
+    if memo is not None:
+        memo.forget_all_but({n.name for n in nodes})
+    return out
+
+
+# What no rule reads: memory, utilization and power. Temperature is read only at or above the
+# limit, and a node with such a GPU is always judged anew (its verdict depends on the samples
+# before it). Every other field of a GPU, present or added later, is part of the memo's key.
+_NOT_JUDGED = frozenset(
+    {"mem_total_mib", "mem_used_mib", "util_pct", "temp_c", "power_w", "power_limit_w"}
+)
+_JUDGED = operator.attrgetter(
+    *(f.name for f in dataclasses.fields(GpuSnapshot) if f.name not in _NOT_JUDGED)
+)
+
+
+class VerdictMemo:
+    """Each node's verdict from the call before, given again (stamped with the new sample's
+    time) while nothing the rules read of the node moved: a poller judging a thousand nodes every
+    second re-judges only the nodes whose health fields, reachability or XIDs changed, and every
+    node with a GPU at or above the temperature limit. Holds the last call's verdicts only; tests
+    check it against judging anew, field by field."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, tuple[tuple[Any, ...], NodeVerdict]] = {}
+        self.reused = 0  # verdicts given again since the last `forget_all_but` (tests)
+
+    def evaluate(
+        self,
+        node: NodeSnapshot,
+        history: Sequence[NodeSnapshot],
+        *,
+        expected_gpus: int | None,
+        rules: HealthRules,
+        last_reset_uptime_s: float | None = None,
+    ) -> NodeVerdict:
+        key = _judged_key(node, expected_gpus, rules, last_reset_uptime_s)
+        hit = self._last.get(node.name)
+        if key is not None and hit is not None and hit[0] == key:
+            self.reused += 1
+            v = hit[1]
+            if v.taken_at == node.taken_at:
+                return v
+            return NodeVerdict(
+                v.name,
+                v.verdict,
+                v.severity,
+                v.action,
+                v.reasons,
+                v.gpus,
+                node.taken_at,
+                v.xids_ignored,
+            )
+        verdict = evaluate(
+            node,
+            history,
+            expected_gpus=expected_gpus,
+            rules=rules,
+            last_reset_uptime_s=last_reset_uptime_s,
+        )
+        if key is None:
+            self._last.pop(node.name, None)
+        else:
+            self._last[node.name] = (key, verdict)
+        return verdict
+
+    def forget_all_but(self, names: set[str]) -> None:
+        for gone in set(self._last) - names:
+            del self._last[gone]
+        self.reused = 0
+
+
+def _judged_key(
+    node: NodeSnapshot, expected: int | None, rules: HealthRules, reset: float | None
+) -> tuple[Any, ...] | None:
+    """Everything `evaluate` reads of a node, or None when its verdict may depend on history."""
+    obs = node.observation
+    if obs is None:
+        return (node.reach, node.state, node.error, rules)
+    limit = rules.temperature.limit_c
+    gpus = obs.gpus
+    for g in gpus:
+        if g.temp_c is not None and g.temp_c >= limit:
+            return None
+    return (
+        node.reach,
+        node.state,
+        node.error,
+        rules,
+        expected,
+        reset,
+        obs.nvml_ok,
+        obs.notes,
+        obs.xids,
+        tuple(map(_JUDGED, gpus)),
     )
 
 

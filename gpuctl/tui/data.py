@@ -92,8 +92,11 @@ class HealthKeeper:
     """
 
     def __init__(self, keep: int = HEALTH_KEEP) -> None:
+        from gpuctl.core.health import VerdictMemo
+
         self.keep = keep
         self._history: dict[str, deque[NodeSnapshot]] = {}
+        self.memo = VerdictMemo()  # nodes whose health fields did not move keep their verdict
 
     def judge(
         self, snapshot: FleetSnapshot, rules: HealthRules, expected: Mapping[str, int | None]
@@ -102,7 +105,9 @@ class HealthKeeper:
         from gpuctl.ops.health import default_interval_s
 
         history = {name: tuple(d) for name, d in self._history.items()}
-        verdicts = evaluate_fleet(snapshot, history, expected_gpus=expected, rules=rules)
+        verdicts = evaluate_fleet(
+            snapshot, history, expected_gpus=expected, rules=rules, memo=self.memo
+        )
         spacing = default_interval_s(rules, max(2, rules.temperature.sustained_samples))
         for node in snapshot.nodes:
             if node.taken_at is None:
@@ -110,21 +115,27 @@ class HealthKeeper:
             kept = self._history.setdefault(node.name, deque(maxlen=self.keep))
             last = kept[-1].taken_at if kept else None
             if last is None or node.taken_at - last >= spacing or node.taken_at < last:
-                kept.append(_slim(node))
+                kept.append(_slim(node, rules.temperature.limit_c))
         names = {n.name for n in snapshot.nodes}
         for gone in set(self._history) - names:
             del self._history[gone]
         return {v.name: v for v in verdicts}
 
 
-def _slim(node: NodeSnapshot) -> NodeSnapshot:
-    """Only what the look-back rules read: reach, readability, each GPU's identity and heat."""
+def _slim(node: NodeSnapshot, limit_c: int) -> NodeSnapshot:
+    """Only what the look-back rule (sustained heat) reads: reach, readability, and the identity
+    and heat of each GPU at or above the limit. A GPU left out ends a hot streak there, as a cool
+    one does, so a node with no hot GPU keeps no GPU at all."""
     from gpuctl.core.model import GpuSnapshot, Observation
 
     obs = node.observation
     if obs is None:
         return dataclasses.replace(node, observation=None, labels={})
-    gpus = tuple(GpuSnapshot(index=g.index, uuid=g.uuid, temp_c=g.temp_c) for g in obs.gpus)
+    gpus = tuple(
+        GpuSnapshot(index=g.index, uuid=g.uuid, temp_c=g.temp_c)
+        for g in obs.gpus
+        if g.temp_c is not None and g.temp_c >= limit_c
+    )
     return dataclasses.replace(
         node, observation=Observation(gpus=gpus, nvml_ok=obs.nvml_ok), labels={}
     )

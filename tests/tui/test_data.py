@@ -100,6 +100,28 @@ def test_a_second_by_second_dashboard_still_tells_a_heat_spike_from_sustained_he
     assert sustained.verdict.action.value == "drain"
 
 
+def test_heat_that_cooled_off_in_between_is_a_new_spike(
+    services: Services, source: ScriptedSource
+) -> None:
+    def at(t: float, temp: int) -> None:
+        source.snapshot = fleet(node("gpu-01", temp_c=temp, taken_at=t), taken_at=t)
+
+    health = HealthKeeper()
+    for t in range(61):  # a minute of heat: sustained
+        at(1_000_000.0 + t, 92)
+        verdict = collect(services, health).node("gpu-01")
+    assert verdict is not None and verdict.verdict is not None
+    assert verdict.verdict.severity.value == "critical"
+    for t in range(61, 121):  # a minute cool
+        at(1_000_000.0 + t, 50)
+        collect(services, health)
+    for t in range(121, 126):  # hot again for five seconds
+        at(1_000_000.0 + t, 92)
+        verdict = collect(services, health).node("gpu-01")
+    assert verdict is not None and verdict.verdict is not None
+    assert verdict.verdict.severity.value == "warn"  # a spike: the cool samples ended the streak
+
+
 def test_why_jobs_wait_is_left_out_unless_asked_for(
     services: Services, store: MemoryStore, clock: ManualClock
 ) -> None:
