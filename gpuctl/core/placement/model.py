@@ -99,20 +99,24 @@ class NodeTotals:
         capacity = allocated = free_mib = empty = 0
         models = set()
         frees = []
-        for c in node.cards:
+        caps = []
+        for c in node.cards:  # one pass, each field read once: a poll walks 8,000 cards
+            cap, alloc, ghost = c.capacity_mib, c.allocated_mib, c.ghost_mib
             models.add(c.model)
-            free = c.free_mib
-            frees.append(free)
+            caps.append(cap)
+            free = 0
             if c.healthy:
-                capacity += c.capacity_mib
-                allocated += min(c.allocated_mib, c.capacity_mib)
+                free = max(0, cap - alloc - ghost)  # Card.free_mib
+                capacity += cap
+                allocated += min(alloc, cap)
                 free_mib += free
-                if c.allocated_mib == 0 and c.ghost_mib == 0:
+                if alloc == 0 and ghost == 0:
                     empty += 1
+            frees.append(free)
         free_view = NodeFree(
             node.name,
             tuple(frees),
-            tuple(c.capacity_mib for c in node.cards),
+            tuple(caps),
             node.cpu_free_milli,
             node.host_mem_free_mib,
             models.pop() if len(models) == 1 else None,

@@ -168,3 +168,21 @@ def test_every_gpu_field_alone_either_changes_nothing_or_is_seen() -> None:
             changed = apply(snap, [], ("gpu", 1, 2, (field, value)))
             kept = fleet_state_from_snapshot(changed, memo=memo)
             assert kept == fleet_state_from_snapshot(changed), (field, value)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(CHANGES, min_size=1, max_size=8))
+def test_a_nodes_totals_are_the_sums_of_its_cards(changes: list[tuple[object, ...]]) -> None:
+    snap = fleet()
+    allocs: list[Allocation] = []
+    for change in changes:
+        snap = apply(snap, allocs, change)
+    for n in fleet_state_from_snapshot(snap, allocs).nodes:
+        t = n.totals()
+        healthy = [c for c in n.cards if c.healthy]
+        assert t.capacity_mib == sum(c.capacity_mib for c in healthy)
+        assert t.allocated_mib == sum(min(c.allocated_mib, c.capacity_mib) for c in healthy)
+        assert t.free_mib == sum(c.free_mib for c in n.cards)
+        assert t.empty_cards == sum(1 for c in n.cards if c.empty)
+        assert t.free.free == tuple(c.free_mib for c in n.cards)
+        assert t.free.capacity == tuple(c.capacity_mib for c in n.cards)
