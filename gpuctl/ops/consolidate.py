@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from gpuctl.adapters.protocols import Store
@@ -87,7 +87,7 @@ def workload_for(
     cap = card_size(state)
     counts: Counter[Demand] = Counter()
     for job in jobs:
-        if job.state is not JobState.QUEUED and now - job.submitted_at > RECENT_S:
+        if not _counted(job, now):
             continue
         try:
             shape = jobspecs.job_request(job).shape
@@ -102,6 +102,18 @@ def workload_for(
     for d, p in (*seen, *base):
         merged[d] = merged.get(d, 0.0) + p / 2
     return tuple(merged.items())
+
+
+def _counted(job: Job, now: float) -> bool:
+    """A job whose shape is part of the target workload: queued, or submitted in the last week."""
+    return job.state is JobState.QUEUED or now - job.submitted_at <= RECENT_S
+
+
+def workload_key(state: FleetState, jobs: Iterable[Job], now: float) -> Hashable:
+    """What `workload_for` (default settings) depends on: the usual card size and which jobs
+    count (a job's shape is its stored spec's, which never changes). Equal keys, equal
+    workloads: a poller asks again only when this changes."""
+    return card_size(state), tuple(j.id for j in jobs if _counted(j, now))
 
 
 def facts_for(store: Store, now: float, jobs: Iterable[Job] | None = None) -> list[JobFacts]:

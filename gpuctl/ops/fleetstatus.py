@@ -7,6 +7,7 @@ all show the same figures for the same state.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Hashable
 from typing import Any
 
 from gpuctl.adapters.protocols import Store
@@ -152,9 +153,17 @@ def fragmentation(state: FleetState, store: Store | None, now: float) -> dict[st
     the target workload (the shapes of queued and recent jobs, and the default shapes), exactly
     as consolidation measures them."""
     from gpuctl.core.consolidate import fleet_figures
-    from gpuctl.ops.consolidate import workload_for
+    from gpuctl.ops.consolidate import workload_for, workload_key
 
-    figures = fleet_figures(state, _index(workload_for(state, store.jobs() if store else (), now)))
+    jobs = store.jobs() if store else []
+    key = workload_key(state, jobs, now)
+    last = _WORKLOADS[0] if _WORKLOADS else None
+    if last is not None and last[0] == key:
+        workload = last[1]
+    else:
+        workload = workload_for(state, jobs, now)
+        _WORKLOADS[:] = [(key, workload)]
+    figures = fleet_figures(state, _index(workload))
     pct = figures.fragmentation_pct
     return {
         "fragmentation_pct": None if pct is None else round(pct, 2),
@@ -163,6 +172,7 @@ def fragmentation(state: FleetState, store: Store | None, now: float) -> dict[st
 
 
 _INDEXES: list[WorkloadIndex] = []  # the last one used: polls keep asking with the same workload
+_WORKLOADS: list[tuple[Hashable, Workload]] = []  # the last workload and what it was made from
 FIGURES_MEMO = 4096  # node states per generation (two kept): the last few polls of a large fleet
 
 

@@ -205,3 +205,32 @@ def test_outside_the_window_nothing_is_applied() -> None:
 def test_a_bad_window_is_a_usage_error(text: str) -> None:
     with pytest.raises(UsageError, match="--window"):
         Window.parse(text)
+
+
+def test_fragmentation_asked_again_is_the_same_as_worked_out_anew() -> None:
+    """The fleet numbers keep the last workload and its index between polls; whatever changes
+    (a new job of another shape, a job ageing out of the recent week), the figures are the ones
+    worked out from scratch."""
+    from gpuctl.ops import fleetstatus
+
+    kit = apart(a={"resources": {"gpus": 1, "mem_per_gpu": "20GiB"}})
+
+    def both(now: float) -> tuple[dict[str, object], dict[str, object]]:
+        state = service.fleet_state(kit.fleet.gather(kit.loop.inventory), kit.store)
+        kept = fleetstatus.fragmentation(state, kit.store, now)
+        fleetstatus._WORKLOADS.clear()
+        fleetstatus._INDEXES.clear()
+        return kept, fleetstatus.fragmentation(state, kit.store, now)
+
+    now = kit.clock.now()
+    kept, fresh = both(now)
+    assert kept == fresh
+    kit.submit("b", resources={"gpus": 1, "mem_per_gpu": "60GiB"})  # another shape, queued
+    kept, fresh = both(now)
+    assert kept == fresh
+    kept, fresh = both(now + 8 * 24 * 3600)  # a week on: the running job is no longer recent
+    assert kept == fresh
+    state = service.fleet_state(kit.fleet.gather(kit.loop.inventory), kit.store)
+    assert service.workload_key(state, kit.store.jobs(), now) != service.workload_key(
+        state, kit.store.jobs(), now + 8 * 24 * 3600
+    )
