@@ -119,3 +119,40 @@ async def test_cells_are_drawn_exactly_as_textual_draws_them() -> None:
                         textual = DataTable._render_cell(table, row, col, style, width, cursor)
                         where = (row, col, width, cursor)
                         assert _by_position(ours) == _by_position(textual), where
+
+
+def rows_of(keys: list[str], tag: str = "") -> list[tuple[str, tuple[Cell, ...]]]:
+    return [(k, (Cell.of(k), Cell.of(f"{k}{tag}"))) for k in keys]
+
+
+def on_screen(table: KeyedTable) -> list[tuple[str, str]]:
+    """Each row as the table shows it, top to bottom."""
+    out = []
+    for i in range(table.row_count):
+        cells = table.get_row_at(i)
+        out.append(tuple(c.plain for c in cells))
+    return out  # type: ignore[return-value]
+
+
+async def test_rows_that_come_and_go_land_in_order_and_the_cursor_stays_on_its_row() -> None:
+    app = TableApp()
+    async with app.run_test(size=(60, 30)) as pilot:
+        table = app.query_one(KeyedTable)
+        before = [f"r{i}" for i in range(20)]
+        table.sync(rows_of(before))
+        await pilot.pause()
+        table.move_cursor(row=10, animate=False)
+        assert table.cursor_key() == "r10"
+        # an alert raised at the top, one in the middle, two cleared, the rest updated
+        after = ["new0", *before[:5], "new1", *before[7:]]
+        table.sync(rows_of(after, "!"))
+        await pilot.pause()
+        assert table.keys == tuple(after)
+        assert on_screen(table) == [(k, f"{k}!") for k in after]
+        assert table.cursor_key() == "r10"
+        # mostly new rows: rebuilt, still in order
+        fresh = [f"x{i}" for i in range(15)] + ["r10"]
+        table.sync(rows_of(fresh))
+        await pilot.pause()
+        assert on_screen(table) == [(k, k) for k in fresh]
+        assert table.cursor_key() == "r10"

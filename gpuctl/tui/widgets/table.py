@@ -10,6 +10,11 @@ from textual.cache import LRUCache
 from textual.widgets import DataTable
 from textual.widgets.data_table import ColumnKey, RowKey
 
+try:  # textual's own map of row keys to positions (pinned): reordering without a rebuild
+    from textual._two_way_dict import TwoWayDict
+except ImportError:  # pragma: no cover - another textual: rows that come or go rebuild
+    TwoWayDict = None  # type: ignore[assignment,misc]
+
 from gpuctl.tui.format import Cell
 
 Cells = tuple[Cell, ...]
@@ -158,6 +163,9 @@ class KeyedTable(DataTable[Cell]):
         at = self.cursor_key()
         row_before = self.cursor_row
         self.rebuilds += 1
+        if self._reorder(rows):
+            self._put_cursor(at, row_before)
+            return
         self.clear()
         # Widths are set before the rows go in: the table caches rendered rows by its update
         # count only, so widths it measured later would not reach rows already rendered.
@@ -171,10 +179,42 @@ class KeyedTable(DataTable[Cell]):
             self.add_row(*cells, key=key)
             self._shown[key] = cells
             self._keys.append(key)
+        self._put_cursor(at, row_before)
+
+    def _put_cursor(self, at: str | None, row_before: int) -> None:
         if not self._keys:
             return
         target = self._keys.index(at) if at in self._keys else min(row_before, len(self._keys) - 1)
         self.move_cursor(row=max(0, target), animate=False)
+
+    def _reorder(self, rows: Sequence[Row]) -> bool:
+        """A few rows came or went (an alert raised or cleared): remove those gone, append those
+        new, update the rest in place and put all in the new order, rather than rebuilding every
+        row. False (rebuild) when most rows are new, or without textual's internals."""
+        if TwoWayDict is None or not self._keys or not hasattr(self, "_row_locations"):
+            return False
+        keys = [k for k, _ in rows]
+        old = set(self._keys)
+        new = [(k, cells) for k, cells in rows if k not in old]
+        gone = old.difference(keys)
+        if len(set(keys)) != len(keys) or len(new) + len(gone) > len(keys) // 2:
+            return False
+        for key in gone:
+            self.remove_row(key)
+            del self._shown[key]
+        self._apply([(k, cells) for k, cells in rows if k in old])
+        for key, cells in new:
+            for (col, _), cell in zip(self._columns, cells, strict=True):
+                column = self.columns[ColumnKey(col)]
+                if cell.cell_len > column.content_width:
+                    column.content_width = cell.cell_len
+            self.add_row(*cells, key=key)
+            self._shown[key] = cells
+        self._row_locations = TwoWayDict({RowKey(k): i for i, k in enumerate(keys)})
+        self._keys = keys
+        self._update_count += 1
+        self.refresh(layout=True)
+        return True
 
     # --- rendering ------------------------------------------------------------------------
 
