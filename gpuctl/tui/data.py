@@ -17,7 +17,7 @@ from gpuctl.adapters.protocols import Store
 from gpuctl.core.health import HealthRules, NodeVerdict
 from gpuctl.core.jobs import Cordon, Event, JobState
 from gpuctl.core.model import FleetSnapshot, NodeSnapshot, NodeState, Reach
-from gpuctl.core.placement.model import FleetState, PlacementNode, Settings
+from gpuctl.core.placement.model import Card, FleetState, PlacementNode, Settings
 from gpuctl.errors import GpuctlError, StateError
 from gpuctl.ops.jobs import JobView
 from gpuctl.ops.place import PlacementMemo
@@ -347,13 +347,32 @@ def alerts(
                     Alert(f"health:{n.name}", sev, text, n.name)
                 )
         if n.placement is not None and len(warn) < MAX_ALERTS:
-            for c in n.placement.cards:
-                if c.ghost_mib > 0:
-                    what = "ghost memory" if c.allocated_mib == 0 else "beyond its allocation"
-                    text = f"{n.name} GPU {c.index}: {c.ghost_mib / 1024:.1f} GiB {what}"
-                    warn.append(Alert(f"ghost:{n.name}:{c.index}", "warn", text, n.name))
+            ghost = _ghost_alert(n.name, n.placement.cards)
+            if ghost is not None:
+                warn.append(ghost)
     for j in jobs:
         if j.view.job.state is JobState.HELD and len(warn) < MAX_ALERTS:
             job = j.view.job
             warn.append(Alert(f"held:{job.id}", "warn", f"job {job.id} held: {job.reason or '-'}"))
     return tuple((critical + warn)[:MAX_ALERTS])
+
+
+def _ghost_alert(node: str, cards: Sequence[Card]) -> Alert | None:
+    """One alert per node for memory in use beyond gpuctl's allocations (ghost memory on a card
+    nothing was granted on, or a job over its slice), naming the cards: one row per node keeps
+    the list readable (and stable) on a fleet full of work gpuctl did not place."""
+    over = [c for c in cards if c.ghost_mib > 0]
+    if not over:
+        return None
+    gib = sum(c.ghost_mib for c in over) / 1024
+    granted = {c.allocated_mib > 0 for c in over}
+    if len(over) == 1:
+        what = "ghost memory" if granted == {False} else "beyond its allocation"
+        where = f"GPU {over[0].index}"
+    else:
+        what = {
+            frozenset({False}): "ghost memory",
+            frozenset({True}): "beyond their allocations",
+        }.get(frozenset(granted), "ghost memory and beyond allocations")
+        where = "GPUs " + ",".join(str(c.index) for c in over)
+    return Alert(f"ghost:{node}", "warn", f"{node} {where}: {gib:.1f} GiB {what}", node)

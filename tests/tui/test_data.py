@@ -129,3 +129,18 @@ def test_why_jobs_wait_is_left_out_unless_asked_for(
     data = collect(services, reasons=False)
     assert not data.reasons
     assert data.job(made["big"].id).why is None  # type: ignore[union-attr]
+
+
+def test_memory_beyond_allocations_is_one_alert_per_node_naming_its_gpus(
+    services: Services, source: ScriptedSource
+) -> None:
+    source.snapshot = fleet(
+        node("gpu-01", used_mib=(20_480, 0, 10_240)),
+        node("gpu-02", used_mib=(0, 4_096)),
+        node("gpu-03"),
+    )
+    ghosts = [a for a in collect(services).alerts if a.key.startswith("ghost:")]
+    assert [(a.key, a.text) for a in ghosts] == [
+        ("ghost:gpu-01", "gpu-01 GPUs 0,2: 30.0 GiB ghost memory"),
+        ("ghost:gpu-02", "gpu-02 GPU 1: 4.0 GiB ghost memory"),
+    ]
