@@ -150,6 +150,15 @@ async def test_rows_that_come_and_go_land_in_order_and_the_cursor_stays_on_its_r
         assert table.keys == tuple(after)
         assert on_screen(table) == [(k, f"{k}!") for k in after]
         assert table.cursor_key() == "r10"
+        # the cursor's own row cleared: the cursor stays where it was on screen
+        row = table.cursor_row
+        table.sync(rows_of([k for k in after if k != "r10"]))
+        await pilot.pause()
+        assert "r10" not in table.keys
+        assert table.cursor_row == row
+        table.sync(rows_of(after))
+        await pilot.pause()
+        table.move_cursor(row=after.index("r10"), animate=False)
         # mostly new rows: rebuilt, still in order
         fresh = [f"x{i}" for i in range(15)] + ["r10"]
         table.sync(rows_of(fresh))

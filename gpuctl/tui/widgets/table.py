@@ -199,9 +199,14 @@ class KeyedTable(DataTable[Cell]):
         gone = old.difference(keys)
         if len(set(keys)) != len(keys) or len(new) + len(gone) > len(keys) // 2:
             return False
+        # Gone rows go at once (textual's remove_row re-indexes every row at each call)
         for key in gone:
-            self.remove_row(key)
+            del self.rows[RowKey(key)]
+            del self._data[RowKey(key)]
             del self._shown[key]
+        stayed = [k for k in self._keys if k not in gone]
+        self._row_locations = TwoWayDict({RowKey(k): i for i, k in enumerate(stayed)})
+        self._require_update_dimensions = True
         self._apply([(k, cells) for k, cells in rows if k in old])
         for key, cells in new:
             for (col, _), cell in zip(self._columns, cells, strict=True):
@@ -213,6 +218,7 @@ class KeyedTable(DataTable[Cell]):
         self._row_locations = TwoWayDict({RowKey(k): i for i, k in enumerate(keys)})
         self._keys = keys
         self._update_count += 1
+        self.hover_coordinate = self.hover_coordinate  # within the rows left, as remove_row does
         self.refresh(layout=True)
         return True
 
