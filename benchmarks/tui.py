@@ -3,7 +3,7 @@ refreshed every second in a headless `gpuctl dash`, with a SQLite state store ho
 queued jobs.
 
     python benchmarks/tui.py [--nodes 1000] [--gpus 8] [--refreshes 600] [--jobs 200]
-                             [--queued 20] [--churn all|live] [--tracemalloc] [-o json]
+                             [--queued 20] [--churn live|all] [--tracemalloc] [-o json]
 
 Per refresh: the poll (the worker: source, store reads, fleet state, the numbers, why each queued
 job waits, health verdicts, alerts), the apply (the UI thread: numbers panel, fleet table cells
@@ -11,9 +11,10 @@ updated in place, events), and the process CPU time between refreshes (everythin
 included). Memory: RSS after every refresh (and, with --tracemalloc, Python allocations at the
 start and the end; slower). Every GPU's utilization and temperature change at every
 refresh, and a few nodes stop answering and come back, so every refresh updates cells;
-`--churn all` (the default, the worst case) also changes every GPU's memory in use at every
-refresh, `--churn live` that of 5 % of the GPUs per refresh (a fleet of training jobs). Garbage
-collection pauses are reported apart (the dashboard collects between refreshes).
+memory in use changes on 5 % of the GPUs per refresh with `--churn live` (the default: a fleet of
+training and inference jobs, whose memory in use stays put for minutes), on every GPU at every
+refresh with `--churn all` (the stress case). Garbage collection pauses are reported apart (the
+dashboard collects between refreshes).
 
 Goals (issue 6): <= 100 ms per refresh, no growing memory over 10 minutes (600 refreshes).
 """
@@ -70,12 +71,12 @@ def cpu_s() -> float:
 MEM_LEVELS = (0, 0, 20_000, 40_000, 80_000)
 
 
-def synthetic(nodes: int, gpus: int, seed: int, churn: str = "all") -> list[FleetSnapshot]:
+def synthetic(nodes: int, gpus: int, seed: int, churn: str = "live") -> list[FleetSnapshot]:
     """VARIANTS snapshots, cycled. Every refresh every GPU's utilization, temperature and power
-    change, and 0.5 % of the nodes do not answer. Memory in use: with `churn="all"` it changes
-    on every GPU at every refresh (the worst case); with `churn="live"` on 5 % of the GPUs per
-    refresh (jobs starting and stopping, allocators growing), as on a fleet running training
-    jobs, whose memory in use stays put for minutes; the cycle wraps around without a jump."""
+    change, and 0.5 % of the nodes do not answer. Memory in use: with `churn="live"` it changes
+    on 5 % of the GPUs per refresh (jobs starting and stopping, allocators growing), as on a
+    fleet running training and inference jobs, whose memory in use stays put for minutes (the
+    cycle wraps around without a jump); with `churn="all"` on every GPU at every refresh."""
     rng = random.Random(seed)
     base = [
         [rng.choice(MEM_LEVELS) + rng.randint(0, 999) for _ in range(gpus)] for _ in range(nodes)
@@ -317,10 +318,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=6)
     parser.add_argument(
         "--churn",
-        choices=("all", "live"),
-        default="all",
-        help="memory in use changes on every GPU at every refresh (all: the worst case) or on "
-        "5%% of them (live: a fleet of training jobs); utilization and temperature always change",
+        choices=("live", "all"),
+        default="live",
+        help="memory in use changes on 5%% of the GPUs per refresh (live: a fleet of training "
+        "jobs) or on every GPU at every refresh (all: the stress case); utilization and "
+        "temperature always change",
     )
     parser.add_argument("--tracemalloc", action="store_true", help="also trace allocations")
     parser.add_argument("--progress", action="store_true", help="a line on stderr per minute")

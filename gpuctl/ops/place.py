@@ -149,11 +149,11 @@ def _node(node: NodeSnapshot, allocs: Sequence[Allocation], floor: int) -> Place
         gpus = tuple(sorted(gpus, key=_by_index))
     return PlacementNode(
         name=node.name,
-        cards=tuple(_card(g, on_card.get(g.index, ()), floor) for g in gpus),
+        cards=tuple([_card(g, on_card.get(g.index), floor) for g in gpus]),
         cpu_milli=None if cpu is None else cpu * 1000,
-        cpu_allocated_milli=sum(a.cpu_milli for a in allocs),
+        cpu_allocated_milli=sum(a.cpu_milli for a in allocs) if allocs else 0,
         host_mem_mib=facts.host_mem_total_mib if facts else None,
-        host_mem_allocated_mib=sum(a.host_mem_mib for a in allocs),
+        host_mem_allocated_mib=sum(a.host_mem_mib for a in allocs) if allocs else 0,
         labels=dict(node.labels),
         schedulable=reason is None,
         reason=reason,
@@ -164,8 +164,8 @@ def _by_index(g: GpuSnapshot) -> int:
     return g.index
 
 
-def _card(g: GpuSnapshot, allocs: Sequence[Allocation], floor: int) -> Card:
-    """`allocs`: the allocations that hold this card."""
+def _card(g: GpuSnapshot, allocs: Sequence[Allocation] | None, floor: int) -> Card:
+    """`allocs`: the allocations that hold this card (None: none)."""
     capacity = g.mem_total_mib or 0
     allocated = sum(capacity if a.whole else a.mib_per_card for a in allocs) if allocs else 0
     used = g.mem_used_mib
