@@ -22,7 +22,7 @@ Row = tuple[str, Cells]
 WINDOW_MARGIN = 1.0  # rows worked out beyond the visible ones, in screens (above and below)
 UNSIZED_ROWS = 100  # rows worked out before the table has a size
 CELL_CACHE = 1024  # rendered cells kept per generation, two kept (a screen: ~600 cells)
-LINE_CACHE = 400  # textual's row and line caches (1,000 each): a few screens of lines
+LINE_CACHE = 400  # textual's row, line and cell caches (1,000 to 10,000 each): a few screens
 
 
 class KeyedTable(DataTable[Cell]):
@@ -48,7 +48,14 @@ class KeyedTable(DataTable[Cell]):
         # textual keys these by the table's update count, which moves at every refresh: the
         # entries of earlier refreshes are never read again, only kept (and walked by the
         # garbage collector). A few screens' worth is all they ever serve.
-        for name in ("_row_render_cache", "_row_renderable_cache", "_line_cache"):
+        # The header's cells go through textual's cell cache (10,000 entries, each refresh adds
+        # a row of them): kept to the same few screens, it no longer grows for hours.
+        for name in (
+            "_row_render_cache",
+            "_row_renderable_cache",
+            "_line_cache",
+            "_cell_render_cache",
+        ):
             if isinstance(getattr(self, name, None), LRUCache):
                 setattr(self, name, LRUCache(LINE_CACHE))
         for key, label in self._columns:
