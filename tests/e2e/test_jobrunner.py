@@ -373,3 +373,28 @@ def test_a_command_that_ignores_its_stdin_still_returns(
 ) -> None:
     result = transport.run(lab.spec("lab-01"), "echo ok", timeout_s=10, stdin=b"x" * 100_000)
     assert (result.exit_code, result.stdout) == (0, b"ok\n")
+
+
+def test_a_node_without_the_sftp_subsystem_copies_through_sftp_server(
+    own_lab: LabFleet, tmp_path: Path
+) -> None:
+    """Some sshd configurations have no `Subsystem sftp`: checkpoints then go through the node's
+    own sftp-server program over an exec, with the same results."""
+    config = own_lab.lab.config_path("lab-01")
+    own_lab.kill_sshd("lab-01")
+    text = config.read_text()
+    assert "Subsystem sftp" in text
+    config.write_text("".join(line for line in text.splitlines(True) if "Subsystem" not in line))
+    own_lab.revive("lab-01")
+    node = own_lab.spec("lab-01")
+    with SshTransport(own_known_hosts=tmp_path / "kh", system_known_hosts=()) as transport:
+        runner = SshJobRunner(transport)
+        files = {"model.bin": os.urandom(100_000), "meta/step.json": b"{}"}
+        local = make_checkpoint(tmp_path / "store", 7, files)
+        remote = str(home_of(own_lab, "lab-01") / "ckpt" / unique("nosub") / "step-00000007")
+        runner.push_checkpoint(node, str(local), remote)
+        pulled = tmp_path / "pulled" / "step-00000007"
+        runner.pull_checkpoint(node, remote, str(pulled))
+        assert tree(pulled) == tree(local)
+    # the subsystem was asked for first and refused: the copies went the other way
+    assert "subsystem not found" in own_lab.lab.log_path("lab-01").read_text()
