@@ -9,7 +9,9 @@ those objects anyway; the cyclic collector only has to find the few cycles.
 So while the dashboard runs, automatic collection is off, and the app calls `idle()` when a
 refresh has been shown: the young generations are collected then (a few ms), and the whole heap
 every `full_every` calls. Memory stays bounded: nothing is left uncollected for longer than one
-refresh (young) or `full_every` refreshes (old). `stop()` puts the collector back as it was.
+refresh (young) or `full_every` refreshes (old). What exists when the app starts (modules,
+classes, textual's widgets: most of the heap) lives as long as the app does: it is frozen out of
+the full collections (`gc.freeze`). `stop()` puts the collector back as it was.
 """
 
 from __future__ import annotations
@@ -27,14 +29,22 @@ class QuietGc:
         self.full = 0  # full collections made
         self.last_pause_s = 0.0
         self._was_enabled: bool | None = None
+        self._froze = False
 
     def start(self) -> None:
         if self._was_enabled is None:
             self._was_enabled = gc.isenabled()
             gc.disable()
+            if gc.get_freeze_count() == 0:  # someone else's freeze is theirs to undo
+                gc.collect()
+                gc.freeze()
+                self._froze = True
 
     def stop(self) -> None:
         if self._was_enabled is not None:
+            if self._froze:
+                gc.unfreeze()
+                self._froze = False
             if self._was_enabled:
                 gc.enable()
             self._was_enabled = None

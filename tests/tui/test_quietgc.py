@@ -44,6 +44,29 @@ def test_no_automatic_collection_while_it_runs_and_the_collector_is_restored_aft
     assert gc.isenabled()
 
 
+def test_what_exists_at_start_is_frozen_out_of_full_collections_until_stop() -> None:
+    assert gc.get_freeze_count() == 0
+    quiet = QuietGc()
+    quiet.start()
+    try:
+        assert gc.get_freeze_count() > 0
+    finally:
+        quiet.stop()
+    assert gc.get_freeze_count() == 0
+
+
+def test_someone_elses_freeze_is_left_alone() -> None:
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        quiet = QuietGc()
+        quiet.start()
+        quiet.stop()
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()
+
+
 def test_a_collector_that_was_off_stays_off() -> None:
     gc.disable()
     try:
@@ -69,7 +92,8 @@ def test_garbage_cycles_are_collected_at_the_next_idle_call() -> None:
 
 def test_young_generations_each_time_everything_every_full_every(generations: list[int]) -> None:
     quiet = QuietGc(full_every=3)
-    quiet.start()
+    quiet.start()  # one full collection before it freezes what exists
+    generations.clear()
     try:
         for _ in range(6):
             quiet.idle()
