@@ -102,30 +102,46 @@ class ShellTransport:
         pass
 
 
+def fake_node_env(
+    folder: Path,
+    name: str,
+    *,
+    gpus: int = 2,
+    model: str = "NVIDIA H100 80GB HBM3",
+    index: int = 0,
+    tools: Path | None = None,
+) -> dict[str, str]:
+    """The environment of one node run with the local `sh`: its own GPU state file and HOME under
+    `folder/name`, the lab's fake `nvidia-smi` (installed into `tools`, default `folder/bin`)."""
+    from gpuctl.lab import nodestate
+
+    tools = tools or folder / "bin"
+    if not (tools / "nvidia-smi").exists():
+        nodestate.install_node_tools(tools, python="/usr/bin/python3")
+    state = folder / name / "state.json"
+    state.parent.mkdir(parents=True)
+    nodestate.write_state(
+        state, nodestate.new_node_state(name, gpus=gpus, model=model, mem_gib=80, node_index=index)
+    )
+    home = folder / name / "home"
+    home.mkdir()
+    return {
+        "PATH": f"{tools}:/usr/bin:/bin",
+        "GPUCTL_LAB_STATE": str(state),
+        "GPUCTL_LAB_NODE": name,
+        "HOME": str(home),
+    }
+
+
 def shell_fleet(
     folder: Path, names: Sequence[str], *, gpus: int = 2, model: str = "NVIDIA H100 80GB HBM3"
 ) -> tuple[Path, ShellTransport]:
     """Nodes that run commands with the local `sh` and answer the probe with the lab's fake
     `nvidia-smi` (each its own state file and HOME under `folder`), and their inventory file."""
-    from gpuctl.lab import nodestate
-
-    nodestate.install_node_tools(folder / "bin", python="/usr/bin/python3")
     envs: dict[str, dict[str, str]] = {}
     lines = ["nodes:"]
     for i, name in enumerate(names):
-        state = folder / name / "state.json"
-        state.parent.mkdir()
-        nodestate.write_state(
-            state, nodestate.new_node_state(name, gpus=gpus, model=model, mem_gib=80, node_index=i)
-        )
-        home = folder / name / "home"
-        home.mkdir()
-        envs[name] = {
-            "PATH": f"{folder / 'bin'}:/usr/bin:/bin",
-            "GPUCTL_LAB_STATE": str(state),
-            "GPUCTL_LAB_NODE": name,
-            "HOME": str(home),
-        }
+        envs[name] = fake_node_env(folder, name, gpus=gpus, model=model, index=i)
         lines.append(f"  - {{name: {name}, host: 127.0.0.1, port: {2201 + i}, gpus: {gpus}}}")
     inventory = folder / "fleet.yaml"
     inventory.write_text("\n".join(lines) + "\n")

@@ -34,8 +34,7 @@ from gpuctl.core.jobs import (
     NodeLiveness,
 )
 from gpuctl.errors import ConnectRefused
-from gpuctl.lab import nodestate
-from gpuctl.testing.fakes import FakeTransport, ShellTransport
+from gpuctl.testing.fakes import FakeTransport, ShellTransport, fake_node_env
 
 MIB = 1 << 20
 CAP = 81559
@@ -60,19 +59,7 @@ app(sys.argv[2:], obj=ctx, prog_name="gpuctl")
 
 @pytest.fixture
 def node_env(tmp_path: Path) -> dict[str, str]:
-    state = tmp_path / "node.json"
-    nodestate.write_state(
-        state,
-        nodestate.new_node_state(
-            "gpu01", gpus=2, model="NVIDIA H100 80GB HBM3", mem_gib=80, node_index=0
-        ),
-    )
-    nodestate.install_node_tools(tmp_path / "bin", python="/usr/bin/python3")
-    return {
-        "PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin",
-        "GPUCTL_LAB_STATE": str(state),
-        "GPUCTL_LAB_NODE": "gpu01",
-    }
+    return fake_node_env(tmp_path, "gpu01")
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ import pytest
 
 from gpuctl.adapters.store import open_store
 from gpuctl.core.jobs import Event
+from gpuctl.testing.fakes import fake_node_env
 from tests.cli.test_metrics_cmd import NODES, gpuctl, record_history, transport
 
 TIME_KEYS = {"now", "queue_oldest_wait_s", "checkpoint_age_max_s", "checkpoint_age_p95_s"}
@@ -17,21 +18,7 @@ TIME_KEYS = {"now", "queue_oldest_wait_s", "checkpoint_age_max_s", "checkpoint_a
 
 @pytest.fixture
 def node_env(tmp_path: Path) -> dict[str, str]:
-    from gpuctl.lab import nodestate
-
-    state = tmp_path / "node.json"
-    nodestate.write_state(
-        state,
-        nodestate.new_node_state(
-            "gpu01", gpus=2, model="NVIDIA H100 80GB HBM3", mem_gib=80, node_index=0
-        ),
-    )
-    nodestate.install_node_tools(tmp_path / "bin", python="/usr/bin/python3")
-    return {
-        "PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin",
-        "GPUCTL_LAB_STATE": str(state),
-        "GPUCTL_LAB_NODE": "gpu01",
-    }
+    return fake_node_env(tmp_path, "gpu01")
 
 
 @pytest.fixture

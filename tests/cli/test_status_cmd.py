@@ -10,25 +10,12 @@ from typer.testing import CliRunner
 from gpuctl.cli.context import AppContext
 from gpuctl.cli.main import app
 from gpuctl.errors import ConnectRefused, TransportTimeout
-from gpuctl.lab import nodestate
-from gpuctl.testing.fakes import FakeTransport, ShellTransport
+from gpuctl.testing.fakes import FakeTransport, ShellTransport, fake_node_env
 
 
 @pytest.fixture
 def node_env(tmp_path: Path) -> dict[str, str]:
-    state = tmp_path / "state.json"
-    nodestate.write_state(
-        state,
-        nodestate.new_node_state(
-            "gpu01", gpus=2, model="NVIDIA H100 80GB HBM3", mem_gib=80, node_index=0
-        ),
-    )
-    nodestate.install_node_tools(tmp_path / "bin", python="/usr/bin/python3")
-    return {
-        "PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin",
-        "GPUCTL_LAB_STATE": str(state),
-        "GPUCTL_LAB_NODE": "gpu01",
-    }
+    return fake_node_env(tmp_path, "gpu01")
 
 
 @pytest.fixture
