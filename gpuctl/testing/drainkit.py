@@ -5,14 +5,15 @@
   `ignore_signals` is set traps TERM and USR1 (`trap '' TERM USR1`) and dies only by SIGKILL.
 - `FaultyFleet`: a `FakeFleet` whose nodes can be given GPU faults as the probe would report them
   (uncorrectable ECC, a hot GPU, an XID, unreadable GPUs).
-- `Kit`: a control loop over a scripted fleet with a clock the test advances.
+- `LoopKit`: a control loop over a scripted fleet with a clock the test advances; `Kit` is one
+  over the two above.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, ClassVar, Generic, TypeVar
 
 from gpuctl.adapters.protocols import Store
 from gpuctl.config.jobspec import JobSpec
@@ -102,38 +103,25 @@ class FaultyFleet(FakeFleet):
         )
 
 
+R = TypeVar("R", bound=FakeRunner)
+F = TypeVar("F", bound=FakeFleet)
+
+
 @dataclasses.dataclass
-class Kit:
+class LoopKit(Generic[R, F]):
+    """A control loop over a scripted fleet with a clock the test advances, and the steps tests
+    take with it: submit a job (a spec with test defaults), run a pass, read a job or one of its
+    incarnations back."""
+
     store: Store
     clock: ManualClock
     cluster: FakeCluster
-    runner: CheckpointingRunner
-    fleet: FaultyFleet
+    runner: R
+    fleet: F
     loop: Reconciler
     n: int = 0
 
-    @classmethod
-    def make(
-        cls,
-        store: Store,
-        nodes: tuple[str, ...] = ("n1", "n2", "n3"),
-        *,
-        gpus: int = 2,
-        health: AutoDrainPolicy | None = None,
-        grace_s: float = 30.0,
-    ) -> Kit:
-        clock = ManualClock()
-        cluster = FakeCluster.of(*nodes, gpus=gpus, clock=clock)
-        runner, fleet = CheckpointingRunner(cluster), FaultyFleet(cluster)
-        settings = ReconcileSettings(
-            placement=Settings(policy="best-fit", band_max=1.0, headroom=0.0),
-            grace_s=grace_s,
-            restarts=RestartPolicy(),
-            checkpoint_scan_s=0.0,
-            health=health or AutoDrainPolicy(),
-        )
-        loop = Reconciler(store, fleet, runner, cluster.inventory(), clock, settings)
-        return cls(store, clock, cluster, runner, fleet, loop)
+    SPEC: ClassVar[dict[str, Any]] = {}  # what a kit adds to every submitted spec
 
     def submit(self, name: str, **spec: Any) -> Job:
         body: dict[str, Any] = {
@@ -141,7 +129,7 @@ class Kit:
             "command": ["python", "train.py"],
             "resources": {"gpus": 1, "mem_per_gpu": "20GiB"},
             "checkpoint": {"dir": f"{CKPT}/{{job_id}}", "sync": "shared"},
-            "grace_s": 20,
+            **self.SPEC,
         }
         body.update(spec)
         self.n += 1
@@ -172,6 +160,36 @@ class Kit:
     def inc(self, job_id: str, n: int | None = None) -> Incarnation:
         incs = self.store.incarnations(job_id)
         return incs[-1] if n is None else next(i for i in incs if i.n == n)
+
+
+@dataclasses.dataclass
+class Kit(LoopKit[CheckpointingRunner, FaultyFleet]):
+    """The loop with jobs that keep the checkpoint contract and nodes that can be given faults."""
+
+    SPEC: ClassVar[dict[str, Any]] = {"grace_s": 20}
+
+    @classmethod
+    def make(
+        cls,
+        store: Store,
+        nodes: tuple[str, ...] = ("n1", "n2", "n3"),
+        *,
+        gpus: int = 2,
+        health: AutoDrainPolicy | None = None,
+        grace_s: float = 30.0,
+    ) -> Kit:
+        clock = ManualClock()
+        cluster = FakeCluster.of(*nodes, gpus=gpus, clock=clock)
+        runner, fleet = CheckpointingRunner(cluster), FaultyFleet(cluster)
+        settings = ReconcileSettings(
+            placement=Settings(policy="best-fit", band_max=1.0, headroom=0.0),
+            grace_s=grace_s,
+            restarts=RestartPolicy(),
+            checkpoint_scan_s=0.0,
+            health=health or AutoDrainPolicy(),
+        )
+        loop = Reconciler(store, fleet, runner, cluster.inventory(), clock, settings)
+        return cls(store, clock, cluster, runner, fleet, loop)
 
     def kinds(self, job_id: str | None = None) -> list[str]:
         return [e.kind for e in self.store.events(job_id=job_id)]

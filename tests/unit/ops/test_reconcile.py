@@ -13,7 +13,6 @@ import pytest
 
 from gpuctl.adapters.protocols import Store
 from gpuctl.adapters.store import open_store
-from gpuctl.config.jobspec import JobSpec
 from gpuctl.core.failover import RestartPolicy
 from gpuctl.core.jobs import (
     Cordon,
@@ -21,7 +20,6 @@ from gpuctl.core.jobs import (
     Event,
     Incarnation,
     IncarnationState,
-    Job,
     JobState,
 )
 from gpuctl.core.model import GpuProcess
@@ -32,7 +30,7 @@ from gpuctl.ops import jobs as jobs_service
 from gpuctl.ops.invariants import check_invariants
 from gpuctl.ops.jobrunner import LaunchFailed
 from gpuctl.ops.reconcile import PassReport, Reconciler, ReconcileSettings
-from gpuctl.testing.drainkit import Kit
+from gpuctl.testing.drainkit import Kit, LoopKit
 from gpuctl.testing.fakerunner import FakeCluster, FakeFleet, FakeRunner, ManualClock
 from gpuctl.testing.memstore import MemoryStore
 
@@ -51,51 +49,8 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
 
 
 @dataclasses.dataclass
-class Loop:
-    store: Store
-    clock: ManualClock
-    cluster: FakeCluster
-    runner: FakeRunner
-    fleet: FakeFleet
-    loop: Reconciler
-    n: int = 0
-
-    def submit(self, name: str, **spec: Any) -> Job:
-        body: dict[str, Any] = {
-            "name": name,
-            "command": ["python", "train.py"],
-            "resources": {"gpus": 1, "mem_per_gpu": "20GiB"},
-            "checkpoint": {"dir": f"{CKPT}/{{job_id}}", "sync": "shared"},
-        }
-        body.update(spec)
-        self.n += 1
-        now = self.clock.now()
-        job = Job(
-            id=f"{name}-{self.n:06x}",
-            name=name,
-            spec=JobSpec.model_validate(body).model_dump(mode="json"),
-            state=JobState.QUEUED,
-            priority=int(body.get("priority", 0)),
-            tier=str(body.get("tier", "standard")),
-            submitted_at=now,
-            updated_at=now,
-        )
-        self.store.add_job(job, Event(now, "test", "submit", f"submitted {job.id}", job.id))
-        self.clock.advance(1)
-        return job
-
-    def step(self, advance_s: float = 5.0) -> PassReport:
-        self.clock.advance(advance_s)
-        return self.loop.run_once()
-
-    def job(self, job_id: str) -> Job:
-        found = self.store.job(job_id)
-        assert found is not None
-        return found
-
-    def inc(self, job_id: str, n: int | None = None) -> Incarnation:
-        incs = self.store.incarnations(job_id)
-        return incs[-1] if n is None else next(i for i in incs if i.n == n)
+class Loop(LoopKit[FakeRunner, FakeFleet]):
+    """The loop over the plain fakes; `kinds` are gpuctl's own events only."""
 
     def live(self, job_id: str) -> list[Incarnation]:
         return [i for i in self.store.incarnations(job_id) if i.state.holds_cards]
