@@ -207,6 +207,12 @@ async def settle(app: DashApp, pilot: object) -> None:
     await pilot.pause()  # type: ignore[attr-defined]
 
 
+async def keys(app: DashApp, pilot: object, *pressed: str) -> None:
+    """Press keys as an operator would, then wait until what they set off is done."""
+    await pilot.press(*pressed)  # type: ignore[attr-defined]
+    await settle(app, pilot)
+
+
 _TEXT = re.compile(
     r'<text[^>]*?x="([\d.]+)"[^>]*?textLength="([\d.]+)"[^>]*?'
     r'clip-path="url\(#[\w-]+-line-(\d+)\)"[^>]*>(.*?)</text>',

@@ -26,7 +26,16 @@ from gpuctl.tui.widgets.numbers import NumbersPanel
 from gpuctl.tui.widgets.prompt import PromptScreen
 from gpuctl.tui.widgets.table import KeyedTable
 
-from .conftest import ScriptedSource, fleet, make_app, node, populate, screen_text, settle
+from .conftest import (
+    ScriptedSource,
+    fleet,
+    keys,
+    make_app,
+    node,
+    populate,
+    screen_text,
+    settle,
+)
 
 SIZE = (160, 40)
 
@@ -91,8 +100,7 @@ async def test_a_node_going_down_shows_within_one_refresh(
         nodes[1] = node("gpu-02", reach=Reach.TIMEOUT, error="no answer within 10s")
         source.snapshot = fleet(*nodes)
         polls = app.polls
-        await pilot.press("r")
-        await settle(app, pilot)
+        await keys(app, pilot, "r")
         assert app.polls == polls + 1
         _, state, *_, notes = fleet_table(app).shown("gpu-02")
         assert (state, notes) == ("down (timeout)", "no answer within 10s")
@@ -113,8 +121,7 @@ async def test_rows_are_updated_in_place_and_the_cursor_stays_on_its_node(
         source.snapshot = fleet(
             node("gpu-01", used_mib=[40_000], temp_c=91), node("gpu-02"), node("gpu-03", gpus=2)
         )
-        await pilot.press("r")
-        await settle(app, pilot)
+        await keys(app, pilot, "r")
         assert table.shown("gpu-01")[7] == "91C"
         assert table.get_cell("gpu-01", "temp").plain == "91C"  # what the table renders
         assert "91C" in next(line for line in screen_text(app) if "gpu-01" in line)
@@ -147,14 +154,12 @@ async def test_a_failing_poll_is_a_notification_and_the_app_carries_on(
     async with app.run_test(size=SIZE) as pilot:
         await settle(app, pilot)
         source.error = RuntimeError("the probe exploded")
-        await pilot.press("r")
-        await settle(app, pilot)
+        await keys(app, pilot, "r")
         assert ("error", "refresh failed: RuntimeError: the probe exploded") in app.notified
         assert app.is_running and fleet_table(app).keys == ("gpu-01", "gpu-02", "gpu-03")
         source.error = None
         polls = app.polls
-        await pilot.press("r")
-        await settle(app, pilot)
+        await keys(app, pilot, "r")
         assert app.polls == polls + 1
 
 
@@ -332,8 +337,7 @@ async def test_the_job_screen_shows_incarnations_events_and_the_log_tail(
         await settle(app, pilot)
         await pilot.press("colon", *"jobs", "enter")
         table = app.screen.query_one(KeyedTable)
-        await pilot.press(*["down"] * table.keys.index(moved), "enter")
-        await settle(app, pilot)
+        await keys(app, pilot, *["down"] * table.keys.index(moved), "enter")
         assert isinstance(app.screen, JobScreen) and app.screen.job_id == moved
         assert logs.asked == [moved]
         text = "\n".join(screen_text(app))
@@ -359,15 +363,13 @@ async def test_the_confirm_dialog_shows_the_plan_and_cancel_applies_nothing(
         await settle(app, pilot)
         await pilot.press("down", "c")
         assert isinstance(app.screen, PromptScreen)
-        await pilot.press(*"fan noise", "enter")
-        await settle(app, pilot)
+        await keys(app, pilot, *"fan noise", "enter")
         dialog = app.screen
         assert isinstance(dialog, ConfirmDialog)
         assert dialog.plan.text.startswith("cordon gpu-02: no new work lands there")
         text = "\n".join(screen_text(app))
         assert "reason:   fan noise" in text and "operator: alice (source: operator)" in text
-        await pilot.press("n")
-        await settle(app, pilot)
+        await keys(app, pilot, "n")
         assert isinstance(app.screen, OverviewScreen)
     assert store_state(store) == before
 
@@ -378,10 +380,8 @@ async def test_yes_applies_the_cordon_the_plan_showed(
     app = make_app(services)
     async with app.run_test(size=SIZE) as pilot:
         await settle(app, pilot)
-        await pilot.press("down", "c", *"fan noise", "enter")
-        await settle(app, pilot)
-        await pilot.press("y")
-        await settle(app, pilot)
+        await keys(app, pilot, "down", "c", *"fan noise", "enter")
+        await keys(app, pilot, "y")
         assert [(c.node, c.reason, c.operator, c.source) for c in store.cordons()] == [
             ("gpu-02", "fan noise", "alice", "operator")
         ]
@@ -390,11 +390,9 @@ async def test_yes_applies_the_cordon_the_plan_showed(
         assert event.data["reason"] == "fan noise"
         assert ("information", "gpu-02 cordoned by alice: fan noise") in app.notified
         assert fleet_table(app).shown("gpu-02")[1] == "cordoned"  # refreshed after the action
-        await pilot.press("u")
-        await settle(app, pilot)
+        await keys(app, pilot, "u")
         assert "lifts:    the cordon by alice (operator): fan noise" in app.screen.plan.text  # type: ignore[attr-defined]
-        await pilot.press("y")
-        await settle(app, pilot)
+        await keys(app, pilot, "y")
         assert store.cordons() == []
 
 
@@ -406,8 +404,7 @@ async def test_drain_shows_where_each_job_goes_and_cancel_moves_nothing(
     app = make_app(services)
     async with app.run_test(size=SIZE) as pilot:
         await settle(app, pilot)
-        await pilot.press("d", *"fan failing", "enter")
-        await settle(app, pilot)
+        await keys(app, pilot, "d", *"fan failing", "enter")
         dialog = app.screen
         assert isinstance(dialog, ConfirmDialog) and dialog.plan.applicable
         lines = dialog.plan.text.splitlines()
@@ -417,8 +414,7 @@ async def test_drain_shows_where_each_job_goes_and_cancel_moves_nothing(
         assert train.split()[1:3] == ["1", "0"] and train.split()[3] in ("gpu-02", "gpu-03")
         assert train.endswith("step 100, 5m00s old")
         assert "drain gpu-01: fan failing" in "\n".join(screen_text(app))
-        await pilot.press("escape")
-        await settle(app, pilot)
+        await keys(app, pilot, "escape")
         assert isinstance(app.screen, OverviewScreen)
     assert store_state(store) == before
 
@@ -429,11 +425,9 @@ async def test_drain_of_an_empty_node_cordons_it_and_records_the_drain(
     app = make_app(services)
     async with app.run_test(size=SIZE) as pilot:
         await settle(app, pilot)
-        await pilot.press("down", "down", "d", *"new PSU", "enter")
-        await settle(app, pilot)
+        await keys(app, pilot, "down", "down", "d", *"new PSU", "enter")
         assert app.screen.plan.text.endswith("no jobs on the node")  # type: ignore[attr-defined]
-        await pilot.press("y")
-        await settle(app, pilot)
+        await keys(app, pilot, "y")
         assert [(c.node, c.reason, c.operator) for c in store.cordons()] == [
             ("gpu-03", "new PSU", "alice")
         ]
@@ -449,8 +443,7 @@ async def test_consolidation_shows_the_services_plan(
     app = make_app(services)
     async with app.run_test(size=SIZE) as pilot:
         await settle(app, pilot)
-        await pilot.press("x")
-        await settle(app, pilot)
+        await keys(app, pilot, "x")
         dialog = app.screen
         assert isinstance(dialog, ConfirmDialog)
         assert dialog.plan.text.startswith("consolidation plan · fleet version ")
@@ -469,8 +462,7 @@ async def test_readonly_hides_the_actions_and_their_keys_do_nothing(
         footer = screen_text(app)[-1]
         assert "Cordon" not in footer and "Refresh" in footer
         assert "read-only" in screen_text(app)[0]
-        await pilot.press("c", "u", "d", "x")
-        await settle(app, pilot)
+        await keys(app, pilot, "c", "u", "d", "x")
         assert isinstance(app.screen, OverviewScreen)
     assert store_state(store) == before
 
@@ -503,8 +495,7 @@ async def test_q_while_a_drain_moves_jobs_asks_again_before_quitting(
     try:
         async with app.run_test(size=SIZE) as pilot:
             await settle(app, pilot)
-            await pilot.press("d")
-            await settle(app, pilot)
+            await keys(app, pilot, "d")
             await pilot.press("y")
             await pilot.pause()
             await pilot.press("q")
