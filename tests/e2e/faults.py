@@ -9,6 +9,7 @@ ends with `Rig.check()`: the shared invariant checker (`gpuctl.ops.invariants`) 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import pwd
 import re
@@ -32,6 +33,7 @@ from gpuctl.ops.gather import Gatherer
 from gpuctl.ops.invariants import check_invariants
 from gpuctl.ops.jobrunner import SshJobRunner
 from gpuctl.ops.reconcile import PassReport, Reconciler, ReconcileSettings
+from gpuctl.testing import waiting
 from gpuctl.testing.lab import LabFleet
 
 REPO = Path(__file__).resolve().parents[2]
@@ -41,14 +43,7 @@ STEP = re.compile(r"^step (\d+) loss (\S+) incarnation (\d+)$", re.M)
 T = TypeVar("T")
 
 
-def wait_for(probe: Callable[[], T], timeout_s: float = 20.0, every_s: float = 0.05) -> T:
-    """Poll until `probe` returns something truthy or the deadline passes; its last value."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = probe()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(every_s)
+wait_for = functools.partial(waiting.wait_for, timeout_s=20.0, every_s=0.05)
 
 
 def shared_dir(lab: LabFleet, name: str = "shared") -> Path:

@@ -5,6 +5,7 @@ the grace, a cordon racing a placement wins, and gpuctl never lifts a person's c
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import pwd
@@ -33,6 +34,7 @@ from gpuctl.ops.gather import Gatherer
 from gpuctl.ops.invariants import check_invariants
 from gpuctl.ops.jobrunner import SshJobRunner
 from gpuctl.ops.reconcile import Reconciler, ReconcileSettings
+from gpuctl.testing import waiting
 from gpuctl.testing.lab import LabFleet
 
 pytestmark = pytest.mark.e2e
@@ -42,14 +44,7 @@ PYTHON = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else "python3"
 T = TypeVar("T")
 
 
-def wait_for(probe: Callable[[], T], timeout_s: float = 40.0, every_s: float = 0.3) -> T:
-    """Poll until `probe` returns something truthy (a deadline, not a sleep as an assertion)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = probe()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(every_s)
+wait_for = functools.partial(waiting.wait_for, timeout_s=40.0, every_s=0.3)
 
 
 class Lab:

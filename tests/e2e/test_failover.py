@@ -4,11 +4,9 @@ stale copy when the node comes back."""
 
 from __future__ import annotations
 
-import os
-import pwd
+import functools
 import re
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TypeVar
 
@@ -26,7 +24,9 @@ from gpuctl.ops.gather import Gatherer
 from gpuctl.ops.invariants import check_invariants
 from gpuctl.ops.jobrunner import SshJobRunner
 from gpuctl.ops.reconcile import Reconciler, ReconcileSettings
+from gpuctl.testing import waiting
 from gpuctl.testing.lab import LabFleet
+from tests.e2e.faults import shared_dir
 
 pytestmark = pytest.mark.e2e
 
@@ -35,24 +35,7 @@ PYTHON = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else "python3"
 T = TypeVar("T")
 
 
-def wait_for(probe: Callable[[], T], timeout_s: float = 30.0, every_s: float = 0.3) -> T:
-    """Poll until `probe` returns something truthy (a deadline, not a sleep as an assertion)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = probe()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(every_s)
-
-
-def shared_dir(lab: LabFleet) -> Path:
-    """A folder every lab node (one lab user, this machine's filesystem) can write."""
-    folder = lab.dir / "shared"
-    folder.mkdir(mode=0o755)
-    if os.geteuid() == 0:
-        pw = pwd.getpwnam(lab.lab.user)
-        os.chown(folder, pw.pw_uid, pw.pw_gid)
-    return folder
+wait_for = functools.partial(waiting.wait_for, timeout_s=30.0, every_s=0.3)
 
 
 @pytest.fixture

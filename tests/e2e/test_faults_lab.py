@@ -15,17 +15,10 @@ from gpuctl.adapters.ssh import SshTransport
 from gpuctl.cli.main import app
 from gpuctl.errors import ConnectRefused, TransportError
 from gpuctl.lab import fleet, netns
+from gpuctl.lab.sshd import alive
 from gpuctl.testing.lab import LabFleet, lab_fleet
 
 pytestmark = pytest.mark.e2e
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def states(runner: CliRunner, lab_dir: Path) -> dict[str, str]:

@@ -2,12 +2,13 @@
 checkpoints, node death; and the transport's stdin."""
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TypeVar
 
@@ -19,8 +20,10 @@ from gpuctl.adapters.ssh_sftp import TreeExists, TreeTooLarge
 from gpuctl.core.jobs import LaunchRequest, RunStatus
 from gpuctl.core.model import NodeSpec
 from gpuctl.errors import TransportTimeout
+from gpuctl.lab.sshd import alive
 from gpuctl.ops.gather import Gatherer
 from gpuctl.ops.jobrunner import CheckpointCopyError, SshJobRunner
+from gpuctl.testing import waiting
 from gpuctl.testing.lab import LabFleet
 
 pytestmark = pytest.mark.e2e
@@ -31,22 +34,7 @@ T = TypeVar("T")
 FAST = ("--step-seconds", "0.05")
 
 
-def wait_for(probe: Callable[[], T], timeout_s: float = 15.0) -> T:
-    """Poll until `probe` returns something truthy (a deadline, not a sleep as an assertion)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = probe()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(0.05)
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
+wait_for = functools.partial(waiting.wait_for, timeout_s=15.0, every_s=0.05)
 
 
 class RecordingTransport:

@@ -2,14 +2,14 @@
 a node (ShellTransport, a HOME of its own), through `SshJobRunner`."""
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TypeVar
 
@@ -20,6 +20,7 @@ from gpuctl.adapters.protocols import ExecResult
 from gpuctl.core.jobs import LaunchRequest, RunStatus
 from gpuctl.core.model import NodeSpec
 from gpuctl.errors import UsageError
+from gpuctl.lab.sshd import alive
 from gpuctl.ops.jobrunner import (
     CheckpointCopyError,
     LaunchFailed,
@@ -27,6 +28,7 @@ from gpuctl.ops.jobrunner import (
     RunNotFound,
     SshJobRunner,
 )
+from gpuctl.testing import waiting
 from gpuctl.testing.fakes import FakeTransport, ShellTransport
 
 NODE = NodeSpec(name="n1", host="127.0.0.1", command_timeout_s=15.0)
@@ -34,22 +36,7 @@ PY = sys.executable
 T = TypeVar("T")
 
 
-def wait_for(probe: Callable[[], T], timeout_s: float = 10.0) -> T:
-    """Poll until `probe` returns something truthy (a deadline, not a sleep as an assertion)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = probe()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(0.02)
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
+wait_for = functools.partial(waiting.wait_for, timeout_s=10.0, every_s=0.02)
 
 
 @dataclasses.dataclass

@@ -6,14 +6,14 @@ subprocess is resumed and skips the steps it had done."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ from gpuctl.errors import StateError
 from gpuctl.ops import playbook as service
 from gpuctl.ops.playbook import RunReport, Services
 from gpuctl.ops.playbook_state import JournalFile, LockHeld, PlaybookLock
+from gpuctl.testing import waiting
 from gpuctl.testing.drainkit import Kit
 from gpuctl.testing.fakes import FakeTransport
 from gpuctl.testing.memstore import MemoryStore
@@ -488,14 +489,7 @@ def shells(tmp_path: Path) -> Iterator[Shells]:
     made.stop_jobs()
 
 
-def wait_for(probe: Callable[[], Any], timeout_s: float = 60.0) -> Any:
-    """Poll until `probe` is truthy (a deadline, never a sleep as an assertion)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = probe()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(0.1)
+wait_for = functools.partial(waiting.wait_for, timeout_s=60.0, every_s=0.1)
 
 
 def store_dump(state: Path) -> dict[str, Any]:
