@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
@@ -14,7 +16,9 @@ from gpuctl.core.model import FleetSnapshot, Inventory, NodeSpec, Reach
 from gpuctl.errors import ExitCode, UsageError
 
 if TYPE_CHECKING:
-    from gpuctl.adapters.protocols import Store
+    from gpuctl.adapters.protocols import Store, Transport
+    from gpuctl.ops.gather import Gatherer
+    from gpuctl.ops.reconcile import Action, Reconciler, ReconcileSettings
 
 
 def load_inventory(ctx: typer.Context) -> Inventory:
@@ -82,3 +86,69 @@ def open_state(ctx: typer.Context, *, write: bool) -> Iterator[Store]:
         yield store
     finally:
         store.close()
+
+
+@dataclasses.dataclass
+class Loop:
+    """The control loop as `gpuctl reconcile` runs it, and its parts: the store, the gatherer and
+    the job runner over one SSH transport. `close()` closes the gatherer (and the transport) and
+    the store."""
+
+    loop: Reconciler
+    gatherer: Gatherer
+    transport: Transport
+    inventory: Inventory
+    state_dir: Path
+
+    def close(self) -> None:
+        try:
+            self.gatherer.close()
+        finally:
+            self.loop.store.close()
+
+
+def open_loop(
+    ctx: typer.Context,
+    *,
+    write: bool,
+    settings: ReconcileSettings | None = None,
+    on_action: Callable[[Action], None] | None = None,
+) -> Loop:
+    """`write=False`: the store read-only (a dry run creates nothing). Nothing is left open when
+    building any part fails."""
+    from gpuctl.adapters.clock import SystemClock
+    from gpuctl.adapters.store import open_store
+    from gpuctl.config.paths import state_dir
+    from gpuctl.ops.gather import Gatherer, default_transport
+    from gpuctl.ops.jobrunner import SshJobRunner
+    from gpuctl.ops.reconcile import Reconciler, ReconcileSettings
+
+    app_ctx = context.get(ctx)
+    inventory = load_inventory(ctx)
+    folder = state_dir(app_ctx.env, app_ctx.state_dir)
+    store = open_store(folder, write=write)
+    try:
+        transport = (
+            app_ctx.transport_factory() if app_ctx.transport_factory else default_transport()
+        )
+        gatherer = Gatherer(transport)
+    except BaseException:
+        store.close()
+        raise
+    try:
+        loop = Reconciler(
+            store,
+            gatherer,
+            SshJobRunner(transport),
+            inventory,
+            SystemClock(),
+            settings or ReconcileSettings(dry_run=not write),
+            environ=app_ctx.env,
+            state_dir=str(folder),
+            on_action=on_action,
+        )
+    except BaseException:
+        gatherer.close()
+        store.close()
+        raise
+    return Loop(loop, gatherer, transport, inventory, folder)

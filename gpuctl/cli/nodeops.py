@@ -146,43 +146,15 @@ def build_loop(
 ) -> tuple[Reconciler, FleetSnapshot, Callable[[], None]]:
     """The store, the gatherer and the job runner over one SSH transport, as `gpuctl reconcile`
     has them; one gather of the fleet; and what closes them."""
-    from gpuctl.adapters.clock import SystemClock
-    from gpuctl.adapters.store import open_store
     from gpuctl.cli import fleet
-    from gpuctl.config.paths import state_dir
-    from gpuctl.ops.gather import Gatherer, default_transport
-    from gpuctl.ops.jobrunner import SshJobRunner
-    from gpuctl.ops.reconcile import Reconciler, ReconcileSettings
 
-    app_ctx = context.get(ctx)
-    inventory = fleet.load_inventory(ctx)
-    folder = state_dir(app_ctx.env, app_ctx.state_dir)
-    store = open_store(folder, write=write)
-    transport = app_ctx.transport_factory() if app_ctx.transport_factory else default_transport()
-    gatherer = Gatherer(transport)
-
-    def close() -> None:
-        try:
-            gatherer.close()
-        finally:
-            store.close()
-
+    parts = fleet.open_loop(ctx, write=write)
     try:
-        loop = Reconciler(
-            store,
-            gatherer,
-            SshJobRunner(transport),
-            inventory,
-            SystemClock(),
-            ReconcileSettings(dry_run=not write),
-            environ=app_ctx.env,
-            state_dir=str(folder),
-        )
-        snapshot = gatherer.gather(inventory)
+        snapshot = parts.gatherer.gather(parts.inventory)
     except BaseException:
-        close()
+        parts.close()
         raise
-    return loop, snapshot, close
+    return parts.loop, snapshot, parts.close
 
 
 def _store(ctx: typer.Context) -> AbstractContextManager[Store]:

@@ -143,51 +143,28 @@ def _inventory(ctx: typer.Context, *, required: bool) -> Inventory | None:
 def build_services(ctx: typer.Context, *, write: bool) -> tuple[Services, Callable[[], None]]:
     """The store (read-only for a dry run: nothing is created), the gatherer, the job runner and
     the transport, as `gpuctl reconcile` has them; and what closes them."""
-    from gpuctl.adapters.clock import SystemClock
-    from gpuctl.adapters.store import open_store
+    from gpuctl.cli import fleet
     from gpuctl.config.health_rules import load_rules
-    from gpuctl.config.inventory import load_inventory
-    from gpuctl.config.paths import state_dir
-    from gpuctl.ops.gather import Gatherer, default_transport
     from gpuctl.ops.health import HealthHistory
-    from gpuctl.ops.jobrunner import SshJobRunner
     from gpuctl.ops.jobs import operator
     from gpuctl.ops.playbook import Services
-    from gpuctl.ops.reconcile import Reconciler, ReconcileSettings
 
     app_ctx = context.get(ctx)
-    inventory = load_inventory(app_ctx.resolve_inventory_path())
-    folder = state_dir(app_ctx.env, app_ctx.state_dir)
-    store = open_store(folder, write=write)
-    transport = app_ctx.transport_factory() if app_ctx.transport_factory else default_transport()
-    gatherer = Gatherer(transport)
-
-    def close() -> None:
-        try:
-            gatherer.close()
-        finally:
-            store.close()
-
-    loop = Reconciler(
-        store,
-        gatherer,
-        SshJobRunner(transport),
-        inventory,
-        SystemClock(),
-        ReconcileSettings(dry_run=not write),
-        environ=app_ctx.env,
-        state_dir=str(folder),
-    )
-    services = Services(
-        loop=loop,
-        gatherer=gatherer,
-        transport=transport,
-        history=HealthHistory(folder),
-        rules=load_rules(None),
-        operator=operator(app_ctx.env),
-        env=app_ctx.env,
-    )
-    return services, close
+    parts = fleet.open_loop(ctx, write=write)
+    try:
+        services = Services(
+            loop=parts.loop,
+            gatherer=parts.gatherer,
+            transport=parts.transport,
+            history=HealthHistory(parts.state_dir),
+            rules=load_rules(None),
+            operator=operator(app_ctx.env),
+            env=app_ctx.env,
+        )
+    except BaseException:
+        parts.close()
+        raise
+    return services, parts.close
 
 
 def _confirm(document: bool) -> Callable[[RunPlan], bool]:

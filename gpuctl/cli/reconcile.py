@@ -13,13 +13,11 @@ import signal
 import sys
 import threading
 from collections.abc import Callable
-from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
 import typer
 
-from gpuctl.cli import context
 from gpuctl.cli.render import OUTPUT_OPTION, Output, emit_document, safe
 from gpuctl.errors import ExitCode, StateError, StoreConflict, UsageError
 
@@ -69,42 +67,16 @@ def _build(
 ) -> tuple[Reconciler, Callable[[], None]]:
     import dataclasses
 
-    from gpuctl.adapters.clock import SystemClock
-    from gpuctl.adapters.store import open_store
     from gpuctl.cli import fleet
-    from gpuctl.config.paths import state_dir
-    from gpuctl.ops.gather import Gatherer, default_transport
-    from gpuctl.ops.jobrunner import SshJobRunner
-    from gpuctl.ops.reconcile import Reconciler, ReconcileSettings
+    from gpuctl.ops.reconcile import ReconcileSettings
 
-    app_ctx = context.get(ctx)
-    inventory = fleet.load_inventory(ctx)
-    folder: Path = state_dir(app_ctx.env, app_ctx.state_dir)
-    store = open_store(folder, write=not dry_run)
-    transport = app_ctx.transport_factory() if app_ctx.transport_factory else default_transport()
-    gatherer = Gatherer(transport)
     settings = ReconcileSettings(lock_wait_s=wait, dry_run=dry_run)
     if grace is not None:
         settings = dataclasses.replace(settings, grace_s=grace)
-    loop = Reconciler(
-        store,
-        gatherer,
-        SshJobRunner(transport),
-        inventory,
-        SystemClock(),
-        settings,
-        environ=app_ctx.env,
-        state_dir=str(folder),
-        on_action=_stream if stream else None,
+    parts = fleet.open_loop(
+        ctx, write=not dry_run, settings=settings, on_action=_stream if stream else None
     )
-
-    def close() -> None:
-        try:
-            gatherer.close()
-        finally:
-            store.close()
-
-    return loop, close
+    return parts.loop, parts.close
 
 
 def _busy(exc: StoreConflict) -> StateError:
