@@ -64,17 +64,9 @@ def check_allowed(
                 "starts there, or the reservation is released first"
             )
         capacity_mib = {**own.capacity(), **capacity_mib}
-    for card in inc.cards:
-        check_card(
-            c,
-            inc.node,
-            card,
-            mib=inc.mib_per_card,
-            whole=inc.whole,
-            capacity=capacity_mib.get((inc.node, card)),
-            who=f"{where}: card {card} of {inc.node}",
-            job_id=inc.job_id,
-        )
+    check_cards(
+        c, inc.node, inc.cards, inc.mib_per_card, inc.whole, capacity_mib, where, inc.job_id
+    )
     return own
 
 
@@ -108,18 +100,9 @@ def check_reserve(c: sqlite3.Connection, res: Reservation) -> None:
     if reservation(c, res.job_id) is not None:
         raise StoreConflict(f"{where}: the job is being moved already")
     check_not_cordoned(c, res.node, where)
-    capacity = res.capacity()
-    for card in res.cards:
-        check_card(
-            c,
-            res.node,
-            card,
-            mib=res.mib_per_card,
-            whole=res.whole,
-            capacity=capacity.get((res.node, card)),
-            who=f"{where}: card {card} of {res.node}",
-            job_id=res.job_id,
-        )
+    check_cards(
+        c, res.node, res.cards, res.mib_per_card, res.whole, res.capacity(), where, res.job_id
+    )
 
 
 def check_not_cordoned(c: sqlite3.Connection, node: str, where: str) -> None:
@@ -154,6 +137,30 @@ def holders(c: sqlite3.Connection, node: str, card: int, *, job_id: str) -> list
         if card in json.loads(r[1]):
             held.append((str(r[0]), None, int(r[2]), bool(r[3])))
     return held
+
+
+def check_cards(
+    c: sqlite3.Connection,
+    node: str,
+    cards: tuple[int, ...],
+    mib: int,
+    whole: bool,
+    capacity_mib: Mapping[tuple[str, int], int],
+    where: str,
+    job_id: str,
+) -> None:
+    """`check_card` for each of `cards` on `node`, its capacity looked up in `capacity_mib`."""
+    for card in cards:
+        check_card(
+            c,
+            node,
+            card,
+            mib=mib,
+            whole=whole,
+            capacity=capacity_mib.get((node, card)),
+            who=f"{where}: card {card} of {node}",
+            job_id=job_id,
+        )
 
 
 def check_card(
