@@ -160,29 +160,13 @@ def _node_doc(n: PlacementNode) -> list[Any]:
     ]
 
 
-def alloc_to_dict(a: Allocation) -> dict[str, Any]:
-    return {
-        "job": a.job,
-        "node": a.node,
-        "cards": list(a.cards),
-        "mib_per_card": a.mib_per_card,
-        "whole": a.whole,
-        "cpu_milli": a.cpu_milli,
-        "host_mem_mib": a.host_mem_mib,
-        "tier": a.tier.value,
-        "group": a.group,
-        "avoid_jobs": list(a.avoid_jobs),
-        "avoid_groups": list(a.avoid_groups),
-    }
-
-
 def consolidation_version(state: FleetState) -> str:
     """A digest of what a consolidation plan depends on. Temperatures, SM use and other
     observations that do not change placement do not change it."""
     body = json.dumps(
         [
             sorted((_node_doc(n) for n in state.nodes), key=lambda d: str(d[0])),
-            sorted((alloc_to_dict(a) for a in state.allocations), key=lambda d: str(d["job"])),
+            sorted((a.to_dict() for a in state.allocations), key=lambda d: str(d["job"])),
         ],
         sort_keys=True,
         separators=(",", ":"),

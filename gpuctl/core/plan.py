@@ -116,7 +116,7 @@ class Plan:
 def successor_version(version: str, allocations: Iterable[Allocation]) -> str:
     """The version of a state after `allocations` were added to the state at `version`."""
     body = json.dumps(
-        [version, [_alloc_to_dict(a) for a in allocations]], sort_keys=True, separators=(",", ":")
+        [version, [a.to_dict() for a in allocations]], sort_keys=True, separators=(",", ":")
     )
     return hashlib.sha256(body.encode()).hexdigest()[:16]
 
@@ -190,38 +190,6 @@ def usage_of(state: FleetState, names: Iterable[str]) -> tuple[NodeUsage, ...]:
 # --- JSON round trip -------------------------------------------------------------------------
 
 
-def _alloc_to_dict(a: Allocation) -> dict[str, Any]:
-    return {
-        "job": a.job,
-        "node": a.node,
-        "cards": list(a.cards),
-        "mib_per_card": a.mib_per_card,
-        "whole": a.whole,
-        "cpu_milli": a.cpu_milli,
-        "host_mem_mib": a.host_mem_mib,
-        "tier": a.tier.value,
-        "group": a.group,
-        "avoid_jobs": list(a.avoid_jobs),
-        "avoid_groups": list(a.avoid_groups),
-    }
-
-
-def _alloc_from_dict(d: Mapping[str, Any]) -> Allocation:
-    return Allocation(
-        job=str(d["job"]),
-        node=str(d["node"]),
-        cards=tuple(int(i) for i in d["cards"]),
-        mib_per_card=int(d["mib_per_card"]),
-        whole=bool(d["whole"]),
-        cpu_milli=int(d.get("cpu_milli", 0)),
-        host_mem_mib=int(d.get("host_mem_mib", 0)),
-        tier=Tier(d.get("tier", "standard")),
-        group=d.get("group"),
-        avoid_jobs=tuple(str(s) for s in d.get("avoid_jobs") or ()),
-        avoid_groups=tuple(str(s) for s in d.get("avoid_groups") or ()),
-    )
-
-
 def _rejections_to_list(rs: Iterable[Rejection]) -> list[dict[str, Any]]:
     return [
         {"constraint": r.constraint, "summary": r.summary, "count": r.count, "nodes": list(r.nodes)}
@@ -258,7 +226,7 @@ def _outcome_to_dict(o: Outcome) -> dict[str, Any]:
             if o.runner_up is None
             else {"node": o.runner_up.node, "score": o.runner_up.score},
             "feasible_nodes": o.feasible_nodes,
-            "allocation": _alloc_to_dict(o.allocation),
+            "allocation": o.allocation.to_dict(),
             "rejections": _rejections_to_list(o.rejections),
         }
     return {
@@ -277,7 +245,7 @@ def _outcome_from_dict(d: Mapping[str, Any]) -> Outcome:
         ru = d.get("runner_up")
         return Placed(
             job=str(d["job"]),
-            allocation=_alloc_from_dict(d["allocation"]),
+            allocation=Allocation.from_dict(d["allocation"]),
             card_uuids=tuple(None if u is None else str(u) for u in d["card_uuids"]),
             score=float(d["score"]),
             runner_up=None if ru is None else RunnerUp(str(ru["node"]), float(ru["score"])),

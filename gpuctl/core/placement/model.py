@@ -11,6 +11,7 @@ import dataclasses
 import enum
 import re
 from collections.abc import Mapping
+from typing import Any
 
 from gpuctl.core.fit import NodeFree
 from gpuctl.core.policies import DEFAULT_POLICY
@@ -139,6 +140,38 @@ class Allocation:
     group: str | None = None
     avoid_jobs: tuple[str, ...] = ()  # job anti-affinity, kept so later jobs respect it too
     avoid_groups: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """As plans and their version digests write it (JSON)."""
+        return {
+            "job": self.job,
+            "node": self.node,
+            "cards": list(self.cards),
+            "mib_per_card": self.mib_per_card,
+            "whole": self.whole,
+            "cpu_milli": self.cpu_milli,
+            "host_mem_mib": self.host_mem_mib,
+            "tier": self.tier.value,
+            "group": self.group,
+            "avoid_jobs": list(self.avoid_jobs),
+            "avoid_groups": list(self.avoid_groups),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Allocation:
+        return cls(
+            job=str(d["job"]),
+            node=str(d["node"]),
+            cards=tuple(int(i) for i in d["cards"]),
+            mib_per_card=int(d["mib_per_card"]),
+            whole=bool(d["whole"]),
+            cpu_milli=int(d.get("cpu_milli", 0)),
+            host_mem_mib=int(d.get("host_mem_mib", 0)),
+            tier=Tier(d.get("tier", "standard")),
+            group=d.get("group"),
+            avoid_jobs=tuple(str(s) for s in d.get("avoid_jobs") or ()),
+            avoid_groups=tuple(str(s) for s in d.get("avoid_groups") or ()),
+        )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
