@@ -118,7 +118,7 @@ class DashApp(App[None]):
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "command":  # `:` in a prompt or dialog is just a character
-            return isinstance(self.screen, DashScreen)
+            return self._dash_screen() is not None
         return True
 
     async def action_quit(self) -> None:
@@ -189,15 +189,23 @@ class DashApp(App[None]):
         self.data = data
         self.generation += 1
         self.polls += 1
-        screen = self.screen
-        if isinstance(screen, DashScreen):
+        screen = self._dash_screen()
+        if screen is not None:
             screen.refresh_view(data)
         self.set_timer(GC_AFTER_S, self.gc.idle)  # once the refresh is on screen
 
     def _status(self) -> None:
-        screen = self.screen
-        if isinstance(screen, DashScreen):
+        screen = self._dash_screen()
+        if screen is not None:
             screen.render_status()
+
+    def _dash_screen(self) -> DashScreen | None:
+        """The dashboard screen on top, or None under a dialog or once the app has closed its
+        screens (a worker may finish while the app shuts down)."""
+        if not self.screen_stack:
+            return None
+        screen = self.screen
+        return screen if isinstance(screen, DashScreen) else None
 
     # --- workers ----------------------------------------------------------------------------
 
@@ -212,6 +220,10 @@ class DashApp(App[None]):
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         worker = event.worker
         if event.state not in (WorkerState.SUCCESS, WorkerState.ERROR, WorkerState.CANCELLED):
+            return
+        if not self.screen_stack:  # shutting down: nothing left to show it on
+            self._inbox = None
+            self._callbacks.pop(worker, None)
             return
         if worker.name == "poll":
             started, self._poll_started = self._poll_started, None
@@ -289,8 +301,8 @@ class DashApp(App[None]):
             )
 
     def action_help(self) -> None:
-        screen = self.screen
-        if isinstance(screen, DashScreen):
+        screen = self._dash_screen()
+        if screen is not None:
             self.push_screen(HelpScreen(screen.heading(), screen.KEYS))
 
     # --- actions ------------------------------------------------------------------------------

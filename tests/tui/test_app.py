@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import threading
 
+import pytest
 from textual import events
+from textual.worker import Worker, WorkerState
 
 from gpuctl.core.jobs import Cordon, Event
 from gpuctl.core.model import Reach
@@ -161,6 +163,26 @@ async def test_a_failing_poll_is_a_notification_and_the_app_carries_on(
         polls = app.polls
         await keys(app, pilot, "r")
         assert app.polls == polls + 1
+
+
+async def test_a_poll_that_ends_while_the_app_shuts_down_is_dropped_not_a_crash(
+    services: Services,
+) -> None:
+    # A thread worker can finish after the app has closed its screens; its state change still
+    # arrives (seen in CI: `ScreenStackError` at the end of a test).
+    app = make_app(services)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        shown, polls = app.data, app.polls
+    assert not app.screen_stack
+    late = Worker(app, lambda: None, name="poll", group="poll", thread=True)
+    app._inbox = shown
+    app.on_worker_state_changed(Worker.StateChanged(late, WorkerState.SUCCESS))
+    assert app.polls == polls and app._inbox is None
+    task = Worker(app, lambda: None, name="cordon", group="cordon", thread=True)
+    app._callbacks[task] = lambda _: pytest.fail("a callback ran with no screen to show it on")
+    app.on_worker_state_changed(Worker.StateChanged(task, WorkerState.SUCCESS))
+    assert task not in app._callbacks
 
 
 async def test_a_hung_poll_is_reported_overdue_and_no_second_poll_piles_up(
