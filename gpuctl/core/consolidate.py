@@ -304,7 +304,7 @@ def _release(node: PlacementNode, a: Allocation) -> PlacementNode:
     for c in node.cards:
         if c.index in a.cards:
             take = c.capacity_mib if a.whole else a.mib_per_card
-            c = dataclasses.replace(c, allocated_mib=max(0, c.allocated_mib - take))
+            c = c._replace(allocated_mib=max(0, c.allocated_mib - take))
         cards.append(c)
     return dataclasses.replace(
         node,
@@ -325,11 +325,11 @@ def _hold(node: PlacementNode, a: Allocation) -> PlacementNode:
         if a.whole:
             if not c.empty or c.capacity_mib != a.mib_per_card:
                 raise PlanError(f"{where}: card {i} is not an empty card of that size")
-            cards[i] = dataclasses.replace(c, allocated_mib=c.capacity_mib)
+            cards[i] = c._replace(allocated_mib=c.capacity_mib)
         else:
             if c.free_mib < a.mib_per_card:
                 raise PlanError(f"{where}: card {i} has too little free memory")
-            cards[i] = dataclasses.replace(c, allocated_mib=c.allocated_mib + a.mib_per_card)
+            cards[i] = c._replace(allocated_mib=c.allocated_mib + a.mib_per_card)
     cpu, mem = node.cpu_free_milli, node.host_mem_free_mib
     if (cpu is not None and cpu < a.cpu_milli) or (mem is not None and mem < a.host_mem_mib):
         raise PlanError(f"{where}: the node lacks the CPU or host memory")

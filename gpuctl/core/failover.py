@@ -219,9 +219,7 @@ def without(state: FleetState, job_ids: Iterable[str]) -> FleetState:
     nodes = []
     for n in state.nodes:
         cards = tuple(
-            dataclasses.replace(
-                c, allocated_mib=max(0, c.allocated_mib - released.get((n.name, c.index), 0))
-            )
+            c._replace(allocated_mib=max(0, c.allocated_mib - released.get((n.name, c.index), 0)))
             for c in n.cards
         )
         nodes.append(_node_without(n, cards, state.allocations, gone))

@@ -153,7 +153,7 @@ def apply_plan(state: FleetState, plan: Plan) -> FleetState:
             take = card.capacity_mib if a.whole else a.mib_per_card
             if (a.whole and not card.empty) or card.free_mib < take:
                 raise PlanError(f"job {a.job}: card {i} of {a.node} cannot take it")
-            new_cards[i] = dataclasses.replace(card, allocated_mib=card.allocated_mib + take)
+            new_cards[i] = card._replace(allocated_mib=card.allocated_mib + take)
         if node.cpu_free_milli is not None and node.cpu_free_milli < a.cpu_milli:
             raise PlanError(f"job {a.job}: node {a.node} lacks the CPU")
         if node.host_mem_free_mib is not None and node.host_mem_free_mib < a.host_mem_mib:

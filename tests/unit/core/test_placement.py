@@ -451,3 +451,10 @@ def test_identical_nodes_are_told_apart_by_the_jobs_they_run() -> None:
     p = plan(state, [job("web", avoid_jobs=("etl",))], Settings(policy="first-fit"))
     assert placed(p, "web").node == "b"
     assert constraints(placed(p, "web")) == {"job_anti_affinity": 1}
+
+
+def test_a_fleet_state_refuses_two_nodes_of_one_name_or_two_cards_of_one_index() -> None:
+    with pytest.raises(ValueError, match="card indexes of node n1 must be unique"):
+        PlacementNode("n1", (Card(0, 1000), Card(0, 1000)))
+    with pytest.raises(ValueError, match="node names in a fleet state must be unique"):
+        FleetState((PlacementNode("n1"), PlacementNode("n1")))

@@ -177,9 +177,7 @@ def test_a_plan_that_no_longer_fits_its_state_is_refused() -> None:
     shrunk = dataclasses.replace(
         s,
         nodes=tuple(
-            dataclasses.replace(
-                n, cards=tuple(dataclasses.replace(c, ghost_mib=GIB) for c in n.cards)
-            )
+            dataclasses.replace(n, cards=tuple(c._replace(ghost_mib=GIB) for c in n.cards))
             for n in s.nodes
         ),
     )

@@ -186,3 +186,5 @@ def test_a_nodes_totals_are_the_sums_of_its_cards(changes: list[tuple[object, ..
         assert t.empty_cards == sum(1 for c in n.cards if c.empty)
         assert t.free.free == tuple(c.free_mib for c in n.cards)
         assert t.free.capacity == tuple(c.capacity_mib for c in n.cards)
+        models = {c.model for c in n.cards}
+        assert t.free.gpu_model == (models.pop() if len(models) == 1 else None)
