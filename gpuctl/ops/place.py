@@ -9,7 +9,8 @@ unschedulable with the reason. Nothing here changes the fleet.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Hashable, Mapping, Sequence
+import operator
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from gpuctl.adapters.protocols import Transport
@@ -67,10 +68,11 @@ class PlacementMemo:
     the node did not change: on a live fleet utilization and temperature change at every poll,
     memory in use rarely, so a poller (the dashboard, every second) rebuilds only the nodes
     whose memory, health flags, allocations or reachability moved. Holds the last call's nodes
-    only; a test checks it against building every node anew."""
+    (and the snapshots they were built from) only; a test checks it against building every node
+    anew."""
 
     def __init__(self) -> None:
-        self._last: dict[str, tuple[Hashable, PlacementNode]] = {}
+        self._last: dict[str, _Built] = {}
         self.reused = 0  # nodes reused by the last call (tests, benchmarks)
 
     def nodes(
@@ -83,46 +85,59 @@ class PlacementMemo:
         out = []
         reused = 0
         for n in nodes:
-            allocs = allocations.get(n.name, ())
-            key = _placement_key(n, allocs, floor)
+            allocs = tuple(allocations.get(n.name, ()))
             hit = last.get(n.name)
-            if hit is not None and hit[0] == key:
-                made = hit[1]
+            if (
+                hit is not None
+                and hit[2] == floor
+                and hit[1] == allocs
+                and _same_placement_inputs(hit[0], n)
+            ):
+                made = hit[3]
                 reused += 1
             else:
                 made = _node(n, allocs, floor)
-            kept[n.name] = (key, made)
+            kept[n.name] = (n, allocs, floor, made)
             out.append(made)
         self._last, self.reused = kept, reused
         return tuple(out)
 
 
-def _placement_key(node: NodeSnapshot, allocs: Sequence[Allocation], floor: int) -> Hashable:
-    """Everything `_node` reads of a node (and nothing it does not: utilization, temperature,
-    power, processes)."""
-    obs = node.observation
-    if obs is None:
-        return (node.reach, node.state, None, tuple(node.labels.items()), tuple(allocs), floor)
-    facts = obs.facts
-    gpus = tuple(
-        (
-            g.index,
-            g.uuid,
-            g.model,
-            g.mem_total_mib,
-            g.mem_used_mib,
-            g.remapped_rows_failure,
-            g.ecc_volatile_uncorrected,
-        )
-        for g in obs.gpus
-    )
+_Built = tuple[NodeSnapshot, tuple[Allocation, ...], int, PlacementNode]
+
+# What `_node` reads of a GPU (and nothing it does not: utilization, temperature, power,
+# processes), memory in use first: the field most likely to have moved since the last poll.
+_PLACED = operator.attrgetter(
+    "mem_used_mib",
+    "index",
+    "uuid",
+    "model",
+    "mem_total_mib",
+    "remapped_rows_failure",
+    "ecc_volatile_uncorrected",
+)
+
+
+def _same_placement_inputs(old: NodeSnapshot, new: NodeSnapshot) -> bool:
+    """Whether `_node` reads the same of both snapshots of a node. Stops at the first difference:
+    on a fleet whose memory in use moves everywhere, that is the first GPU."""
+    if old is new:
+        return True
+    if old.reach is not new.reach or old.state is not new.state or old.labels != new.labels:
+        return False
+    a, b = old.observation, new.observation
+    if a is None or b is None:
+        return a is b
+    if len(a.gpus) != len(b.gpus):
+        return False
+    for x, y in zip(a.gpus, b.gpus, strict=True):
+        if _PLACED(x) != _PLACED(y):
+            return False
+    fa, fb = a.facts, b.facts
     return (
-        node.reach,
-        node.state,
-        (obs.nvml_ok, facts.cpu_count, facts.host_mem_total_mib, gpus),
-        tuple(node.labels.items()),
-        tuple(allocs),
-        floor,
+        a.nvml_ok == b.nvml_ok
+        and fa.cpu_count == fb.cpu_count
+        and fa.host_mem_total_mib == fb.host_mem_total_mib
     )
 
 
@@ -144,12 +159,16 @@ def _node(node: NodeSnapshot, allocs: Sequence[Allocation], floor: int) -> Place
     for a in allocs:
         for i in a.cards:
             on_card.setdefault(i, []).append(a)
-    gpus = node.gpus
-    if any(gpus[i].index > gpus[i + 1].index for i in range(len(gpus) - 1)):
-        gpus = tuple(sorted(gpus, key=_by_index))
+    cards = [_card(g, on_card.get(g.index) if on_card else None, floor) for g in node.gpus]
+    last = -1
+    for c in cards:
+        if c.index < last:  # nvidia-smi lists GPUs in index order: a rare case
+            cards.sort(key=_by_index)
+            break
+        last = c.index
     return PlacementNode(
         name=node.name,
-        cards=tuple([_card(g, on_card.get(g.index), floor) for g in gpus]),
+        cards=tuple(cards),
         cpu_milli=None if cpu is None else cpu * 1000,
         cpu_allocated_milli=sum(a.cpu_milli for a in allocs) if allocs else 0,
         host_mem_mib=facts.host_mem_total_mib if facts else None,
@@ -160,8 +179,8 @@ def _node(node: NodeSnapshot, allocs: Sequence[Allocation], floor: int) -> Place
     )
 
 
-def _by_index(g: GpuSnapshot) -> int:
-    return g.index
+def _by_index(c: Card) -> int:
+    return c.index
 
 
 def _card(g: GpuSnapshot, allocs: Sequence[Allocation] | None, floor: int) -> Card:

@@ -188,3 +188,10 @@ def test_a_nodes_totals_are_the_sums_of_its_cards(changes: list[tuple[object, ..
         assert t.free.capacity == tuple(c.capacity_mib for c in n.cards)
         models = {c.model for c in n.cards}
         assert t.free.gpu_model == (models.pop() if len(models) == 1 else None)
+
+
+def test_cards_are_in_index_order_whatever_order_the_gpus_came_in() -> None:
+    listed = (gpu(2, 5000), gpu(0), gpu(1, 70_000))
+    state = fleet_state_from_snapshot(FleetSnapshot(taken_at=0.0, nodes=(node("n0", listed),)))
+    cards = state.nodes[0].cards
+    assert [(c.index, c.ghost_mib) for c in cards] == [(0, 0), (1, 70_000), (2, 5000)]
