@@ -283,7 +283,7 @@ class WorkloadIndex:
         cpu, mem = node.cpu_free_milli, node.mem_free_mib
         ci = None if cpu is None else bisect.bisect_right(self._cpu_steps, cpu)
         mi = None if mem is None else bisect.bisect_right(self._mem_steps, mem)
-        key = (node.gpu_model, ci, mi, tuple(sorted(zip(node.free, node.capacity, strict=True))))
+        key = (node.gpu_model, ci, mi, node.free, node.capacity)  # the tuples it already has
         hit = self._cache.get(key)
         if hit is None:
             hit = self._older.get(key)
