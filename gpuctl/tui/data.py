@@ -104,21 +104,25 @@ class HealthKeeper:
         from gpuctl.core.health import evaluate_fleet
         from gpuctl.ops.health import default_interval_s
 
-        history = {name: tuple(d) for name, d in self._history.items()}
+        history = self._history  # read as it is (judged before any sample is added below)
         verdicts = evaluate_fleet(
             snapshot, history, expected_gpus=expected, rules=rules, memo=self.memo
         )
         spacing = default_interval_s(rules, max(2, rules.temperature.sustained_samples))
+        limit = rules.temperature.limit_c
         for node in snapshot.nodes:
-            if node.taken_at is None:
+            now = node.taken_at
+            if now is None:
                 continue
-            kept = self._history.setdefault(node.name, deque(maxlen=self.keep))
+            kept = history.get(node.name)
+            if kept is None:
+                kept = history[node.name] = deque(maxlen=self.keep)
             last = kept[-1].taken_at if kept else None
-            if last is None or node.taken_at - last >= spacing or node.taken_at < last:
-                kept.append(_slim(node, rules.temperature.limit_c))
+            if last is None or now - last >= spacing or now < last:
+                kept.append(_slim(node, limit))
         names = {n.name for n in snapshot.nodes}
-        for gone in set(self._history) - names:
-            del self._history[gone]
+        for gone in set(history) - names:
+            del history[gone]
         return {v.name: v for v in verdicts}
 
 
