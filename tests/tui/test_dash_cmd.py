@@ -107,6 +107,16 @@ def test_a_snapshot_that_is_not_one_is_an_error_naming_the_file(tmp_path: Path) 
     assert f"{bad}: not a fleet snapshot" in result.stderr
 
 
+def test_the_capture_in_the_docs_is_what_once_prints(tmp_path: Path) -> None:
+    docs = (Path(__file__).parents[2] / "docs" / "dash.md").read_text(encoding="utf-8")
+    command = "$ gpuctl dash --snapshot tests/fixtures/snapshots/fleet-5-nodes.json --once\n"
+    shown = docs[docs.index(command) + len(command) :].split("```", 1)[0]
+    result = CliRunner().invoke(
+        app, ["--state-dir", str(tmp_path), "dash", "--snapshot", str(SNAPSHOT), "--once"]
+    )
+    assert result.stdout == shown
+
+
 def test_once_never_imports_textual(tmp_path: Path) -> None:
     code = (
         "import sys\n"
