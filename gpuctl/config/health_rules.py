@@ -16,7 +16,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
 
-from gpuctl.config.loader import Document, KeyLines, error_at, load_document, parse_yaml
+from gpuctl.config.document import Document, KeyLines, error_at
+from gpuctl.config.loader import load_document, parse_yaml
 from gpuctl.config.loader import validate_data as _validate
 from gpuctl.core.health_model import (
     RULE_IDS,

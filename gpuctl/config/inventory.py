@@ -20,7 +20,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
-from gpuctl.config.loader import Document, Loc, load_document, validate_data
+from gpuctl.config.document import Document, Loc
+from gpuctl.config.loader import load_document, validate_data
 from gpuctl.core.model import Inventory, NodeSpec
 from gpuctl.errors import ConfigError, InventoryError
 

@@ -48,7 +48,8 @@ from typing import Annotated, Any, Literal
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
-from gpuctl.config.loader import Document, load_document, validate_data
+from gpuctl.config.document import Document
+from gpuctl.config.loader import load_document, validate_data
 from gpuctl.core.placement.model import JobRequest, JobShape, LabelRequirement, Tier
 from gpuctl.core.units import UnitError, parse_card_mem, parse_cpu_milli, parse_mem_mib
 from gpuctl.errors import JobSpecError

@@ -1,35 +1,30 @@
 """The YAML loader every gpuctl file format uses: line numbers kept, loud on bad input.
 
-`load_document` reads one YAML file into plain data (a dict at the top) plus `KeyLines`, the line
-of every key and list item. It refuses files over `MAX_FILE_BYTES`, duplicate keys, anchor/alias
-bombs (more than `MAX_VALUES` values once aliases are expanded), nesting deeper than `MAX_DEPTH`,
-recursive aliases, non-standard tags and top levels that are not a mapping. Mapping keys are always
-strings, exactly as written (`on:` is the key "on", not True).
+`load_document` reads one YAML file into a `Document`: plain data (a dict at the top) plus
+`KeyLines`, the line of every key and list item. It refuses files over `MAX_FILE_BYTES`, duplicate
+keys, anchor/alias bombs (more than `MAX_VALUES` values once aliases are expanded), nesting deeper
+than `MAX_DEPTH`, recursive aliases, non-standard tags and top levels that are not a mapping.
+Mapping keys are always strings, exactly as written (`on:` is the key "on", not True).
 
 `validate_data` validates that data with a pydantic v2 model (configured `extra="forbid"`,
 `frozen=True`) and turns the first error in the file into one `ConfigError` (or the subclass
-passed in) naming the file, the line, the field as a dotted path (`nodes[3].port`) and a
-plain-English message, with the closest valid key as the hint for unknown keys.
-`load_model` does both. Loaders that check more than pydantic can (duplicates across files,
-references between sections) point their own errors at a line with `Document.error` / `error_at`.
+passed in); `gpuctl.config.validation_errors` writes its message. `load_model` does both.
+Loaders that check more than pydantic can (duplicates across files, references between sections)
+point their own errors at a line with `Document.error` / `gpuctl.config.document.error_at`.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
 import re
-import types
-import typing
-from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-import annotated_types
 import pydantic
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from gpuctl.config.document import Document, KeyLines, Loc, format_loc
+from gpuctl.config.validation_errors import convert_validation_error
 from gpuctl.errors import ConfigError
 
 # libyaml parses about 20 times faster than pure Python and caps nesting itself; both compose
@@ -44,7 +39,6 @@ except ImportError:  # pragma: no cover - PyYAML built without libyaml: same res
     _BYTE_POSITIONS = False
 
 M = TypeVar("M", bound=pydantic.BaseModel)
-Loc = tuple[str | int, ...]
 
 MAX_FILE_BYTES = 1 << 20  # 1 MiB: far beyond any hand-written inventory, job spec or playbook
 MAX_VALUES = 100_000  # values after alias expansion: stops "billion laughs" documents
@@ -53,103 +47,6 @@ MAX_DEPTH = 64
 _MAP_TAG = "tag:yaml.org,2002:map"
 _SEQ_TAG = "tag:yaml.org,2002:seq"
 _MERGE_TAG = "tag:yaml.org,2002:merge"
-_PLAIN_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
-
-
-# --- lines ---------------------------------------------------------------------------------------
-
-
-class KeyLines:
-    """Line numbers (1-based) of a document's keys and list items, by location.
-
-    A location is a tuple of keys and list indexes, as in pydantic errors: `("nodes", 3, "port")`
-    is the line of `port:` in the fourth node; `("nodes", 3)` the line where that node starts;
-    `()` the line where the document starts.
-    """
-
-    __slots__ = ("_lines",)
-
-    def __init__(self, lines: Mapping[Loc, int] | None = None) -> None:
-        self._lines: dict[Loc, int] = dict(lines or {})
-
-    def line(self, loc: Sequence[str | int] = ()) -> int | None:
-        """The line of `loc`, or of its nearest ancestor the document has (a missing key's
-        line is its parent mapping's)."""
-        key = tuple(loc)
-        while True:
-            found = self._lines.get(key)
-            if found is not None or not key:
-                return found
-            key = key[:-1]
-
-    def exact(self, loc: Sequence[str | int]) -> int | None:
-        """The line of `loc` itself, or None when the document does not have it."""
-        return self._lines.get(tuple(loc))
-
-    def __len__(self) -> int:
-        return len(self._lines)
-
-    def __repr__(self) -> str:
-        return f"KeyLines({len(self._lines)} locations)"
-
-
-def format_loc(loc: Sequence[str | int]) -> str:
-    """`("nodes", 3, "port")` -> `nodes[3].port`; odd keys are quoted: `labels['a.b/c']`."""
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif _PLAIN_KEY.match(part):
-            out += f".{part}" if out else part
-        else:
-            out += f"[{part!r}]"
-    return out
-
-
-def error_at(
-    error: type[ConfigError],
-    *,
-    path: Path | str,
-    lines: KeyLines,
-    loc: Sequence[str | int],
-    message: str,
-    hint: str | None = None,
-    field: str | None = None,
-) -> ConfigError:
-    """An error pointing at `loc` in a document: `path:line: field: message`."""
-    return error(
-        message,
-        path=str(path),
-        line=lines.line(loc),
-        field=format_loc(loc) if field is None else field,
-        hint=hint,
-    )
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Document:
-    """One YAML file, read: its top-level mapping and the lines of its keys."""
-
-    path: Path
-    data: dict[str, Any]
-    lines: KeyLines
-
-    def where(self, loc: Sequence[str | int] = ()) -> str:
-        """`path:line` of `loc`, for records such as `NodeSpec.source`."""
-        line = self.lines.line(loc)
-        return str(self.path) if line is None else f"{self.path}:{line}"
-
-    def error(
-        self,
-        loc: Sequence[str | int],
-        message: str,
-        *,
-        hint: str | None = None,
-        error: type[ConfigError] = ConfigError,
-    ) -> ConfigError:
-        return error_at(
-            error, path=self.path, lines=self.lines, loc=loc, message=message, hint=hint
-        )
 
 
 # --- reading and parsing -------------------------------------------------------------------------
@@ -404,219 +301,3 @@ def validate_data(
         return model.model_validate(data)
     except pydantic.ValidationError as exc:
         raise convert_validation_error(exc, model, path=path, lines=lines, error=error) from None
-
-
-def convert_validation_error(
-    exc: pydantic.ValidationError,
-    model: type[pydantic.BaseModel],
-    *,
-    path: Path | str,
-    lines: KeyLines,
-    error: type[ConfigError] = ConfigError,
-) -> ConfigError:
-    errors = exc.errors(include_url=False)
-
-    def rank(item: tuple[int, Any]) -> tuple[float, int]:
-        i, err = item
-        line = float(_err_line(err, lines) or 0)
-        if err["type"] == "missing":
-            # `resource:` for `resources:` is both an unknown and a missing key: the unknown key,
-            # with its "did you mean", is the better explanation, so it comes first.
-            parent = tuple(err["loc"][:-1])
-            typos = [
-                _err_line(e, lines) or 0
-                for e in errors
-                if e["type"] == "extra_forbidden" and tuple(e["loc"][:-1]) == parent
-            ]
-            if typos:
-                line = min(typos) + 0.5
-        return line, i
-
-    first = min(enumerate(errors), key=rank)[1]
-    loc: Loc = tuple(first["loc"])
-    message, hint = describe_error(first, model)
-    if first["type"] == "missing":
-        loc = loc[:-1]
-    elif loc and loc[-1] == "[key]":
-        loc = loc[:-1]
-        message = f"key {message}"
-    return error_at(error, path=path, lines=lines, loc=loc, message=message, hint=hint)
-
-
-def _err_line(err: Mapping[str, Any], lines: KeyLines) -> int | None:
-    loc = tuple(err["loc"])
-    return lines.line(loc[:-1] if err["type"] == "missing" else loc)
-
-
-_INT = {"int_type", "int_parsing", "int_from_float", "int_parsing_size"}
-_FLOAT = {"float_type", "float_parsing", "finite_number"}
-_RANGE = {"greater_than", "greater_than_equal", "less_than", "less_than_equal"}
-_SIMPLE = {
-    "bool_type": "must be true or false",
-    "bool_parsing": "must be true or false",
-    "string_type": "must be a string",
-    "string_unicode": "must be a string",
-    "list_type": "must be a list",
-    "tuple_type": "must be a list",
-    "set_type": "must be a list",
-    "frozen_set_type": "must be a list",
-    "dict_type": "must be a mapping",
-    "model_type": "must be a mapping",
-    "model_attributes_type": "must be a mapping",
-    "dataclass_type": "must be a mapping",
-    "none_required": "must be empty (null)",
-}
-
-
-def describe_error(
-    err: Mapping[str, Any], model: type[pydantic.BaseModel]
-) -> tuple[str, str | None]:
-    """A plain-English message and an optional hint for one pydantic error."""
-    typ = str(err["type"])
-    loc = tuple(err["loc"])
-    ctx: Mapping[str, Any] = err.get("ctx") or {}
-    value = err.get("input")
-    if typ == "extra_forbidden":
-        key = str(loc[-1])
-        return f"unknown key {key!r}", _closest_key(key, _valid_keys(model, loc[:-1]))
-    if typ == "missing":
-        return f"missing required key {str(loc[-1])!r}", None
-    if typ in _INT or typ in _FLOAT or typ in _RANGE:
-        target, meta = _target(model, loc)
-        if target is int or target is float:
-            noun = "an integer" if target is int else "a number"
-        else:
-            noun = "an integer" if typ in _INT else "a number"
-        if typ == "finite_number":
-            noun = "a finite number"
-        return f"must be {noun}{_bounds(meta)} (got {_show(value)})", None
-    if typ in _SIMPLE:
-        hint = None
-        if typ == "string_type" and isinstance(value, bool | int | float):
-            hint = "quote the value to make it a string"
-        return f"{_SIMPLE[typ]} (got {_show(value)})", hint
-    if typ in {"literal_error", "enum"}:
-        return f"must be {ctx.get('expected')} (got {_show(value)})", None
-    if typ == "string_pattern_mismatch":
-        return f"must match {ctx.get('pattern')} (got {_show(value)})", None
-    if typ in {"string_too_short", "too_short"}:
-        if ctx.get("min_length") == 1:
-            return "must not be empty", None
-        unit = "characters" if typ == "string_too_short" else "items"
-        return f"must have at least {ctx.get('min_length')} {unit}", None
-    if typ in {"string_too_long", "too_long"}:
-        unit = "characters" if typ == "string_too_long" else "items"
-        return f"must have at most {ctx.get('max_length')} {unit}", None
-    msg = str(err.get("msg", typ))
-    for prefix in ("Value error, ", "Assertion failed, "):
-        if msg.startswith(prefix):
-            return msg[len(prefix) :], None
-    return msg, None
-
-
-def _show(value: object) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return str(value)
-    if isinstance(value, str):
-        return repr(value if len(value) <= 40 else value[:37] + "...")
-    if isinstance(value, Mapping):
-        return "a mapping"
-    if isinstance(value, list | tuple):
-        return "a list"
-    return type(value).__name__
-
-
-def _closest_key(key: str, valid: Sequence[str]) -> str | None:
-    if not valid:
-        return None
-    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
-    if not close:
-        close = difflib.get_close_matches(key.lower(), valid, n=1, cutoff=0.6)
-    if close:
-        return f"did you mean {close[0]!r}?"
-    return "valid keys: " + ", ".join(valid)
-
-
-# --- finding the model field behind an error location -------------------------------------------
-
-
-def _unwrap(tp: Any, meta: list[Any]) -> Any:
-    """Strip Annotated (keeping its metadata) and Optional."""
-    while True:
-        origin = typing.get_origin(tp)
-        if origin is typing.Annotated:
-            tp, *extra = typing.get_args(tp)
-            for item in extra:  # Field(ge=...) inside Annotated carries its constraints
-                meta.extend(getattr(item, "metadata", None) or [item])
-        elif origin in (typing.Union, types.UnionType):
-            args = [a for a in typing.get_args(tp) if a is not type(None)]
-            if len(args) != 1:
-                return tp
-            tp = args[0]
-        else:
-            return tp
-
-
-def _target(model: type[pydantic.BaseModel], loc: Sequence[str | int]) -> tuple[Any, list[Any]]:
-    """The type at `loc` under `model` and the constraints on it; (None, []) when unknown."""
-    tp: Any = model
-    meta: list[Any] = []
-    for part in loc:
-        meta = []
-        tp = _unwrap(tp, meta)
-        origin = typing.get_origin(tp)
-        if isinstance(tp, type) and issubclass(tp, pydantic.BaseModel) and isinstance(part, str):
-            field = _field(tp, part)
-            if field is None:
-                return None, []
-            tp = field.annotation
-            meta = list(field.metadata)
-        elif origin in (list, tuple, set, frozenset, Sequence) and isinstance(part, int):
-            tp = typing.get_args(tp)[0]
-        elif origin in (dict, Mapping):
-            tp = typing.get_args(tp)[1]
-        else:
-            return None, []
-    tp = _unwrap(tp, meta)
-    return tp, meta
-
-
-def _field(model: type[pydantic.BaseModel], key: str) -> pydantic.fields.FieldInfo | None:
-    for name, field in model.model_fields.items():
-        if key in (name, field.alias):
-            return field
-    return None
-
-
-def _valid_keys(model: type[pydantic.BaseModel], loc: Sequence[str | int]) -> list[str]:
-    tp, _ = _target(model, loc)
-    if isinstance(tp, type) and issubclass(tp, pydantic.BaseModel):
-        return [f.alias or name for name, f in tp.model_fields.items()]
-    return []
-
-
-def _bounds(meta: Sequence[Any]) -> str:
-    lo: object = None
-    hi: object = None
-    lo_strict = hi_strict = False
-    for m in meta:
-        if isinstance(m, annotated_types.Ge):
-            lo = m.ge
-        elif isinstance(m, annotated_types.Gt):
-            lo, lo_strict = m.gt, True
-        elif isinstance(m, annotated_types.Le):
-            hi = m.le
-        elif isinstance(m, annotated_types.Lt):
-            hi, hi_strict = m.lt, True
-    if lo is not None and hi is not None and not lo_strict and not hi_strict:
-        return f" between {lo} and {hi}"
-    parts = []
-    if lo is not None:
-        parts.append(f"greater than {lo}" if lo_strict else f"of {lo} or more")
-    if hi is not None:
-        parts.append(f"less than {hi}" if hi_strict else f"of {hi} or less")
-    return (" " + " and ".join(parts)) if parts else ""

@@ -27,10 +27,12 @@ from typing import Annotated, Any, Literal
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
-from gpuctl.config.loader import Document, Loc, load_document, validate_data
+from gpuctl.config.document import Document, Loc
+from gpuctl.config.loader import load_document, validate_data
 from gpuctl.core import playbook as core
 from gpuctl.core.model import Inventory
-from gpuctl.core.playbook_expr import Expr, ExprError, parse
+from gpuctl.core.playbook_expr import Expr, ExprError
+from gpuctl.core.playbook_expr_parse import parse
 from gpuctl.errors import ConfigError
 
 KIND = "playbook"

@@ -8,10 +8,8 @@ from typing import Annotated, Literal
 import pytest
 from pydantic import BaseModel, ConfigDict, Field
 
+from gpuctl.config.document import KeyLines, error_at, format_loc
 from gpuctl.config.loader import (
-    KeyLines,
-    error_at,
-    format_loc,
     load_document,
     load_model,
     parse_yaml,
