@@ -1,8 +1,9 @@
 """`JobRunner` over a `Transport`: launch, observe, signal, logs and checkpoints of jobs on nodes.
 
-Each call is one remote exec of a script from `gpuctl.adapters.jobexec` (checkpoints: two, one to
-list the markers and one to hash the files they name). Checkpoint folders are copied with the
-transport's `get_tree` / `put_tree` (SFTP in `SshTransport`).
+Each call is one remote exec of a script from `gpuctl.adapters.job_launch`, `.jobexec` (observe,
+signal, logs) or `.job_checkpoints` (checkpoints: two, one to list the markers and one to hash the
+files they name). Checkpoint folders are copied with the transport's `get_tree` / `put_tree` (SFTP
+in `SshTransport`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from gpuctl.adapters import jobexec
+from gpuctl.adapters import job_checkpoints, job_launch, jobexec
+from gpuctl.adapters.node_script import RemoteCommand
 from gpuctl.adapters.protocols import ExecResult, Transport
 from gpuctl.adapters.ssh_sftp import TreeExists
 from gpuctl.core import checkpoints
@@ -29,7 +31,7 @@ from gpuctl.errors import GpuctlError, TransportError
 
 log = logging.getLogger(__name__)
 
-MARKER = jobexec.MARKER_NAME
+MARKER = job_checkpoints.MARKER_NAME
 DEFAULT_MAX_CHECKPOINTS = 8
 DEFAULT_TRANSFER_BYTES = 256 << 30
 
@@ -109,7 +111,7 @@ class SshJobRunner:
     def _run(
         self,
         node: NodeSpec,
-        command: jobexec.RemoteCommand,
+        command: RemoteCommand,
         *,
         timeout_s: float | None = None,
         max_output_bytes: int = 8 << 20,
@@ -127,11 +129,11 @@ class SshJobRunner:
     def launch(self, node: NodeSpec, request: LaunchRequest) -> RunStatus:
         """Start one incarnation detached on the node. Raises `LaunchRefused` when the node
         already has it, `LaunchFailed` when nothing started (or the outcome is unknown)."""
-        command = jobexec.launch_command(request)
+        command = job_launch.launch_command(request)
         # the launcher waits up to LAUNCH_WAIT_S for the wrapper to report its pid
-        timeout_s = max(node.command_timeout_s, jobexec.LAUNCH_WAIT_S + 5.0)
+        timeout_s = max(node.command_timeout_s, job_launch.LAUNCH_WAIT_S + 5.0)
         result = self._run(node, command, timeout_s=timeout_s, max_output_bytes=64 << 10)
-        outcome = jobexec.parse_launch(result.stdout)
+        outcome = job_launch.parse_launch(result.stdout)
         what = f"{node.name}: job {request.job_id} incarnation {request.incarnation}"
         if outcome.result == "started" and outcome.pid is not None:
             log.debug("%s started: pgid %s, MPS limit %s", what, outcome.pid, outcome.mps_limited)
@@ -197,22 +199,22 @@ class SshJobRunner:
         on the node (sha256 of every file its marker names). Empty when the dir does not exist."""
         listing = self._run(
             node,
-            jobexec.list_checkpoints_command(checkpoint_dir, self._max_checkpoints),
-            max_output_bytes=(jobexec.MAX_MARKER_BYTES * 2) * self._max_checkpoints + 65536,
+            job_checkpoints.list_checkpoints_command(checkpoint_dir, self._max_checkpoints),
+            max_output_bytes=(job_checkpoints.MAX_MARKER_BYTES * 2) * self._max_checkpoints + 65536,
         )
-        listed = jobexec.parse_checkpoint_listing(listing.stdout)
+        listed = job_checkpoints.parse_checkpoint_listing(listing.stdout)
         if not listed:
             return []
         sums: dict[str, str] = {}
         if any(item.marker is not None for item in listed):
             hashed = self._run(
                 node,
-                jobexec.hash_command(checkpoint_dir, listed),
+                job_checkpoints.hash_command(checkpoint_dir, listed),
                 timeout_s=self._hash_timeout_s,
-                max_output_bytes=200 * jobexec.MAX_MANIFEST_FILES * self._max_checkpoints,
+                max_output_bytes=200 * job_checkpoints.MAX_MANIFEST_FILES * self._max_checkpoints,
             )
-            sums = jobexec.parse_hashes(hashed.stdout)
-        markers = jobexec.verify(checkpoint_dir, listed, sums)
+            sums = job_checkpoints.parse_hashes(hashed.stdout)
+        markers = job_checkpoints.verify(checkpoint_dir, listed, sums)
         for m in markers:
             if m.problem and m.problem != "no marker":
                 log.warning("%s: checkpoint %s is not valid: %s", node.name, m.path, m.problem)
@@ -290,7 +292,7 @@ class SshJobRunner:
         leading `~` as the launch does, on the node."""
         if remote_path != "~" and not remote_path.startswith("~/"):
             return remote_path
-        result = self._run(node, jobexec.RemoteCommand('printf "%s" "$HOME"'))
+        result = self._run(node, RemoteCommand('printf "%s" "$HOME"'))
         home = result.stdout.decode("utf-8", "replace")
         if result.exit_code != 0 or not home.startswith("/"):
             raise CheckpointCopyError(f"{node.name}: cannot resolve {remote_path}: no $HOME")
@@ -300,8 +302,8 @@ class SshJobRunner:
         path = posixpath.join(remote_path, MARKER)
         result = self._run(
             node,
-            jobexec.RemoteCommand(f"cat -- {shlex.quote(path)}"),
-            max_output_bytes=jobexec.MAX_MARKER_BYTES,
+            RemoteCommand(f"cat -- {shlex.quote(path)}"),
+            max_output_bytes=job_checkpoints.MAX_MARKER_BYTES,
         )
         return result.stdout if result.exit_code == 0 else None
 

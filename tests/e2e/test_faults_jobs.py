@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuctl.adapters import jobexec
+from gpuctl.adapters import job_checkpoints
 from gpuctl.core.jobs import IncarnationState, JobState
 from gpuctl.testing.lab import LabFleet
 from tests.e2e.faults import (
@@ -180,4 +180,4 @@ def test_a_damaged_copy_in_gpuctl_s_checkpoint_store_is_skipped_for_the_one_befo
 def test_a_checkpoint_pruned_while_it_is_listed_is_not_reported_as_unreadable() -> None:
     """The node lists a step folder, the job prunes it, the marker read finds nothing: the line
     is dropped, not turned into an "unreadable marker" (a false alarm in the control loop)."""
-    assert jobexec.parse_checkpoint_listing(b"gpuctl-ckpt marker step-00000010 \n") == []
+    assert job_checkpoints.parse_checkpoint_listing(b"gpuctl-ckpt marker step-00000010 \n") == []

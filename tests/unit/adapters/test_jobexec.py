@@ -15,7 +15,7 @@ from typing import TypeVar
 
 import pytest
 
-from gpuctl.adapters import jobexec
+from gpuctl.adapters import job_launch, jobexec
 from gpuctl.adapters.protocols import ExecResult
 from gpuctl.core.jobs import LaunchRequest, RunStatus
 from gpuctl.core.model import NodeSpec
@@ -407,22 +407,24 @@ def test_secret_values_travel_on_stdin_only(node: Node) -> None:
     assert {p.name for p in files} == {"run.sh", "pid", "started", "log", "exit"}
     for path in files:
         assert secret.encode() not in path.read_bytes()
-    assert secret not in repr(jobexec.launch_command(request("j1", secret_env={"TOKEN": secret})))
+    assert secret not in repr(
+        job_launch.launch_command(request("j1", secret_env={"TOKEN": secret}))
+    )
 
 
 def test_secrets_are_framed_as_a_count_then_base64_lines() -> None:
-    data = jobexec.encode_secrets({"B": "two\nlines", "A": ""})
+    data = job_launch.encode_secrets({"B": "two\nlines", "A": ""})
     assert data == b"2\nA=\nB=dHdvCmxpbmVz\n"
-    assert jobexec.encode_secrets({}) == b"0\n"
+    assert job_launch.encode_secrets({}) == b"0\n"
 
 
 def test_a_launch_stdin_cut_short_starts_nothing(node: Node) -> None:
-    command = jobexec.launch_command(request("j1", secret_env={"A": "1", "B": "2"}))
+    command = job_launch.launch_command(request("j1", secret_env={"A": "1", "B": "2"}))
     assert command.stdin is not None
     result = node.transport.run(
         NODE, command.command, timeout_s=10, stdin=command.stdin.split(b"\n")[0] + b"\n"
     )
-    outcome = jobexec.parse_launch(result.stdout)
+    outcome = job_launch.parse_launch(result.stdout)
     assert (outcome.result, outcome.reason) == ("failed", "secret env: stdin ended early")
     assert node.runner.observe(NODE) == []
 
@@ -540,11 +542,11 @@ def test_copying_checkpoints_needs_a_transport_that_copies_folders(
 
 def test_the_launch_result_is_found_after_login_shell_noise() -> None:
     out = b"Welcome!\ngpuctl-launch started 4242 1 /home/u/.gpuctl/runs/j1/3\n"
-    outcome = jobexec.parse_launch(out)
+    outcome = job_launch.parse_launch(out)
     assert (outcome.result, outcome.pid, outcome.mps_limited) == ("started", 4242, True)
     assert outcome.run_dir == "/home/u/.gpuctl/runs/j1/3"
-    assert jobexec.parse_launch(b"").result == "unknown"
-    assert jobexec.parse_launch(b"gpuctl-launch started x\n").result == "unknown"
+    assert job_launch.parse_launch(b"").result == "unknown"
+    assert job_launch.parse_launch(b"gpuctl-launch started x\n").result == "unknown"
 
 
 def test_observe_output_that_is_not_a_run_is_ignored() -> None:
