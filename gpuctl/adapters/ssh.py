@@ -5,18 +5,15 @@ every few seconds: no re-handshake, no re-auth). Each `run` is one channel on th
 per-host semaphore bounds concurrent channels. A connection that died in between (node rebooted,
 sshd restarted) is noticed and reopened once.
 
-Deadlines: `node.connect_timeout_s` covers TCP connect, SSH banner, key exchange and auth together;
-`timeout_s` covers the exec request and reading the output. Both are enforced by gpuctl (socket
-timeouts, select with a monotonic deadline, and a watchdog thread for the waits paramiko cannot
-bound); a command past its deadline is killed on the node (see `gpuctl.adapters.ssh_exec`).
+Deadlines: `node.connect_timeout_s` covers TCP connect, SSH banner, key exchange and auth together
+(see `gpuctl.adapters.ssh_connect`); `timeout_s` covers the exec request and reading the output.
+Both are enforced by gpuctl (socket timeouts, select with a monotonic deadline, and a watchdog
+thread for the waits paramiko cannot bound); a command past its deadline is killed on the node
+(see `gpuctl.adapters.ssh_exec`).
 """
 
 from __future__ import annotations
 
-import contextlib
-import getpass
-import logging
-import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -28,64 +25,17 @@ import paramiko
 from gpuctl.adapters import ssh_exec, ssh_keys, ssh_sftp
 from gpuctl.adapters import ssh_known_hosts as kh
 from gpuctl.adapters.protocols import ExecResult
+from gpuctl.adapters.ssh_connect import PhaseTimeout, error_reason, open_client, open_socket
 from gpuctl.config import paths
 from gpuctl.core.model import NodeSpec
-from gpuctl.errors import (
-    AuthFailed,
-    ConnectRefused,
-    GpuctlError,
-    TransportError,
-    TransportTimeout,
-    Unreachable,
-)
+from gpuctl.errors import TransportError
 
 DEFAULT_PER_HOST_LIMIT = 4
-
-# paramiko's transport threads log errors with tracebacks; with no handler anywhere, Python would
-# print them on stderr (corrupting a TUI). They go to a logger of ours that has a NullHandler:
-# silent by default, shown with --debug (which configures the root logger).
-WIRE_LOG = "gpuctl.adapters.ssh.wire"
-logging.getLogger(WIRE_LOG).addHandler(logging.NullHandler())
 KILL_TIMEOUT_S = 2.0
-
-
-class PhaseTimeout(TransportTimeout):
-    """A deadline passed; `phase` is connect, auth, exec or read."""
-
-    def __init__(self, message: str, *, phase: str, hint: str | None = None) -> None:
-        super().__init__(message, hint=hint)
-        self.phase = phase
 
 
 class _Stale(Exception):
     """A reused connection turned out dead before the command started."""
-
-
-class _Phase:
-    """Which part of the connect is running, for the timeout message."""
-
-    __slots__ = ("value",)
-
-    def __init__(self) -> None:
-        self.value = "connect"
-
-
-class _VerifyingPolicy(paramiko.MissingHostKeyPolicy):
-    """Checks the offered key against known_hosts; raises HostKeyUnknown / HostKeyChanged.
-
-    The client is given no host keys of its own, so paramiko asks this policy about every key;
-    nothing is ever added (no AutoAddPolicy anywhere in gpuctl)."""
-
-    def __init__(self, node: NodeSpec, recorded: Sequence[kh.KnownKey], phase: _Phase) -> None:
-        self._node = node
-        self._recorded = recorded
-        self._phase = phase
-
-    def missing_host_key(
-        self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey
-    ) -> None:
-        kh.check(self._node, self._recorded, key.get_name(), key.asbytes())
-        self._phase.value = "auth"
 
 
 class _Conn:
@@ -312,73 +262,11 @@ class SshTransport:
 
     def _connect(self, node: NodeSpec) -> paramiko.SSHClient:
         deadline = time.monotonic() + node.connect_timeout_s
-        where = kh.node_where(node)
         pkey = self._keys.load(node)  # before the network: a bad key file fails fast
         sock = open_socket(node, deadline)
         recorded = self.recorded_keys(node)
-        phase = _Phase()
-        client = paramiko.SSHClient()
-        client.set_log_channel(WIRE_LOG)
-        client.set_missing_host_key_policy(_VerifyingPolicy(node, recorded, phase))
-        timer = self._watchdog.arm(deadline, lambda: _shutdown(sock))
-        slack = node.connect_timeout_s + 1.0  # paramiko's own timeouts: after our watchdog
-
-        def factory(s: Any, /, **kwargs: Any) -> paramiko.Transport:
-            transport = paramiko.Transport(s, disabled_algorithms=kwargs.get("disabled_algorithms"))
-            opts = transport.get_security_options()
-            opts.key_types = kh.preferred_key_types(recorded, list(opts.key_types))
-            return transport
-
-        try:
-            client.connect(
-                node.host,
-                port=node.port,
-                username=node.user or getpass.getuser(),
-                pkey=pkey,
-                sock=sock,
-                timeout=slack,
-                banner_timeout=slack,
-                auth_timeout=slack,
-                channel_timeout=slack,
-                allow_agent=pkey is None,
-                look_for_keys=pkey is None,
-                transport_factory=factory,
-            )
-        except GpuctlError:
-            timer.cancel()
-            client.close()
-            raise
-        except paramiko.AuthenticationException as exc:
-            fired = timer.cancel()
-            client.close()
-            if fired:
-                raise self._connect_timeout(node, phase.value) from None
-            user = node.user or getpass.getuser()
-            key = f"key {node.key_file}" if node.key_file else "the default keys"
-            raise AuthFailed(
-                f"{where}: authentication failed: user {user} with {key} was refused ({exc})",
-                hint="check the node's authorized_keys and the inventory's user and key_file",
-            ) from None
-        except (paramiko.SSHException, OSError, EOFError) as exc:
-            fired = timer.cancel()
-            client.close()
-            if fired or time.monotonic() >= deadline:
-                raise self._connect_timeout(node, phase.value) from None
-            raise TransportError(
-                f"{where}: SSH {phase.value} failed: {_reason(exc)}",
-                hint="sshd may be overloaded (MaxStartups) or not speaking SSH on this port",
-            ) from None
-        timer.cancel()
-        return client
-
-    @staticmethod
-    def _connect_timeout(node: NodeSpec, phase: str) -> PhaseTimeout:
-        what = "SSH handshake" if phase == "connect" else "authentication"
-        return PhaseTimeout(
-            f"{kh.node_where(node)}: timeout ({phase}): no {what} within "
-            f"{node.connect_timeout_s:g}s",
-            phase=phase,
-            hint="the node or its sshd hangs, or the network drops packets",
+        return open_client(
+            node, sock, deadline=deadline, pkey=pkey, recorded=recorded, watchdog=self._watchdog
         )
 
     # -- exec ------------------------------------------------------------------------------
@@ -417,7 +305,7 @@ class SshTransport:
                 if timer.cancel():  # sshd never answered the exec request: the node hangs
                     conn.drop(client)
                     raise self._exec_timeout(node, timeout_s) from None
-                raise TransportError(f"{where}: exec failed: {_reason(exc)}") from None
+                raise TransportError(f"{where}: exec failed: {error_reason(exc)}") from None
             timer.cancel()
             out = ssh_exec.read_channel(chan, deadline, max_output_bytes)
         finally:
@@ -467,79 +355,3 @@ class SshTransport:
         finally:
             timer.cancel()
             chan.close()
-
-
-def open_socket(node: NodeSpec, deadline: float) -> socket.socket:
-    """TCP connect within the deadline, TCP_NODELAY on; refused/unreachable/timeout as errors."""
-    where = f"{node.name} ({node.host}:{node.port})"
-    try:
-        sock = socket.create_connection(
-            (node.host, node.port), timeout=max(0.001, deadline - time.monotonic())
-        )
-    except ConnectionRefusedError:
-        raise ConnectRefused(
-            f"{where}: connection refused: sshd is not running or listens on another port"
-        ) from None
-    except TimeoutError:
-        raise PhaseTimeout(
-            f"{where}: timeout (connect): no TCP connection within {node.connect_timeout_s:g}s",
-            phase="connect",
-        ) from None
-    except OSError as exc:
-        raise Unreachable(f"{where}: unreachable: {_reason(exc)}") from None
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return sock
-
-
-def _shutdown(sock: socket.socket) -> None:
-    with contextlib.suppress(OSError):
-        sock.shutdown(socket.SHUT_RDWR)
-
-
-def _reason(exc: BaseException) -> str:
-    if isinstance(exc, OSError) and exc.strerror:
-        return exc.strerror
-    return str(exc) or type(exc).__name__
-
-
-# -- host key trust --------------------------------------------------------------------------
-
-
-def fetch_host_key(
-    node: NodeSpec, timeout_s: float, *, prefer: Sequence[kh.KnownKey] = ()
-) -> tuple[str, str, paramiko.PKey]:
-    """The key the node offers: (key type, SHA256 fingerprint, key). Nothing is authenticated."""
-    deadline = time.monotonic() + timeout_s
-    sock = open_socket(node, deadline)
-    watchdog = ssh_exec.Watchdog()
-    timer = watchdog.arm(deadline, lambda: _shutdown(sock))
-    transport = paramiko.Transport(sock)
-    transport.set_log_channel(WIRE_LOG)
-    try:
-        opts = transport.get_security_options()
-        opts.key_types = kh.preferred_key_types(prefer, list(opts.key_types))
-        transport.banner_timeout = timeout_s + 1.0
-        transport.handshake_timeout = timeout_s + 1.0
-        transport.start_client(timeout=timeout_s + 1.0)
-        key = transport.get_remote_server_key()
-    except (paramiko.SSHException, OSError, EOFError) as exc:
-        if timer.cancel() or time.monotonic() >= deadline:
-            raise PhaseTimeout(
-                f"{kh.node_where(node)}: timeout (connect): no SSH handshake within {timeout_s:g}s",
-                phase="connect",
-            ) from None
-        raise TransportError(
-            f"{kh.node_where(node)}: SSH handshake failed: {_reason(exc)}"
-        ) from None
-    finally:
-        timer.cancel()
-        watchdog.close()
-        transport.close()
-    return key.get_name(), kh.fingerprint_of(key.asbytes()), key
-
-
-def record_host_key(
-    path: Path, node: NodeSpec, key: paramiko.PKey, *, replace: bool = False
-) -> None:
-    """Record `key` for the node in `path` (`[host]:port` form off port 22; file 0600, dir 0700)."""
-    kh.record(path, node.host, node.port, key.get_name(), key.asbytes(), replace=replace)

@@ -20,9 +20,13 @@ import re
 import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpuctl.core.model import NodeSpec
 from gpuctl.errors import HostKeyChanged, HostKeyUnknown, TransportError
+
+if TYPE_CHECKING:
+    import paramiko
 
 _HASH_MAGIC = "|1|"
 
@@ -229,6 +233,13 @@ def record(
         kept.append(raw if raw.endswith("\n") else raw + "\n")
     text = "".join(kept) + known_hosts_line(host, port, key_type, blob)
     _write_private(path, text)
+
+
+def record_host_key(
+    path: Path, node: NodeSpec, key: paramiko.PKey, *, replace: bool = False
+) -> None:
+    """Record `key` for the node in `path` (`[host]:port` form off port 22; file 0600, dir 0700)."""
+    record(path, node.host, node.port, key.get_name(), key.asbytes(), replace=replace)
 
 
 def _write_private(path: Path, text: str) -> None:

@@ -87,7 +87,8 @@ def trust(
     (needs --replace), 3/4 when some/all nodes could not be reached.
     """
     from gpuctl.adapters import ssh_known_hosts as kh
-    from gpuctl.adapters.ssh import fetch_host_key, record_host_key
+    from gpuctl.adapters.ssh_connect import fetch_host_key
+    from gpuctl.adapters.ssh_known_hosts import record_host_key
     from gpuctl.errors import TransportError
     from gpuctl.ops.fanout import fanout
 

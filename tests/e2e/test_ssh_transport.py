@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuctl.adapters.ssh import PhaseTimeout, SshTransport
+from gpuctl.adapters.ssh import SshTransport
+from gpuctl.adapters.ssh_connect import PhaseTimeout
 from gpuctl.errors import (
     AuthFailed,
     ConnectRefused,

@@ -1,0 +1,221 @@
+"""Opening SSH connections within a deadline: the TCP socket, the handshake with the host key
+checked against known_hosts, and authentication; and the handshake alone, for `gpuctl hosts trust`
+(`fetch_host_key`: the key the node offers, nothing authenticated).
+
+`node.connect_timeout_s` covers TCP connect, SSH banner, key exchange and auth together. gpuctl
+enforces it itself (a socket timeout, then a watchdog that shuts the socket down at the deadline);
+paramiko's own timeouts are set a little later, as a backstop. `PhaseTimeout`, the transport's
+timeout error, names the phase that ran out of time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import logging
+import socket
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import paramiko
+
+from gpuctl.adapters import ssh_exec
+from gpuctl.adapters import ssh_known_hosts as kh
+from gpuctl.core.model import NodeSpec
+from gpuctl.errors import (
+    AuthFailed,
+    ConnectRefused,
+    GpuctlError,
+    TransportError,
+    TransportTimeout,
+    Unreachable,
+)
+
+# paramiko's transport threads log errors with tracebacks; with no handler anywhere, Python would
+# print them on stderr (corrupting a TUI). They go to a logger of ours that has a NullHandler:
+# silent by default, shown with --debug (which configures the root logger).
+WIRE_LOG = "gpuctl.adapters.ssh.wire"
+logging.getLogger(WIRE_LOG).addHandler(logging.NullHandler())
+
+
+class PhaseTimeout(TransportTimeout):
+    """A deadline passed; `phase` is connect, auth, exec or read."""
+
+    def __init__(self, message: str, *, phase: str, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.phase = phase
+
+
+class _Phase:
+    """Which part of the connect is running, for the timeout message."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = "connect"
+
+
+class _VerifyingPolicy(paramiko.MissingHostKeyPolicy):
+    """Checks the offered key against known_hosts; raises HostKeyUnknown / HostKeyChanged.
+
+    The client is given no host keys of its own, so paramiko asks this policy about every key;
+    nothing is ever added (no AutoAddPolicy anywhere in gpuctl)."""
+
+    def __init__(self, node: NodeSpec, recorded: Sequence[kh.KnownKey], phase: _Phase) -> None:
+        self._node = node
+        self._recorded = recorded
+        self._phase = phase
+
+    def missing_host_key(
+        self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey
+    ) -> None:
+        kh.check(self._node, self._recorded, key.get_name(), key.asbytes())
+        self._phase.value = "auth"
+
+
+def open_client(
+    node: NodeSpec,
+    sock: socket.socket,
+    *,
+    deadline: float,
+    pkey: paramiko.PKey | None,
+    recorded: Sequence[kh.KnownKey],
+    watchdog: ssh_exec.Watchdog,
+) -> paramiko.SSHClient:
+    """Handshake and authenticate over `sock` (from `open_socket`) by `deadline`; the host key
+    must be one of `recorded`. Without `pkey`, ssh-agent and the default keys are tried."""
+    where = kh.node_where(node)
+    phase = _Phase()
+    client = paramiko.SSHClient()
+    client.set_log_channel(WIRE_LOG)
+    client.set_missing_host_key_policy(_VerifyingPolicy(node, recorded, phase))
+    timer = watchdog.arm(deadline, lambda: _shutdown(sock))
+    slack = node.connect_timeout_s + 1.0  # paramiko's own timeouts: after our watchdog
+
+    def factory(s: Any, /, **kwargs: Any) -> paramiko.Transport:
+        transport = paramiko.Transport(s, disabled_algorithms=kwargs.get("disabled_algorithms"))
+        opts = transport.get_security_options()
+        opts.key_types = kh.preferred_key_types(recorded, list(opts.key_types))
+        return transport
+
+    try:
+        client.connect(
+            node.host,
+            port=node.port,
+            username=node.user or getpass.getuser(),
+            pkey=pkey,
+            sock=sock,
+            timeout=slack,
+            banner_timeout=slack,
+            auth_timeout=slack,
+            channel_timeout=slack,
+            allow_agent=pkey is None,
+            look_for_keys=pkey is None,
+            transport_factory=factory,
+        )
+    except GpuctlError:
+        timer.cancel()
+        client.close()
+        raise
+    except paramiko.AuthenticationException as exc:
+        fired = timer.cancel()
+        client.close()
+        if fired:
+            raise _connect_timeout(node, phase.value) from None
+        user = node.user or getpass.getuser()
+        key = f"key {node.key_file}" if node.key_file else "the default keys"
+        raise AuthFailed(
+            f"{where}: authentication failed: user {user} with {key} was refused ({exc})",
+            hint="check the node's authorized_keys and the inventory's user and key_file",
+        ) from None
+    except (paramiko.SSHException, OSError, EOFError) as exc:
+        fired = timer.cancel()
+        client.close()
+        if fired or time.monotonic() >= deadline:
+            raise _connect_timeout(node, phase.value) from None
+        raise TransportError(
+            f"{where}: SSH {phase.value} failed: {error_reason(exc)}",
+            hint="sshd may be overloaded (MaxStartups) or not speaking SSH on this port",
+        ) from None
+    timer.cancel()
+    return client
+
+
+def _connect_timeout(node: NodeSpec, phase: str) -> PhaseTimeout:
+    what = "SSH handshake" if phase == "connect" else "authentication"
+    return PhaseTimeout(
+        f"{kh.node_where(node)}: timeout ({phase}): no {what} within {node.connect_timeout_s:g}s",
+        phase=phase,
+        hint="the node or its sshd hangs, or the network drops packets",
+    )
+
+
+def open_socket(node: NodeSpec, deadline: float) -> socket.socket:
+    """TCP connect within the deadline, TCP_NODELAY on; refused/unreachable/timeout as errors."""
+    where = f"{node.name} ({node.host}:{node.port})"
+    try:
+        sock = socket.create_connection(
+            (node.host, node.port), timeout=max(0.001, deadline - time.monotonic())
+        )
+    except ConnectionRefusedError:
+        raise ConnectRefused(
+            f"{where}: connection refused: sshd is not running or listens on another port"
+        ) from None
+    except TimeoutError:
+        raise PhaseTimeout(
+            f"{where}: timeout (connect): no TCP connection within {node.connect_timeout_s:g}s",
+            phase="connect",
+        ) from None
+    except OSError as exc:
+        raise Unreachable(f"{where}: unreachable: {error_reason(exc)}") from None
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+def _shutdown(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+
+
+def error_reason(exc: BaseException) -> str:
+    """The short reason an SSH or socket error gives, for an error message."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc) or type(exc).__name__
+
+
+# -- host key trust --------------------------------------------------------------------------
+
+
+def fetch_host_key(
+    node: NodeSpec, timeout_s: float, *, prefer: Sequence[kh.KnownKey] = ()
+) -> tuple[str, str, paramiko.PKey]:
+    """The key the node offers: (key type, SHA256 fingerprint, key). Nothing is authenticated."""
+    deadline = time.monotonic() + timeout_s
+    sock = open_socket(node, deadline)
+    watchdog = ssh_exec.Watchdog()
+    timer = watchdog.arm(deadline, lambda: _shutdown(sock))
+    transport = paramiko.Transport(sock)
+    transport.set_log_channel(WIRE_LOG)
+    try:
+        opts = transport.get_security_options()
+        opts.key_types = kh.preferred_key_types(prefer, list(opts.key_types))
+        transport.banner_timeout = timeout_s + 1.0
+        transport.handshake_timeout = timeout_s + 1.0
+        transport.start_client(timeout=timeout_s + 1.0)
+        key = transport.get_remote_server_key()
+    except (paramiko.SSHException, OSError, EOFError) as exc:
+        if timer.cancel() or time.monotonic() >= deadline:
+            raise PhaseTimeout(
+                f"{kh.node_where(node)}: timeout (connect): no SSH handshake within {timeout_s:g}s",
+                phase="connect",
+            ) from None
+        raise TransportError(
+            f"{kh.node_where(node)}: SSH handshake failed: {error_reason(exc)}"
+        ) from None
+    finally:
+        timer.cancel()
+        watchdog.close()
+        transport.close()
+    return key.get_name(), kh.fingerprint_of(key.asbytes()), key
