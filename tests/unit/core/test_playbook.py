@@ -20,7 +20,8 @@ from gpuctl.core.playbook import (
     TargetFacts,
     TimeWindow,
 )
-from gpuctl.core.playbook_expr import FLEET_NAMES, ExprError, parse
+from gpuctl.core.playbook_expr import FLEET_NAMES, ExprError
+from gpuctl.core.playbook_expr_parse import parse
 
 
 def fleet(text: str, **env: object) -> bool:
