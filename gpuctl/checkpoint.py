@@ -9,13 +9,12 @@ Standard library only: a job imports this on a node where gpuctl's dependencies 
     ckpt.install_signal_handlers()   # SIGUSR1: checkpoint now; SIGTERM: checkpoint and exit
     loaded = ckpt.latest()           # GPUCTL_RESUME_FROM when gpuctl chose one, else a scan
     step, state = (loaded.step, decode(loaded.read("state.bin"))) if loaded else (0, fresh())
-    while step < total:
+    while step < total and not ckpt.stop_requested:
         step += 1
         state = train_one_step(state)
         if ckpt.should_checkpoint(step, every=100):
             ckpt.save(step, {"state.bin": encode(state)})
-        if ckpt.stop_requested:
-            break                          # SIGTERM: checkpointed above, exit 0 within the grace
+    ckpt.save(step, {"state.bin": encode(state)})  # done or SIGTERM: a no-op if already saved
 
 Layout: `<dir>/step-00000123/` holds the files; `<dir>/step-00000123/COMMITTED`, written last and
 atomically, holds `{"format": 1, "job_id", "incarnation", "step", "committed_at", "files":

@@ -357,14 +357,15 @@ LOOP = """
     ck.install_signal_handlers()
     print("ready", flush=True)
     step = 0
-    while step < 100000:
+    # The loop asks about the stop before the next step, and saves after it: a SIGTERM landing
+    # between `should_checkpoint` and the stop check still gets its checkpoint.
+    while step < 100000 and not ck.stop_requested:
         step += 1
         time.sleep(0.005)
         if ck.should_checkpoint(step):
             print("checkpoint", step, ck.save(step, {"s": b"%d" % step}).name, flush=True)
-        if ck.stop_requested:
-            print("stopping", step, flush=True)
-            raise SystemExit(0)
+    print("checkpoint", step, ck.save(step, {"s": b"%d" % step}).name, flush=True)
+    print("stopping", step, flush=True)
 """
 
 
@@ -393,9 +394,9 @@ def test_sigusr1_asks_for_a_checkpoint_and_sigterm_for_a_checkpoint_and_exit(
             proc.wait()
     lines = out.splitlines()
     assert proc.returncode == 0, err
-    assert lines[0].startswith("checkpoint ") and lines[1].startswith("stopping ")
-    stopped_at = int(lines[1].split()[1])
-    assert lines[0].split()[1] == str(stopped_at)  # checkpointed at the step it stopped on
+    assert lines[-1].startswith("stopping ") and lines[-2].startswith("checkpoint ")
+    stopped_at = int(lines[-1].split()[1])
+    assert lines[-2].split()[1] == str(stopped_at)  # checkpointed at the step it stopped on
     latest = Checkpointer(tmp_path, job_id="j-1", incarnation=2).latest()
     assert latest is not None and latest.step == stopped_at
 
