@@ -8,6 +8,7 @@ from pathlib import Path
 
 import paramiko
 
+from gpuctl.adapters.ssh_connect import error_reason
 from gpuctl.core.model import NodeSpec
 from gpuctl.errors import TransportError
 
@@ -27,7 +28,7 @@ class KeyCache:
             st = Path(path).stat()
         except OSError as exc:
             raise TransportError(
-                f"{node.name}: key_file {path}: {_reason(exc)}",
+                f"{node.name}: key_file {path}: {error_reason(exc)}",
                 hint="fix key_file in the inventory",
             ) from None
         if st.st_mode & 0o077:
@@ -50,14 +51,8 @@ class KeyCache:
             ) from None
         except (paramiko.SSHException, OSError, ValueError) as exc:
             raise TransportError(
-                f"{node.name}: key_file {path} is not a usable private key: {_reason(exc)}"
+                f"{node.name}: key_file {path} is not a usable private key: {error_reason(exc)}"
             ) from None
         with self._lock:
             self._cache[path] = (stamp, key)
         return key
-
-
-def _reason(exc: BaseException) -> str:
-    if isinstance(exc, OSError) and exc.strerror:
-        return exc.strerror
-    return str(exc) or type(exc).__name__

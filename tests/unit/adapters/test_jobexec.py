@@ -1,5 +1,6 @@
-"""Jobs on a node: the remote scripts of `gpuctl.adapters.jobexec`, run by the local `sh` as if on
-a node (ShellTransport, a HOME of its own), through `SshJobRunner`."""
+"""Jobs on a node: the remote scripts of `gpuctl.adapters` (job_launch, jobexec, job_checkpoints),
+run by the local `sh` as if on a node (ShellTransport, a HOME of its own), through
+`SshJobRunner`."""
 
 import dataclasses
 import functools
