@@ -18,6 +18,7 @@ from pathlib import Path
 
 from gpuctl.bench import consolidation as bench
 from gpuctl.bench import consolidation_exact as exact
+from gpuctl.bench import consolidation_report as report
 from gpuctl.bench.openb import load_nodes, load_pods
 from gpuctl.bench.protocol import target_workload
 from gpuctl.bench.runner import bench_policy, parse_policies, parse_seeds, workload_name
@@ -44,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     nodes, pods = load_nodes(args.nodes), load_pods(args.pods)
     name = workload_name(args.pods)
     if not args.skip_replay:
-        rows = bench.run_matrix(
+        rows = report.run_matrix(
             nodes,
             pods,
             parse_policies(args.policy),
@@ -55,9 +56,9 @@ def main(argv: list[str] | None = None) -> int:
             jobs=args.jobs,
             progress=_progress,
         )
-        sys.stdout.write(bench.render_table(rows, name) + "\n")
+        sys.stdout.write(report.render_table(rows, name) + "\n")
         if args.json:
-            doc = bench.report_document(rows, name, args.tune)
+            doc = report.report_document(rows, name, args.tune)
             args.json.write_text(json.dumps(doc, indent=2) + "\n")
     sizes = [int(n) for n in args.exact_nodes.split(",") if n.strip()]
     if sizes:

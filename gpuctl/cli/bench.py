@@ -59,7 +59,7 @@ def placement(
     pub = runner.load_published(published) if published is not None else None
     show = sys.stderr.isatty() if progress is None else progress
     if consolidate_every:
-        from gpuctl.bench.consolidation import run_cli
+        from gpuctl.bench.consolidation_report import run_cli
 
         document = output.value if output in (Output.JSON, Output.YAML) else None
         args = (nodes, pods, names, seed_list, tune, jobs, consolidate_every, max_moves_pct)

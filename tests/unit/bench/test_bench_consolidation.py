@@ -12,6 +12,7 @@ import pytest
 
 from gpuctl.bench import consolidation as bench
 from gpuctl.bench import consolidation_exact as exact
+from gpuctl.bench import consolidation_report as report
 from gpuctl.bench.openb import OpenbNode, OpenbPod, load_nodes, load_pods
 from gpuctl.bench.protocol import target_workload
 from gpuctl.bench.replay import replay
@@ -69,17 +70,17 @@ def test_the_ceiling_counts_holes_beside_large_slices_and_the_small_pods_to_fill
 
 
 def test_the_report_has_each_policy_with_and_without_consolidation() -> None:
-    rows = bench.run_matrix(NODES, PODS, ["fgd"], [1, 2], every=3, max_moves_pct=20.0)
+    rows = report.run_matrix(NODES, PODS, ["fgd"], [1, 2], every=3, max_moves_pct=20.0)
     assert [(r.policy, r.every) for r in rows] == [("fgd", 0), ("fgd", 3)]
-    doc = bench.report_document(rows, "tiny", 1.3)
+    doc = report.report_document(rows, "tiny", 1.3)
     assert json.loads(json.dumps(doc))["rows"][1]["consolidate_every"] == 3
     assert doc["rows"][0]["alloc_130"]["per_seed"] == [r.alloc_130 for r in rows[0].runs]  # type: ignore[index]
-    table = bench.render_table(rows, "tiny").splitlines()
+    table = report.render_table(rows, "tiny").splitlines()
     assert table[0] == "workload tiny, seeds 1-2"
     assert table[4].startswith("| fgd | none | N/A | 100.00 ± 0.00 | 0 (0.00%) |")
     assert table[5].startswith("| fgd | every 3, ≤ 20% moved | N/A | ")
     with pytest.raises(UsageError, match="--consolidate-every"):
-        bench.run_matrix(NODES, PODS, ["fgd"], [1], every=0, max_moves_pct=5.0)
+        report.run_matrix(NODES, PODS, ["fgd"], [1], every=0, max_moves_pct=5.0)
 
 
 def test_the_exact_model_is_never_worse_than_greedy_or_says_ortools_is_missing() -> None:

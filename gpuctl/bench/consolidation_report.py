@@ -1,0 +1,192 @@
+"""The consolidation benchmark's matrix and reports: each policy over the seeds without
+consolidation and with a pass every K arrivals (`Row`, `run_matrix`), the `-o json`/`yaml`
+document, the Markdown table, and `gpuctl bench placement --consolidate-every K` (`run_cli`).
+The replay itself is `gpuctl.bench.consolidation`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+import sys
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+from gpuctl.bench.consolidation import ConsolidationRun, run_one
+from gpuctl.bench.openb import OpenbNode, OpenbPod
+from gpuctl.errors import UsageError
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Row:
+    """One policy with or without consolidation, over seeds."""
+
+    policy: str
+    every: int
+    max_moves_pct: float
+    runs: tuple[ConsolidationRun, ...]
+
+    def values(self, field: str) -> list[float]:
+        return [float(v) for r in self.runs if (v := getattr(r, field)) is not None]
+
+    def mean(self, field: str) -> float:
+        values = self.values(field)
+        return statistics.fmean(values) if values else math.nan
+
+    def std(self, field: str) -> float:
+        values = self.values(field)
+        return statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def run_matrix(
+    nodes: tuple[OpenbNode, ...],
+    pods: tuple[OpenbPod, ...],
+    policy_names: Sequence[str],
+    seeds: Sequence[int],
+    *,
+    every: int,
+    max_moves_pct: float,
+    tune: float = 1.3,
+    jobs: int = 1,
+    progress: Callable[[ConsolidationRun], None] | None = None,
+) -> list[Row]:
+    """Each policy without consolidation, then with a pass every `every` arrivals."""
+    if every < 1:
+        raise UsageError(f"--consolidate-every must be 1 or more, got {every}")
+    if not 0 <= max_moves_pct <= 100:
+        raise UsageError(f"--max-moves-pct must be from 0 to 100, got {max_moves_pct}")
+    tasks = [
+        (name, seed, k, pct)
+        for name in policy_names
+        for k, pct in ((0, 0.0), (every, max_moves_pct))
+        for seed in seeds
+    ]
+    results: dict[tuple[str, int, int], ConsolidationRun] = {}
+
+    def record(run: ConsolidationRun) -> None:
+        results[(run.policy, run.seed, run.every)] = run
+        if progress is not None:
+            progress(run)
+
+    if jobs <= 1:
+        for name, seed, k, pct in tasks:
+            record(run_one(nodes, pods, name, seed, k, pct, tune))
+    else:
+        with ProcessPoolExecutor(max_workers=min(jobs, len(tasks))) as pool:
+            futures = [pool.submit(run_one, nodes, pods, *t, tune) for t in tasks]
+            for future in futures:
+                record(future.result())
+    return [
+        Row(name, k, pct, tuple(results[(name, seed, k)] for seed in seeds))
+        for name in policy_names
+        for k, pct in ((0, 0.0), (every, max_moves_pct))
+    ]
+
+
+FIELDS = ("alloc_100", "alloc_130", "moves", "moved_pct", "ceiling_pct", "seconds")
+
+
+def report_document(rows: Sequence[Row], workload: str, tune: float) -> dict[str, object]:
+    """The `-o json` document: one entry per policy and consolidation setting."""
+    out: list[dict[str, object]] = []
+    for row in rows:
+        entry: dict[str, object] = {
+            "policy": row.policy,
+            "consolidate_every": row.every or None,
+            "max_moves_pct": row.max_moves_pct if row.every else None,
+            "seeds": [r.seed for r in row.runs],
+        }
+        for f in FIELDS:
+            values = row.values(f)
+            entry[f] = {
+                "mean": round(row.mean(f), 3) if values else None,
+                "std": round(row.std(f), 3),
+                "per_seed": [
+                    None if (v := getattr(r, f)) is None else round(float(v), 2) for r in row.runs
+                ],
+            }
+        out.append(entry)
+    return {"workload": workload, "tune": tune, "rows": out}
+
+
+def render_table(rows: Sequence[Row], workload: str) -> str:
+    """A Markdown table: allocation at x=100 and x=130, moves, the ceiling, time per run."""
+    head = (
+        "| policy | consolidation | alloc@100 | alloc@130 | moves (% of placed) "
+        "| ceiling@130 | s/run |"
+    )
+    lines = [f"workload {workload}, seeds {_span([r.seed for r in rows[0].runs])}", "", head]
+    lines.append("|" + "---|" * 7)
+    for row in rows:
+        how = f"every {row.every}, ≤ {row.max_moves_pct:g}% moved" if row.every else "none"
+        lines.append(
+            f"| {row.policy} | {how} | {_stat(row, 'alloc_100')} | {_stat(row, 'alloc_130')} "
+            f"| {row.mean('moves'):.0f} ({row.mean('moved_pct'):.2f}%) "
+            f"| {row.mean('ceiling_pct'):.2f} | {row.mean('seconds'):.0f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _stat(row: Row, field: str) -> str:
+    if not row.values(field):
+        return "N/A"
+    return f"{row.mean(field):.2f} ± {row.std(field):.2f}"
+
+
+def _span(seeds: Sequence[int]) -> str:
+    return f"{seeds[0]}-{seeds[-1]}" if len(seeds) > 1 else str(seeds[0])
+
+
+def run_cli(
+    nodes_path: Path,
+    pods_path: Path,
+    policy_names: Sequence[str],
+    seeds: Sequence[int],
+    tune: float,
+    jobs: int,
+    every: int,
+    max_moves_pct: float,
+    *,
+    show: bool,
+    document: str | None,
+) -> str:
+    """`gpuctl bench placement --consolidate-every K`: the Markdown table, or one JSON/YAML
+    document when `document` is `json` or `yaml`."""
+    import json
+
+    from gpuctl.bench.openb import load_nodes, load_pods
+    from gpuctl.bench.runner import workload_name
+
+    if not tune > 0 or math.isinf(tune):
+        raise UsageError(f"--tune must be a positive number, got {tune}")
+    rows = run_matrix(
+        load_nodes(nodes_path),
+        load_pods(pods_path),
+        policy_names,
+        seeds,
+        every=every,
+        max_moves_pct=max_moves_pct,
+        tune=tune,
+        jobs=jobs,
+        progress=_progress if show else None,
+    )
+    name = workload_name(pods_path)
+    if document is None:
+        return render_table(rows, name)
+    doc = report_document(rows, name, tune)
+    if document == "yaml":
+        import yaml
+
+        return str(yaml.safe_dump(doc, sort_keys=False, allow_unicode=True))
+    return json.dumps(doc, indent=2) + "\n"
+
+
+def _progress(run: ConsolidationRun) -> None:
+    how = f"every {run.every}" if run.every else "none"
+    sys.stderr.write(
+        f"{run.policy} seed {run.seed}, consolidation {how}: {run.alloc_130} @130, "
+        f"{run.moves} moves ({run.seconds:.1f} s)\n"
+    )
+    sys.stderr.flush()
