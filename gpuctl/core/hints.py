@@ -1,6 +1,6 @@
 """Health hints for `gpuctl status`: short facts an operator should notice, per node and per GPU.
 
-Not the health verdict (rules as data, a later `core/health.py`): only what the last poll shows.
+Not the health verdict (the rules as data: `core/health.py`): only what the last poll shows.
 """
 
 from __future__ import annotations
