@@ -31,6 +31,7 @@ MARKER_NAME = "COMMITTED"
 MARKER_FORMAT = 1
 MAX_MARKER_BYTES = 1 << 20
 STEP_DIR_PREFIX = "step-"
+CLOCK_IN_SYNC_S = 5.0  # node clock offsets up to this are measurement error, not skew
 _STEP_DIR = re.compile(r"^step-([0-9]{8,})$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _BAD_NAME_CHARS = re.compile(r"[\x00-\x1f\x7f\\]")
@@ -174,6 +175,17 @@ def _rank(marker: CheckpointMarker) -> tuple[int, int, str]:
     )
 
 
+def clock_correction_s(inc: Incarnation) -> float:
+    """What to take off a commit time stamped on `inc`'s node to read it on gpuctl's clock: the
+    node's clock offset measured when it was launched, when it is larger than the measurement's
+    own error (the node's clock is read in whole seconds, during a probe that takes a moment);
+    0 for a node in sync or not measured."""
+    offset = inc.clock_offset_s
+    if offset is None or abs(offset) <= CLOCK_IN_SYNC_S:
+        return 0.0
+    return offset
+
+
 def _why_not(
     marker: CheckpointMarker, by_n: Mapping[int, Incarnation], next_incarnation: int
 ) -> str | None:
@@ -189,9 +201,10 @@ def _why_not(
     inc = by_n.get(marker.incarnation)
     if inc is None:
         return "no such incarnation in this job's history (another job's checkpoint?)"
-    if marker.committed_at < inc.started_at:
+    committed_at = marker.committed_at - clock_correction_s(inc)  # on gpuctl's clock
+    if committed_at < inc.started_at:
         return "committed before that incarnation started (another job's checkpoint?)"
-    if inc.ended_at is not None and marker.committed_at > inc.ended_at:
+    if inc.ended_at is not None and committed_at > inc.ended_at:
         if inc.state is IncarnationState.LOST:
             return "stale: committed after that incarnation was declared lost (a fenced copy)"
         return "stale: committed after that incarnation ended"
@@ -210,8 +223,9 @@ def choose_resume(
     Eligible: valid (marker present and parsable, every checksum matching), of an incarnation older
     than `next_incarnation` that is in `history` (every incarnation of this job), committed while
     that incarnation ran (not before it started, not after it ended or was declared lost: a fenced
-    copy that kept writing is stale). The newest by step, then incarnation, wins. Times in the
-    markers and in `history` must come from the same clock.
+    copy that kept writing is stale). The newest by step, then incarnation, wins. A marker's time
+    is the node's clock; it is read on gpuctl's (the clock of `history`) through the incarnation's
+    `clock_offset_s` (see `clock_correction_s`).
     """
     by_n = {inc.n: inc for inc in history}
     judged = [(marker, _why_not(marker, by_n, next_incarnation)) for marker in markers]

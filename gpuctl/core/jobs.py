@@ -105,6 +105,9 @@ class Incarnation:
     resume_step: int | None = None  # the checkpoint step it was started from (None: fresh)
     cpu_milli: int = 0
     host_mem_mib: int = 0
+    # the node's clock minus gpuctl's when it was launched (the poll before the launch; None:
+    # unknown): the job stamps its checkpoints with the node's clock
+    clock_offset_s: float | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -268,6 +268,7 @@ def launch_on(
         resume_step=resume_step,
         cpu_milli=target.cpu_milli,
         host_mem_mib=target.host_mem_mib,
+        clock_offset_s=_clock_offset(p, node),
     )
     request = jobspecs.launch_request(
         job,
@@ -325,3 +326,11 @@ def launch_on(
 
 def _unknown(p: Pass, job: Job, why: str) -> None:
     p.note("launch", f"{job.id}: {why}; observed on its node next pass", job=job.id)
+
+
+def _clock_offset(p: Pass, node: str) -> float | None:
+    """The node's clock minus gpuctl's, from this pass's poll of it (None: not polled)."""
+    from gpuctl.core.hints import clock_skew_s
+
+    seen = next((n for n in p.snapshot.nodes if n.name == node), None)
+    return None if seen is None else clock_skew_s(seen)

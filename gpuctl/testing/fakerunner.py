@@ -88,6 +88,7 @@ class FakeNode:
     runs: dict[tuple[str, int], FakeRun] = dataclasses.field(default_factory=dict)
     ghosts: list[GpuProcess] = dataclasses.field(default_factory=list)
     checkpoints: dict[str, list[CheckpointMarker]] = dataclasses.field(default_factory=dict)
+    clock_offset_s: float = 0.0  # its clock minus the cluster's (what the probe reports)
 
     def uuid(self, index: int) -> str:
         return f"GPU-{self.name}-{index}"
@@ -375,7 +376,9 @@ class FakeFleet:
             for i in range(node.gpus)
         )
         obs = Observation(
-            gpus=gpus, processes=tuple(procs), facts=NodeFacts(hostname=node.name, clock_s=now)
+            gpus=gpus,
+            processes=tuple(procs),
+            facts=NodeFacts(hostname=node.name, clock_s=now + node.clock_offset_s),
         )
         return NodeSnapshot(
             name=node.name,

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner, Result
 
-from gpuctl.adapters.store import open_store
+from gpuctl.adapters.store import SCHEMA_VERSION, open_store
 from gpuctl.cli.main import app
 from gpuctl.core.jobs import Event, Incarnation, IncarnationState, Job, JobState
 from gpuctl.errors import ExitCode
@@ -40,7 +40,7 @@ def test_a_healthy_store_reports_its_schema_and_rows_and_exits_0(state_dir: Path
     result = gpuctl("--state-dir", str(state_dir), "db", "check")
     assert result.exit_code == 0, result.output
     assert f"database   {state_dir / 'state.db'}\n" in result.stdout
-    assert "schema     v2 (this gpuctl knows v2)\n" in result.stdout
+    assert f"schema     v{SCHEMA_VERSION} (this gpuctl knows v{SCHEMA_VERSION})\n" in result.stdout
     assert "rows       1 jobs, 1 incarnations, 2 events\n" in result.stdout
     assert result.stdout.endswith("healthy    yes\n")
     assert result.stderr == ""
@@ -53,7 +53,7 @@ def test_check_as_json_is_one_document(state_dir: Path) -> None:
     assert (doc["healthy"], doc["problems"], doc["schema_version"], doc["jobs"]) == (
         True,
         [],
-        2,
+        SCHEMA_VERSION,
         1,
     )
     assert doc["database"] == str(state_dir / "state.db")

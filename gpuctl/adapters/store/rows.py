@@ -28,8 +28,9 @@ JOB_COLS = (
 )
 INC_COLS = (
     "job_id, n, node, cards, gpu_uuids, mib_per_card, whole, state, started_at, run_dir, pid, "
-    "ended_at, exit_code, end_reason, resume_step, cpu_milli, host_mem_mib"
+    "ended_at, exit_code, end_reason, resume_step, cpu_milli, host_mem_mib, clock_offset_s"
 )
+INC_N = 18
 CHECKPOINT_COLS = "job_id, incarnation, step, path, committed_at, location"
 EVENT_COLS = "id, at, actor, kind, message, job_id, node, outcome, data"
 CORDON_COLS = "node, reason, operator, source, at"
@@ -69,7 +70,7 @@ INC_FIELDS = frozenset(
 )
 INC_FIXED = frozenset(
     {"job_id", "n", "node", "cards", "gpu_uuids", "mib_per_card", "whole", "cpu_milli"}
-    | {"host_mem_mib"}
+    | {"host_mem_mib", "clock_offset_s"}
 )
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -165,6 +166,7 @@ def inc_values(inc: Incarnation) -> tuple[Any, ...]:
         inc.resume_step,
         inc.cpu_milli,
         inc.host_mem_mib,
+        inc.clock_offset_s,
     )
 
 
@@ -187,6 +189,7 @@ def inc_from(row: tuple[Any, ...]) -> Incarnation:
         resume_step=row[14],
         cpu_milli=row[15],
         host_mem_mib=row[16],
+        clock_offset_s=row[17],
     )
 
 

@@ -197,9 +197,22 @@ def _v2(conn: sqlite3.Connection) -> None:
         conn.execute(statement)
 
 
+V3 = """
+-- The node's clock minus gpuctl's when the incarnation was launched (NULL: unknown): its
+-- checkpoints carry the node's clock, compared with started_at / ended_at (gpuctl's).
+ALTER TABLE incarnations ADD COLUMN clock_offset_s REAL;
+"""
+
+
+def _v3(conn: sqlite3.Connection) -> None:
+    for statement in _statements(V3):
+        conn.execute(statement)
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "jobs, incarnations, cards, events, cordons", _v1),
     Migration(2, "reservations (migration targets), node health", _v2),
+    Migration(3, "the node clock offset of each incarnation", _v3),
 )
 
 

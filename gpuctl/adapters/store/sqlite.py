@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from gpuctl.adapters.protocols import Store
 
 RESERVATIONS_SINCE = 2  # the schema version that added reservations and node health
+CLOCK_OFFSET_SINCE = 3  # ... and incarnations.clock_offset_s
 
 
 class SqliteStore:
@@ -56,6 +57,12 @@ class SqliteStore:
         self.known_version = opened.known_version
         self.writable = opened.writable
         self.ephemeral = opened.ephemeral  # nothing stored yet; an empty, read-only view
+        # an older database opened for reading (never migrated) lacks the newer columns
+        self._inc_cols = (
+            rows.INC_COLS
+            if self.schema_version >= CLOCK_OFFSET_SINCE
+            else rows.INC_COLS.replace("clock_offset_s", "NULL")
+        )
         self._lock = threading.RLock()
 
     def close(self) -> None:
@@ -116,10 +123,9 @@ class SqliteStore:
         row = conn.execute(f"SELECT {rows.JOB_COLS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
         return None if row is None else rows.job_from(row)
 
-    @staticmethod
-    def _inc_row(conn: sqlite3.Connection, job_id: str, n: int) -> Incarnation | None:
+    def _inc_row(self, conn: sqlite3.Connection, job_id: str, n: int) -> Incarnation | None:
         row = conn.execute(
-            f"SELECT {rows.INC_COLS} FROM incarnations WHERE job_id = ? AND n = ?", (job_id, n)
+            f"SELECT {self._inc_cols} FROM incarnations WHERE job_id = ? AND n = ?", (job_id, n)
         ).fetchone()
         return None if row is None else rows.inc_from(row)
 
@@ -196,7 +202,9 @@ class SqliteStore:
             if own is not None:
                 capacity_mib = {**own.capacity(), **capacity_mib}
                 c.execute("DELETE FROM reservations WHERE job_id = ?", (inc.job_id,))
-            c.execute(f"INSERT INTO incarnations ({rows.INC_COLS}) VALUES ({_marks(17)})", values)
+            c.execute(
+                f"INSERT INTO incarnations ({rows.INC_COLS}) VALUES ({_marks(rows.INC_N)})", values
+            )
             c.executemany(
                 "INSERT INTO allocations (job_id, n, node, card, mib, whole, capacity_mib) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -268,7 +276,7 @@ class SqliteStore:
         if holding is not None:
             where.append(f"state {'' if holding else 'NOT '}IN ({_marks(len(rows.HOLDING))})")
             params.extend(rows.HOLDING)
-        sql = f"SELECT {rows.INC_COLS} FROM incarnations"
+        sql = f"SELECT {self._inc_cols} FROM incarnations"
         if where:
             sql += " WHERE " + " AND ".join(where)
         return [rows.inc_from(r) for r in self._read(sql + " ORDER BY job_id, n", params)]

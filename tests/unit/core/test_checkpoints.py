@@ -26,6 +26,7 @@ def inc(
     started_at: float,
     ended_at: float | None = None,
     state: IncarnationState = IncarnationState.EXITED,
+    clock_offset_s: float | None = None,
 ) -> Incarnation:
     return Incarnation(
         job_id="train-demo-1a2b3c",
@@ -39,6 +40,7 @@ def inc(
         started_at=started_at,
         run_dir=f"/runs/{n}",
         ended_at=ended_at,
+        clock_offset_s=clock_offset_s,
     )
 
 
@@ -96,6 +98,34 @@ def test_commits_of_a_fenced_copy_after_it_was_declared_lost_are_stale() -> None
         "skipping step-00000020 of incarnation 1: stale: committed after that incarnation was "
         "declared lost (a fenced copy)",
     ]
+
+
+def test_commit_times_from_a_node_whose_clock_is_off_are_read_on_gpuctls_clock() -> None:
+    # Incarnation 1 ran 100-200 (gpuctl's clock) on a node 600 s behind: its commits are stamped
+    # 400-ish on gpuctl's reading. Incarnation 2 (lost at 400) ran on a node 600 s ahead, and a
+    # fenced copy of it kept committing after that.
+    history = [
+        inc(1, 100.0, 200.0, clock_offset_s=-600.0),
+        inc(2, 210.0, 400.0, IncarnationState.LOST, clock_offset_s=600.0),
+    ]
+    markers = [ok(10, 1, 150.0 - 600), ok(20, 2, 390.0 + 600), ok(30, 2, 420.0 + 600)]
+    chosen, warnings = choose_resume(markers, history=history, next_incarnation=3)
+    assert chosen == ok(20, 2, 990.0)
+    assert warnings == [
+        "skipping step-00000030 of incarnation 2: stale: committed after that incarnation was "
+        "declared lost (a fenced copy)"
+    ]
+    # uncorrected, the good step 20 would read as a fenced copy and step 10 as another job's
+    unknown = [inc(1, 100.0, 200.0), inc(2, 210.0, 400.0, IncarnationState.LOST)]
+    assert choose_resume(markers, history=unknown, next_incarnation=3)[0] is None
+
+
+def test_a_clock_offset_within_its_measurement_error_changes_nothing() -> None:
+    history = [inc(1, 100.0, 200.0, IncarnationState.KILLED, clock_offset_s=4.0)]
+    chosen, warnings = choose_resume(
+        [ok(10, 1, 150.0), ok(20, 1, 201.0)], history=history, next_incarnation=2
+    )
+    assert chosen == ok(10, 1, 150.0) and len(warnings) == 1
 
 
 def test_a_commit_after_an_incarnation_ended_is_stale() -> None:

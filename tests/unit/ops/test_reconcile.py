@@ -196,6 +196,30 @@ def test_past_the_grace_the_job_restarts_elsewhere_from_its_newest_committed_che
     assert check_invariants(store) == []
 
 
+def test_a_node_whose_clock_is_ten_minutes_behind_keeps_its_checkpoints_good(
+    store: Store,
+) -> None:
+    # The job stamps its checkpoints with its node's clock; gpuctl measured the node at launch.
+    t = make(store, grace_s=30)
+    for node in t.cluster.nodes.values():
+        node.clock_offset_s = -600.0
+    job = t.submit("train")
+    t.step()
+    first = t.inc(job.id)
+    assert first.clock_offset_s == -600.0
+    folder = f"{CKPT}/{job.id}"
+    t.clock.advance(10)
+    t.cluster.commit(folder, step=100, incarnation=1, committed_at=t.clock.now() - 600)
+    t.step()
+    t.cluster.kill_node(first.node)
+    t.step(5)
+    t.step(31)  # lost, relaunched elsewhere
+    second = t.inc(job.id, 2)
+    assert second.state is IncarnationState.RUNNING and second.resume_step == 100
+    assert "checkpoint_skipped" not in t.kinds(job.id)
+    assert check_invariants(store) == []
+
+
 def test_a_node_that_returns_has_its_stale_incarnation_killed_and_cards_released(
     store: Store,
 ) -> None:
