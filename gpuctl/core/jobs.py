@@ -118,7 +118,7 @@ class Checkpoint:
     incarnation: int
     step: int
     path: str  # on the node (shared storage) or in gpuctl's own checkpoint store (pull)
-    committed_at: float
+    committed_at: float  # on gpuctl's clock (the marker's node time, read through the offset)
     location: str  # "shared", a node name, or "store"
 
 

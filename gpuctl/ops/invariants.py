@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuctl.adapters.protocols import Store
-from gpuctl.core.jobs import Checkpoint, Incarnation, IncarnationState, Job, JobState
+from gpuctl.core.jobs import Incarnation, IncarnationState, Job, JobState
 from gpuctl.core.migration import Reservation
 
 LIVE = frozenset({IncarnationState.LAUNCHING, IncarnationState.RUNNING, IncarnationState.STOPPING})
@@ -100,14 +100,6 @@ def _job_problems(job: Job, incs: list[Incarnation]) -> list[str]:
     return out
 
 
-def _on_gpuctls_clock(c: Checkpoint, by_n: Mapping[int, Incarnation]) -> float:
-    """A checkpoint's commit time (its node's clock) read on gpuctl's, as the loop reads it."""
-    from gpuctl.core.checkpoints import clock_correction_s
-
-    writer = by_n.get(c.incarnation)
-    return c.committed_at - (0.0 if writer is None else clock_correction_s(writer))
-
-
 def _resume_problems(store: Store, job: Job, incs: list[Incarnation]) -> list[str]:
     checkpoints = store.checkpoints(job.id)
     if not checkpoints:
@@ -118,13 +110,12 @@ def _resume_problems(store: Store, job: Job, incs: list[Incarnation]) -> list[st
         for e in store.events(job_id=job.id, kinds=("checkpoint_invalid",))
     ]
     out: list[str] = []
-    by_n = {i.n: i for i in incs}
     for inc in incs:
         known = [
             c.step
             for c in checkpoints
             if c.incarnation < inc.n
-            and _on_gpuctls_clock(c, by_n) <= inc.started_at
+            and c.committed_at <= inc.started_at
             and not any(
                 at <= inc.started_at and (i, st) == (c.incarnation, c.step)
                 for at, i, st in unusable

@@ -4,11 +4,12 @@ incarnation resumes from (shipping it to the new node for `pull`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import posixpath
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpuctl.core.checkpoints import choose_resume
+from gpuctl.core.checkpoints import choose_resume, clock_correction_s
 from gpuctl.core.jobs import (
     Checkpoint,
     CheckpointMarker,
@@ -58,7 +59,8 @@ def sync_one(p: Pass, job: Job, inc: Incarnation) -> None:
     known = [c.step for c in p.store.checkpoints(job.id) if c.incarnation == inc.n]
     if known and (newest.step or 0) <= max(known):
         return
-    step, committed_at = newest.step or 0, newest.committed_at or 0.0
+    step = newest.step or 0
+    committed_at = (newest.committed_at or 0.0) - clock_correction_s(inc)  # gpuctl's clock
     if specs.checkpoint_sync(job) is CheckpointSync.PULL:
         if p.loop.state_dir is None:
             raise ConfigError(f"job {job.id}: checkpoint.sync is pull but gpuctl has no state dir")
@@ -98,6 +100,8 @@ def resume_point(p: Pass, job: Job, n: int, node: str) -> tuple[str, int | None]
         markers = [  # gpuctl's own copies, verified again: a damaged one is skipped loudly
             _local_marker(c) for c in p.store.checkpoints(job.id) if c.location == "store"
         ]
+        # their times were recorded on gpuctl's clock already: nothing to correct
+        history = [dataclasses.replace(i, clock_offset_s=None) for i in history]
     chosen, warnings = choose_resume(markers, history=history, next_incarnation=n)
     for w in warnings:
         p.act("checkpoint_skipped", f"{job.id}: {w}", job=job.id, node=node, outcome="failed")
@@ -124,7 +128,9 @@ def resume_point(p: Pass, job: Job, n: int, node: str) -> tuple[str, int | None]
     key = (chosen.incarnation, chosen.step)
     if key[0] is not None and key[1] is not None and key not in known and not p.dry:
         # committed since the last scan: the store records what each incarnation resumed from
-        ckpt = Checkpoint(job.id, key[0], key[1], chosen.path, chosen.committed_at or 0.0, "shared")
+        writer = next(i for i in history if i.n == key[0])  # choose_resume checked it is there
+        at = (chosen.committed_at or 0.0) - clock_correction_s(writer)
+        ckpt = Checkpoint(job.id, key[0], key[1], chosen.path, at, "shared")
         p.store.add_checkpoint(ckpt)
     return chosen.path, chosen.step
 

@@ -209,8 +209,11 @@ def test_a_node_whose_clock_is_ten_minutes_behind_keeps_its_checkpoints_good(
     assert first.clock_offset_s == -600.0
     folder = f"{CKPT}/{job.id}"
     t.clock.advance(10)
-    t.cluster.commit(folder, step=100, incarnation=1, committed_at=t.clock.now() - 600)
+    committed = t.clock.now()
+    t.cluster.commit(folder, step=100, incarnation=1, committed_at=committed - 600)
     t.step()
+    # recorded on gpuctl's clock (its age is not 600 s off)
+    assert [c.committed_at for c in store.checkpoints(job.id)] == [committed]
     t.cluster.kill_node(first.node)
     t.step(5)
     t.step(31)  # lost, relaunched elsewhere
@@ -459,12 +462,14 @@ def test_pull_checkpoints_are_copied_and_shipped_to_the_new_node(
     store: Store, tmp_path: Path
 ) -> None:
     t = make(store, grace_s=30, state_dir=str(tmp_path / "gpuctl"))
+    t.cluster.nodes["n1"].clock_offset_s = 900.0  # and the copies keep their times right
     job = t.submit("train", checkpoint={"sync": "pull"})
     t.step()
     first = t.inc(job.id)
     folder = f"~/.gpuctl/checkpoints/{job.id}"
     t.clock.advance(5)
-    t.cluster.commit(folder, step=40, incarnation=1, committed_at=t.clock.now(), node=first.node)
+    node_clock = t.clock.now() + t.cluster.nodes[first.node].clock_offset_s
+    t.cluster.commit(folder, step=40, incarnation=1, committed_at=node_clock, node=first.node)
     report = t.step()
     assert report.of("checkpoint")
     local = tmp_path / "gpuctl" / "checkpoints" / job.id / "step-00000040"
