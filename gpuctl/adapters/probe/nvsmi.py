@@ -23,6 +23,7 @@ from gpuctl.adapters.probe.csvq import (
     rows_by_index,
 )
 from gpuctl.adapters.probe.text import clean, split_lines
+from gpuctl.core.health_reasons import pci_key
 from gpuctl.core.model import GpuProcess, GpuSnapshot, NodeFacts, Observation, XidEvent
 
 MAX_PROBE_BYTES = 4 << 20
@@ -245,20 +246,8 @@ def parse_xid_lines(lines: list[str]) -> tuple[XidEvent, ...]:
 
 def same_pci_device(a: str | None, b: str | None) -> bool:
     """`00000000:18:00.0` (nvidia-smi) and `0000:18:00` (kernel log) name the same device."""
-    if not a or not b:
-        return False
-
-    def key(bus_id: str) -> tuple[int, int, int] | None:
-        parts = bus_id.split(".")[0].split(":")
-        if len(parts) != 3:
-            return None
-        try:
-            return int(parts[0], 16), int(parts[1], 16), int(parts[2], 16)
-        except ValueError:
-            return None
-
-    left = key(a)
-    return left is not None and left == key(b)
+    left = pci_key(a)
+    return left is not None and left == pci_key(b)
 
 
 # --- the whole probe --------------------------------------------------------------------------
