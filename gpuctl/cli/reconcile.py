@@ -76,6 +76,12 @@ def _build(
     parts = fleet.open_loop(
         ctx, write=not dry_run, settings=settings, on_action=_stream if stream else None
     )
+    if not stream and not dry_run:
+        # One pass, e.g. from cron: the health rules look back at the samples of earlier runs
+        # (and of `gpuctl health`), or sustained heat could never be told from a spike.
+        from gpuctl.ops.health import HealthHistory
+
+        parts.loop.health_history = HealthHistory(parts.state_dir)
     return parts.loop, parts.close
 
 

@@ -35,6 +35,7 @@ from gpuctl.ops import (
     reconcile_launch,
     reconcile_nodes,
 )
+from gpuctl.ops.health import HistoryKeeper
 from gpuctl.ops.reconcile_report import Action, NodeReport, PassReport, ReconcileSettings
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,7 @@ class Reconciler:
         state_dir: str | None = None,
         on_action: Callable[[Action], None] | None = None,
         health_rules: HealthRules | None = None,
+        health_history: HistoryKeeper | None = None,
     ) -> None:
         self.store = store
         self.fleet = fleet
@@ -80,7 +82,9 @@ class Reconciler:
         self.on_action = on_action
         self.scanned_at: dict[str, float] = {}  # job id -> when its checkpoints were last read
         self.health_rules = health_rules  # None: the built-in rules, read at the first pass
-        self.health_history = reconcile_health.SampleHistory()
+        # the samples the health rules look back at (sustained heat): in memory for a loop that
+        # keeps running; a one-shot run passes the state dir's file (`ops.health.HealthHistory`)
+        self.health_history: HistoryKeeper = health_history or reconcile_health.SampleHistory()
         self.health_suspect: bool | None = None  # most nodes looked unhealthy (None: not read)
 
     def run_once(self, stop: threading.Event | None = None) -> PassReport:

@@ -21,6 +21,7 @@ from gpuctl.cli.context import AppContext
 from gpuctl.cli.main import app
 from gpuctl.config.jobspec import load_specs
 from gpuctl.core.jobs import JobState
+from gpuctl.lab import nodestate
 from gpuctl.ops import jobs as service
 from gpuctl.testing.fakes import ShellTransport, shell_fleet
 
@@ -146,3 +147,37 @@ def test_watch_stops_cleanly_on_ctrl_c_and_releases_the_lock(tmp_path: Path) -> 
     again = subprocess.run([*argv, "-o", "json"], env=env, capture_output=True, text=True)
     assert again.returncode == 0, again.stderr
     assert json.loads(again.stdout)["nodes"][0]["liveness"] == "failing"
+
+
+def hot_history(state: Path, node: str, *ago_s: float) -> None:
+    """Earlier runs' samples of `node` with its GPU 0 at 95 C, `ago_s` seconds ago each."""
+    from gpuctl.core.model import GpuSnapshot, NodeSnapshot, NodeState, Observation, Reach
+    from gpuctl.ops.health import HealthHistory
+
+    history = HealthHistory(state)
+    for ago in ago_s:
+        gpu = GpuSnapshot(index=0, uuid=nodestate.fake_uuid(node, 0), temp_c=95)
+        sample = NodeSnapshot(
+            node,
+            Reach.OK,
+            NodeState.READY,
+            observation=Observation(gpus=(gpu,)),
+            taken_at=time.time() - ago,
+        )
+        history.record([sample])
+
+
+@pytest.mark.parametrize(("earlier", "action"), [((), "alert"), ((120.0, 60.0), "drain")])
+def test_a_one_shot_pass_reads_earlier_runs_samples_to_tell_sustained_heat_from_a_spike(
+    fleet: tuple[Path, ShellTransport], tmp_path: Path, earlier: tuple[float, ...], action: str
+) -> None:
+    inventory, transport = fleet
+    state = tmp_path / "state"
+    nodestate.inject(Path(transport.envs["gpu01"]["GPUCTL_LAB_STATE"]), gpu=0, temp_c=95)
+    hot_history(state, "gpu01", *earlier)
+    result = invoke(inventory, state, transport, "-o", "json")
+    assert result.exit_code == 0, result.output
+    nodes = {n["name"]: n for n in json.loads(result.stdout)["nodes"]}
+    assert nodes["gpu01"]["health_action"] == action
+    assert nodes["gpu02"]["health_action"] == "none"
+    assert (state / "health-history.json").is_file()  # this run's sample is kept for the next

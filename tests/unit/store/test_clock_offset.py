@@ -33,9 +33,18 @@ def job(job_id: str = "a-1") -> Job:
 
 def inc(offset: float | None) -> Incarnation:
     return Incarnation(
-        "a-1", 1, "n1", (0,), ("GPU-0",), 20_000, False, IncarnationState.LAUNCHING, 50.0, "/r",
+        "a-1",
+        1,
+        "n1",
+        (0,),
+        ("GPU-0",),
+        20_000,
+        False,
+        IncarnationState.LAUNCHING,
+        50.0,
+        "/r",
         clock_offset_s=offset,
-    )  # fmt: skip
+    )
 
 
 def ev(kind: str) -> Event:
