@@ -409,7 +409,7 @@ def smi_main(
 ) -> int:
     """Answer one invocation. `scan=False` renders the idle answer (no process looked at): the
     lab pre-renders those so that the node's `nvidia-smi` wrapper prints them itself (see
-    `gpuctl.lab.nodestate.render_answers`)."""
+    `gpuctl.lab.node_tools.render_answers`)."""
     out = sys.stdout if out is None else out
     state = load_state() if state is None else state
     if state is None:

@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from gpuctl.errors import LabError
-from gpuctl.lab import netns, nodestate, record
+from gpuctl.lab import netns, node_tools, nodestate, record
 from gpuctl.lab import sshd as sshd_mod
 from gpuctl.lab.record import Lab, LabNode, load
 
@@ -48,7 +48,7 @@ LAB_HOST = "127.0.0.1"
 DEFAULT_GPU_MODEL = "NVIDIA H100 80GB HBM3"
 NODE_ENV = "GPUCTL_LAB_NODE"
 STATE_ENV = "GPUCTL_LAB_STATE"
-RUN_DIR = "run"  # the fake tools' memo of the current probe run (nodestate.RUN_DIR_ENV)
+RUN_DIR = "run"  # the fake tools' memo of the current probe run (node_tools.RUN_DIR_ENV)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -130,7 +130,7 @@ def _prepare(
             name, gpus=gpus, model=gpu_model, mem_gib=gpu_mem_gib, node_index=index
         )
         nodestate.write_state(lab.state_path(name), state)
-        nodestate.install_node_tools(node_dir / "bin", python=python)
+        node_tools.install_node_tools(node_dir / "bin", python=python)
         sshd_mod.generate_ed25519(node_dir / "ssh_host_ed25519_key", name)
         if user.dedicated:
             for path in (node_dir, node_dir / "bin", node_dir / "home", node_dir / RUN_DIR,
@@ -147,7 +147,7 @@ def _write_config(lab: Lab, node: LabNode, version: tuple[int, int] | None) -> N
     env = {
         NODE_ENV: node.name,
         STATE_ENV: str(lab.state_path(node.name)),
-        nodestate.RUN_DIR_ENV: str(node_dir / RUN_DIR),
+        node_tools.RUN_DIR_ENV: str(node_dir / RUN_DIR),
         "HOME": str(node_dir / "home"),
         "PATH": f"{node_dir / 'bin'}:/usr/local/bin:/usr/bin:/bin",
     }

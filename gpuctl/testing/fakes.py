@@ -113,11 +113,11 @@ def fake_node_env(
 ) -> dict[str, str]:
     """The environment of one node run with the local `sh`: its own GPU state file and HOME under
     `folder/name`, the lab's fake `nvidia-smi` (installed into `tools`, default `folder/bin`)."""
-    from gpuctl.lab import nodestate
+    from gpuctl.lab import node_tools, nodestate
 
     tools = tools or folder / "bin"
     if not (tools / "nvidia-smi").exists():
-        nodestate.install_node_tools(tools, python="/usr/bin/python3")
+        node_tools.install_node_tools(tools, python="/usr/bin/python3")
     state = folder / name / "state.json"
     state.parent.mkdir(parents=True)
     nodestate.write_state(

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from gpuctl.cli.context import AppContext
 from gpuctl.cli.main import app
 from gpuctl.errors import ConnectRefused
-from gpuctl.lab import nodestate
+from gpuctl.lab import node_tools, nodestate
 from gpuctl.ops.health import HISTORY_FILE
 from gpuctl.testing.fakes import FakeTransport, ShellTransport
 
@@ -23,7 +23,7 @@ class Fleet:
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        nodestate.install_node_tools(root / "bin", python="/usr/bin/python3")
+        node_tools.install_node_tools(root / "bin", python="/usr/bin/python3")
         self.envs: dict[str, dict[str, str]] = {}
         for i, name in enumerate(NODES):
             state = root / name / "state.json"

@@ -11,7 +11,7 @@ from gpuctl.cli.context import AppContext
 from gpuctl.cli.main import app
 from gpuctl.core.model import fleet_from_dict
 from gpuctl.errors import ConnectRefused
-from gpuctl.lab import nodestate
+from gpuctl.lab import node_tools, nodestate
 from gpuctl.testing.fakes import FakeTransport, ShellTransport
 
 ROOT = Path(__file__).parents[2]
@@ -204,7 +204,7 @@ def test_on_the_live_fleet_place_polls_once_and_skips_nodes_that_do_not_answer(
             "gpu01", gpus=2, model="NVIDIA H100 80GB HBM3", mem_gib=80, node_index=0
         ),
     )
-    nodestate.install_node_tools(tmp_path / "bin", python="/usr/bin/python3")
+    node_tools.install_node_tools(tmp_path / "bin", python="/usr/bin/python3")
     env = {
         "PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin",
         "GPUCTL_LAB_STATE": str(state),

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from gpuctl.cli.context import AppContext
 from gpuctl.cli.main import app
 from gpuctl.errors import ConnectRefused
-from gpuctl.lab import nodestate
+from gpuctl.lab import node_tools, nodestate
 from gpuctl.testing.fakes import FakeTransport, ShellTransport
 
 SNAPSHOT = Path(__file__).parents[1] / "fixtures" / "snapshots" / "fleet-5-nodes.json"
@@ -52,7 +52,7 @@ def node_env(tmp_path: Path) -> dict[str, str]:
             "gpu01", gpus=2, model="NVIDIA H100 80GB HBM3", mem_gib=80, node_index=0
         ),
     )
-    nodestate.install_node_tools(tmp_path / "bin", python="/usr/bin/python3")
+    node_tools.install_node_tools(tmp_path / "bin", python="/usr/bin/python3")
     return {
         "PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin",
         "GPUCTL_LAB_STATE": str(state),

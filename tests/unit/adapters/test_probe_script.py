@@ -12,7 +12,7 @@ import pytest
 from gpuctl.adapters.probe import parse_probe
 from gpuctl.adapters.probe.script import XID_TAIL_LINES, probe_command
 from gpuctl.core.model import Observation
-from gpuctl.lab import nodestate
+from gpuctl.lab import node_tools, nodestate
 
 XID = "NVRM: Xid (PCI:0000:18:00): {n}, pid=7, name=python3, Ch 00000010"
 
@@ -24,7 +24,7 @@ def node(tmp_path: Path) -> dict[str, object]:
     nodestate.write_state(
         state, nodestate.new_node_state("n1", gpus=1, model="NVIDIA H200", mem_gib=1, node_index=0)
     )
-    nodestate.install_node_tools(tmp_path / "lab-bin", python=sys.executable)
+    node_tools.install_node_tools(tmp_path / "lab-bin", python=sys.executable)
     (tmp_path / "lab-bin" / "dmesg").unlink()  # each test says what the kernel log looks like
     tools = tmp_path / "tools"
     tools.mkdir()

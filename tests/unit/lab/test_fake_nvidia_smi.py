@@ -21,7 +21,7 @@ from gpuctl.adapters.probe.csvq import Notes, parse_gpu_csv
 from gpuctl.adapters.probe.script import GPU_FIELDS, probe_command
 from gpuctl.core.model import Observation
 from gpuctl.errors import LabError
-from gpuctl.lab import nodestate
+from gpuctl.lab import node_tools, nodestate
 
 NODE = "lab-07"
 H100 = "NVIDIA H100 80GB HBM3"
@@ -33,7 +33,7 @@ def lab(tmp_path: Path) -> dict[str, Any]:
     nodestate.write_state(
         state_path, nodestate.new_node_state(NODE, gpus=2, model=H100, mem_gib=80, node_index=7)
     )
-    nodestate.install_node_tools(tmp_path / "bin", python=sys.executable)
+    node_tools.install_node_tools(tmp_path / "bin", python=sys.executable)
     env = {
         "PATH": f"{tmp_path / 'bin'}:/usr/local/bin:/usr/bin:/bin",
         "GPUCTL_LAB_STATE": str(state_path),
@@ -257,7 +257,7 @@ def test_one_probe_run_looks_for_gpu_grants_once_and_the_next_run_looks_again(
     (shadow / "grep").write_text(f'#!/bin/sh\necho "$1" >>{log}\nexec {grep} "$@"\n')
     (shadow / "grep").chmod(0o755)
     plain = {**lab["env"], "PATH": f"{shadow}:{lab['env']['PATH']}"}
-    env = {**plain, nodestate.RUN_DIR_ENV: str(run)}
+    env = {**plain, node_tools.RUN_DIR_ENV: str(run)}
 
     def scans() -> int:
         found = log.read_text().split().count("-lzs") if log.exists() else 0
@@ -268,14 +268,14 @@ def test_one_probe_run_looks_for_gpu_grants_once_and_the_next_run_looks_again(
     job = spawn(["sleep", "60"], {**lab["env"], "CUDA_VISIBLE_DEVICES": "0"})
     again = probe({**lab, "env": env})
     assert ([p.pid for p in again.processes], scans()) == ([job.pid], 1)
-    apps = nodestate._probe_invocations()["apps"]
+    apps = node_tools._probe_invocations()["apps"]
     for _ in range(2):
         direct = subprocess.run(
             ["nvidia-smi", *apps], env=env, capture_output=True, text=True, check=True
         )
         assert f", {job.pid}, " in direct.stdout
     assert scans() == 2
-    (run / nodestate.GRANT_MEMO).unlink()
+    (run / node_tools.GRANT_MEMO).unlink()
     before = sorted(p.name for p in tmp_path.rglob("*"))
     assert ([p.pid for p in probe({**lab, "env": plain}).processes], scans()) == ([job.pid], 3)
     assert sorted(p.name for p in tmp_path.rglob("*")) == before
@@ -346,11 +346,11 @@ def test_installed_tools_are_sh_wrappers_over_a_stdlib_python_fake(lab: dict[str
         assert path.stat().st_mode & 0o777 == 0o755
         assert path.read_text().startswith("#!/bin/sh\n")
         assert f"exec {sys.executable} -IS" in path.read_text()
-    fake = (lab["bin"] / nodestate.FAKE_SCRIPT).read_text()
+    fake = (lab["bin"] / node_tools.FAKE_SCRIPT).read_text()
     assert fake.startswith(f"#!{sys.executable} -IS\n")
     assert "import gpuctl" not in fake
     with pytest.raises(LabError, match="absolute path"):
-        nodestate.install_node_tools(lab["bin"], python="python3 -c evil")
+        node_tools.install_node_tools(lab["bin"], python="python3 -c evil")
 
 
 def _tool(lab: dict[str, Any], *argv: str) -> bytes:
@@ -361,7 +361,7 @@ def _tool(lab: dict[str, Any], *argv: str) -> bytes:
 
 def test_pre_rendered_answers_are_exactly_what_the_python_fake_says(lab: dict[str, Any]) -> None:
     nodestate.inject(lab["state"], gpu=1, xid=79)
-    invocations = [("nvidia-smi", *args) for args in nodestate._probe_invocations().values()]
+    invocations = [("nvidia-smi", *args) for args in node_tools._probe_invocations().values()]
     fast = {inv: _tool(lab, *inv) for inv in [*invocations, ("dmesg",)]}
     (lab["state"].parent / "answers.sh").unlink()  # every call now runs the Python fake
     slow = {inv: _tool(lab, *inv) for inv in fast}
@@ -377,7 +377,7 @@ def test_a_fault_or_a_granted_process_bypasses_the_pre_rendered_answers(
     assert "answers=1" not in answers.read_text()
     nodestate.inject(lab["state"], clear=True)
     assert "answers=1" in answers.read_text()
-    apps = ("nvidia-smi", *nodestate._probe_invocations()["apps"])
+    apps = ("nvidia-smi", *node_tools._probe_invocations()["apps"])
     assert len(_tool(lab, *apps).splitlines()) == 1  # the header only: no process
     env = {**lab["env"], "CUDA_VISIBLE_DEVICES": "1", "GPUCTL_LAB_MEM_MIB": "777"}
     job = spawn(["sleep", "30"], env)

@@ -13,7 +13,7 @@ from gpuctl.errors import (
     HostKeyUnknown,
     TransportTimeout,
 )
-from gpuctl.lab import nodestate
+from gpuctl.lab import node_tools, nodestate
 from gpuctl.ops.gather import Gatherer
 from gpuctl.testing.fakes import FakeTransport, ShellTransport
 
@@ -29,7 +29,7 @@ def fake_node(tmp_path: Path) -> dict[str, str]:
     nodestate.write_state(
         state, nodestate.new_node_state("n1", gpus=4, model="NVIDIA L40S", mem_gib=48, node_index=0)
     )
-    nodestate.install_node_tools(tmp_path / "bin", python="/usr/bin/python3")
+    node_tools.install_node_tools(tmp_path / "bin", python="/usr/bin/python3")
     return {
         "PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin",
         "GPUCTL_LAB_STATE": str(state),

@@ -405,10 +405,10 @@ class Shells:
     claims a node's name, so tests elsewhere must not share them."""
 
     def __init__(self, tmp: Path) -> None:
-        from gpuctl.lab import nodestate
+        from gpuctl.lab import node_tools, nodestate
 
         self.tmp = tmp
-        nodestate.install_node_tools(tmp / "bin", python="/usr/bin/python3")
+        node_tools.install_node_tools(tmp / "bin", python="/usr/bin/python3")
         self.envs: dict[str, dict[str, str]] = {}
         lines = ["nodes:"]
         for i, name in enumerate(("pb01", "pb02")):
