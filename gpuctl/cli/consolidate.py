@@ -71,7 +71,7 @@ def consolidate(
 
 
 def _target(path: Path) -> JobRequest:
-    from gpuctl.config.jobspec import load_job_specs
+    from gpuctl.config.jobspec_files import load_job_specs
 
     requests = load_job_specs([path])
     if len(requests) != 1:

@@ -43,7 +43,7 @@ def submit(
     Every file is checked first (exit 2 on a bad spec or a missing secret); nothing is queued
     unless all of them are good.
     """
-    from gpuctl.config.jobspec import load_specs
+    from gpuctl.config.jobspec_files import load_specs
     from gpuctl.ops import jobs as service
 
     specs = load_specs(files, require_command=True)

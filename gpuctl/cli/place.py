@@ -49,7 +49,7 @@ def place(
 
     Exit 0 when every job fits, 3 when some do not, 2 for bad job files or options.
     """
-    from gpuctl.config.jobspec import load_job_specs
+    from gpuctl.config.jobspec_files import load_job_specs
     from gpuctl.core.plan import plan_to_dict, render_plan_text
     from gpuctl.ops import place as service
 

@@ -1,4 +1,4 @@
-"""Job spec files: one job per YAML file, or several under `jobs:`, converted to `JobRequest`s.
+"""The job spec schema: one job per YAML file, or several under `jobs:`, and its `JobRequest`.
 
 ```yaml
 name: train-llama            # ^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$, unique across the files given
@@ -31,28 +31,22 @@ disruptible: true            # false: consolidation never moves it
 min_runtime_between_moves: 30m   # consolidation leaves it alone this long after a (re)start
 ```
 
-Every problem is one `JobSpecError` naming the file, the line and the field. `load_specs` keeps
-the validated `JobSpec`s (with `workdir`, `checkpoint.dir` and secret files resolved against the
-spec file's folder); `load_job_specs` gives the placement requests.
+The models here check each field (a bad value is one `JobSpecError` naming its field, once read
+through `config.jobspec_files`, which also does the checks across fields and files and resolves
+paths); `to_request` turns a validated `JobSpec` into a placement request.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import os
 import re
-from collections.abc import Callable, Sequence
-from pathlib import Path
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
-from gpuctl.config.document import Document
-from gpuctl.config.loader import load_document, validate_data
 from gpuctl.core.placement.model import JobRequest, JobShape, LabelRequirement, Tier
 from gpuctl.core.units import UnitError, parse_card_mem, parse_cpu_milli, parse_mem_mib
-from gpuctl.errors import JobSpecError
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
@@ -70,7 +64,6 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|min|h|d)?\s*$")
 _DURATION_UNIT_S = {"s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
 LABEL_KEY_PATTERN = r"^[A-Za-z0-9]([A-Za-z0-9._/-]{0,126}[A-Za-z0-9])?$"
 ANY_VALUE = "*"
-KIND = "job spec"
 
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]
 LabelKey = Annotated[str, Field(pattern=LABEL_KEY_PATTERN)]
@@ -304,14 +297,6 @@ class JobSpec(_Strict):
         return {name: self.secret_files.get(name) for name in self.secret_env}
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class LoadedSpec:
-    """A validated job spec and where it was written (`path:line`)."""
-
-    spec: JobSpec
-    source: str
-
-
 class JobListFile(_Strict):
     jobs: Annotated[list[JobSpec], Field(min_length=1)]
 
@@ -347,96 +332,3 @@ def to_request(spec: JobSpec) -> JobRequest:
         avoid_groups=tuple(spec.affinity.avoid_groups),
         command=tuple(spec.command or ()),
     )
-
-
-def load_job_specs(paths: Sequence[Path]) -> tuple[JobRequest, ...]:
-    """Read job spec files, in order, into placement requests (`gpuctl place`)."""
-    return tuple(to_request(loaded.spec) for loaded in load_specs(paths))
-
-
-def load_specs(paths: Sequence[Path], *, require_command: bool = False) -> tuple[LoadedSpec, ...]:
-    """Read job spec files, in order; names must be unique across all of them.
-
-    Relative `workdir`, `checkpoint.dir` and secret files are resolved against the folder of the
-    file that names them. `require_command`: every job must have a `command` (`gpuctl submit`).
-    """
-    if not paths:
-        raise JobSpecError("no job spec file given")
-    out: list[LoadedSpec] = []
-    seen: dict[str, str] = {}
-    for path in paths:
-        doc = load_document(path, kind=KIND, error=JobSpecError)
-        for loc, spec in _specs(doc):
-            if spec.name in seen:
-                raise doc.error(
-                    (*loc, "name"),
-                    f"job name {spec.name!r} is used twice (first at {seen[spec.name]})",
-                    error=JobSpecError,
-                )
-            seen[spec.name] = doc.where((*loc, "name"))
-            _check(doc, loc, spec, require_command)
-            out.append(LoadedSpec(_resolved(spec, path), doc.where(loc)))
-    return tuple(out)
-
-
-def _check(doc: Document, loc: tuple[str | int, ...], spec: JobSpec, need_command: bool) -> None:
-    """What one field's validator cannot see: a command for submit, names given twice."""
-    if need_command and spec.command is None:
-        raise doc.error(
-            loc,
-            "missing required key 'command' (the argv to run, e.g. [python, train.py])",
-            hint="`gpuctl submit` runs the command; only `gpuctl place` works without one",
-            error=JobSpecError,
-        )
-    if "secret_files" in _raw_at(doc.data, loc):
-        raise doc.error(
-            (*loc, "secret_files"),
-            "unknown key 'secret_files'",
-            hint="list files under secret_env: - NAME: {file: PATH}",
-            error=JobSpecError,
-        )
-    secrets: dict[str, int] = {}
-    for i, name in enumerate(spec.secret_env):
-        if name in secrets:
-            message = f"secret {name} is listed twice (first at secret_env[{secrets[name]}])"
-            raise doc.error((*loc, "secret_env", i), message, error=JobSpecError)
-        if name in spec.env:
-            message = f"{name} is both in env and in secret_env: keep it in one"
-            raise doc.error((*loc, "secret_env", i), message, error=JobSpecError)
-        secrets[name] = i
-
-
-def _raw_at(data: Any, loc: tuple[str | int, ...]) -> Any:
-    for part in loc:
-        data = data[part]
-    return data
-
-
-def _local(path: str, base: Path) -> str:
-    """A path on this machine: `~` kept (expanded where it is used), relative made absolute."""
-    if path.startswith("~") or Path(path).is_absolute():
-        return path
-    return os.path.normpath(base.absolute() / path)
-
-
-def _resolved(spec: JobSpec, path: Path) -> JobSpec:
-    base = path.parent
-    changes: dict[str, Any] = {}
-    if spec.workdir is not None:
-        changes["workdir"] = _local(spec.workdir, base)
-    if spec.checkpoint.dir is not None:
-        ckpt = spec.checkpoint.model_copy(update={"dir": _local(spec.checkpoint.dir, base)})
-        changes["checkpoint"] = ckpt
-    if spec.secret_files:
-        changes["secret_files"] = {k: _local(v, base) for k, v in spec.secret_files.items()}
-    return spec.model_copy(update=changes) if changes else spec
-
-
-def _specs(doc: Document) -> list[tuple[tuple[str | int, ...], JobSpec]]:
-    if "jobs" in doc.data:
-        listed = validate_data(
-            doc.data, JobListFile, path=doc.path, lines=doc.lines, error=JobSpecError
-        )
-        return [(("jobs", i), spec) for i, spec in enumerate(listed.jobs)]
-    spec = validate_data(doc.data, JobSpec, path=doc.path, lines=doc.lines, error=JobSpecError)
-    return [((), spec)]

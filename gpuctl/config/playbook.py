@@ -347,7 +347,7 @@ def _check_run(doc: Document, i: int, options: dict[str, Any], model: PlaybookFi
 
 
 def _job_files(doc: Document, i: int, files: list[str]) -> list[str]:
-    from gpuctl.config.jobspec import load_specs
+    from gpuctl.config.jobspec_files import load_specs
 
     base = doc.path.parent
     out = []

@@ -105,7 +105,7 @@ def _p_consolidate(s: Services, unit: Unit, nodes: tuple[str, ...], view: View) 
 
 
 def _p_submit(s: Services, unit: Unit, nodes: tuple[str, ...], view: View) -> Sequence[str]:
-    from gpuctl.config.jobspec import load_specs
+    from gpuctl.config.jobspec_files import load_specs
     from gpuctl.ops import jobs as service
 
     specs = load_specs([Path(f) for f in unit.step.options["files"]], require_command=True)

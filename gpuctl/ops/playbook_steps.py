@@ -240,7 +240,7 @@ def _consolidate(ctx: RunContext, unit: Unit, nodes: tuple[str, ...]) -> StepRes
 
 
 def _submit(ctx: RunContext, unit: Unit, nodes: tuple[str, ...]) -> StepResult:
-    from gpuctl.config.jobspec import load_specs
+    from gpuctl.config.jobspec_files import load_specs
     from gpuctl.ops import jobs as service
 
     s = ctx.services

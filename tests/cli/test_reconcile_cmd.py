@@ -19,7 +19,7 @@ from gpuctl.adapters.clock import SystemClock
 from gpuctl.adapters.store import open_store
 from gpuctl.cli.context import AppContext
 from gpuctl.cli.main import app
-from gpuctl.config.jobspec import load_specs
+from gpuctl.config.jobspec_files import load_specs
 from gpuctl.core.jobs import JobState
 from gpuctl.lab import nodestate
 from gpuctl.ops import jobs as service

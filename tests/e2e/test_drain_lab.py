@@ -24,7 +24,7 @@ from gpuctl.adapters.ssh import SshTransport
 from gpuctl.adapters.store import open_store
 from gpuctl.cli.context import AppContext
 from gpuctl.cli.main import app
-from gpuctl.config.jobspec import load_specs
+from gpuctl.config.jobspec_files import load_specs
 from gpuctl.core.jobs import EndReason, Incarnation, IncarnationState, JobState
 from gpuctl.core.model import Inventory
 from gpuctl.core.nodehealth import AutoDrainPolicy

@@ -18,7 +18,7 @@ import pytest
 from gpuctl.adapters.clock import SystemClock
 from gpuctl.adapters.ssh import SshTransport
 from gpuctl.adapters.store import open_store
-from gpuctl.config.jobspec import load_specs
+from gpuctl.config.jobspec_files import load_specs
 from gpuctl.core.jobs import IncarnationState, JobState
 from gpuctl.core.model import Inventory
 from gpuctl.ops import jobs as service

@@ -13,7 +13,8 @@ import pytest
 
 from gpuctl.adapters.protocols import Store
 from gpuctl.config.health_rules import load_rules
-from gpuctl.config.jobspec import JobSpec, LoadedSpec
+from gpuctl.config.jobspec import JobSpec
+from gpuctl.config.jobspec_files import LoadedSpec
 from gpuctl.core.jobs import (
     Checkpoint,
     EndReason,

@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from gpuctl.adapters.protocols import Clock, Store
-from gpuctl.config.jobspec import LoadedSpec
+from gpuctl.config.jobspec_files import LoadedSpec
 from gpuctl.core import numbers as core_numbers
 from gpuctl.core.jobs import Checkpoint, Event, Incarnation, Job, JobState
 from gpuctl.errors import GpuctlError, JobSpecError, StateError, StoreConflict

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuctl.config.jobspec import JobSpec, load_job_specs, load_specs
+from gpuctl.config.jobspec import JobSpec
+from gpuctl.config.jobspec_files import load_job_specs, load_specs
 from gpuctl.core.placement import LabelRequirement, Tier
 from gpuctl.core.units import CardMem
 from gpuctl.errors import ExitCode, JobSpecError

@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuctl.config.jobspec import JobSpec, load_specs
+from gpuctl.config.jobspec import JobSpec
+from gpuctl.config.jobspec_files import load_specs
 from gpuctl.errors import JobSpecError
 
 

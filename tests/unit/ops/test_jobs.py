@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from gpuctl.config.jobspec import JobSpec, LoadedSpec
+from gpuctl.config.jobspec import JobSpec
+from gpuctl.config.jobspec_files import LoadedSpec
 from gpuctl.core.jobs import (
     Checkpoint,
     EndReason,
