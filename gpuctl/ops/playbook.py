@@ -20,7 +20,8 @@ from typing import Any
 
 from gpuctl.core import playbook as core
 from gpuctl.core.jobs import Event
-from gpuctl.core.playbook import Journal, Playbook, StepResult, TimeWindow, Unit
+from gpuctl.core.playbook import Playbook, TimeWindow, Unit
+from gpuctl.core.playbook_run import Journal, StepResult, in_play, stop_reason
 from gpuctl.errors import StateError
 from gpuctl.ops import playbook_steps as steps
 from gpuctl.ops.playbook_preview import preview
@@ -302,7 +303,7 @@ def _execute(
                 return _report(playbook, journal, "stopped", message, results, resumed)
             journal = journal.start(unit.key, clock.now())
             journals.save(journal)
-            live = Unit(unit.batch, unit.step, core.in_play(unit.nodes, journal))
+            live = Unit(unit.batch, unit.step, in_play(unit.nodes, journal))
             result = steps.execute(context, live)
             journal = journal.finish(result, clock.now(), health=context.health)
             context.journal = journal
@@ -319,7 +320,7 @@ def _execute(
             results.append(result)
             if on_step is not None:
                 on_step(result)
-            stop = core.stop_reason(journal, result, playbook.settings)
+            stop = stop_reason(journal, result, playbook.settings)
             if stop is not None:
                 journal = journal.close("failed", clock.now())
                 journals.save(journal)

@@ -12,7 +12,7 @@ from gpuctl.core.playbook import Unit
 from gpuctl.core.playbook_expr import Expr
 from gpuctl.errors import GpuctlError
 from gpuctl.ops import nodeops
-from gpuctl.ops.playbook_steps import cancel_choice
+from gpuctl.ops.playbook_fleet_steps import cancel_choice
 from gpuctl.ops.playbook_view import Services, View, node_line, numbers_line
 
 

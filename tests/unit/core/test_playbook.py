@@ -12,16 +12,21 @@ from hypothesis import strategies as st
 from gpuctl.core import playbook as core
 from gpuctl.core.playbook import (
     CancelCandidate,
-    Journal,
-    NodeResult,
     Selector,
     Settings,
-    StepResult,
     TargetFacts,
     TimeWindow,
 )
 from gpuctl.core.playbook_expr import FLEET_NAMES, ExprError
 from gpuctl.core.playbook_expr_parse import parse
+from gpuctl.core.playbook_run import (
+    Journal,
+    NodeResult,
+    StepResult,
+    aggregate,
+    in_play,
+    stop_reason,
+)
 
 
 def fleet(text: str, **env: object) -> bool:
@@ -172,18 +177,18 @@ def test_failed_nodes_stop_the_run_only_beyond_max_fail_percentage() -> None:
     j = journal().finish(result("b1.s1", "failed", (NodeResult("a", "failed", "exit 1"),)), 2.0)
     assert j.failed_nodes == ("a",) and j.failed_pct() == 25.0
     last = result("b1.s1", "failed", (NodeResult("a", "failed", "x"),))
-    assert core.stop_reason(j, last, Settings(max_fail_percentage=25)) is None
-    assert core.stop_reason(j, last, Settings(max_fail_percentage=0)) == (
+    assert stop_reason(j, last, Settings(max_fail_percentage=25)) is None
+    assert stop_reason(j, last, Settings(max_fail_percentage=0)) == (
         "1 of 4 target(s) failed (25% > max_fail_percentage 0%)"
     )
-    assert core.in_play(("a", "b"), j) == ("b",)  # a failed node takes no part in later steps
+    assert in_play(("a", "b"), j) == ("b",)  # a failed node takes no part in later steps
 
 
 def test_a_failed_fleet_step_always_stops_the_run() -> None:
     failed = StepResult("b1.s3", 0, 2, "assert", "band ok", "failed", "band == 'over'")
-    reason = core.stop_reason(journal(), failed, Settings(max_fail_percentage=100))
+    reason = stop_reason(journal(), failed, Settings(max_fail_percentage=100))
     assert reason == "step 3 (band ok) failed: band == 'over'"
-    assert core.stop_reason(journal(), result("b1.s1", "changed"), Settings()) is None
+    assert stop_reason(journal(), result("b1.s1", "changed"), Settings()) is None
 
 
 def test_the_journal_records_units_and_round_trips_through_json() -> None:
@@ -211,10 +216,10 @@ def test_the_journal_records_units_and_round_trips_through_json() -> None:
 def test_a_node_step_outcome_is_the_worst_of_its_nodes() -> None:
     ok, changed = NodeResult("a", "ok", ""), NodeResult("b", "changed", "")
     skipped, failed = NodeResult("c", "skipped", ""), NodeResult("d", "failed", "")
-    assert core.aggregate([ok, changed, skipped]) == "changed"
-    assert core.aggregate([ok, skipped]) == "ok"
-    assert core.aggregate([skipped]) == core.aggregate([]) == "skipped"
-    assert core.aggregate([changed, failed]) == "failed"
+    assert aggregate([ok, changed, skipped]) == "changed"
+    assert aggregate([ok, skipped]) == "ok"
+    assert aggregate([skipped]) == aggregate([]) == "skipped"
+    assert aggregate([changed, failed]) == "failed"
 
 
 GIB = 1024

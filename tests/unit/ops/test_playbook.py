@@ -29,7 +29,8 @@ from gpuctl.config.playbook import load_playbook
 from gpuctl.core.jobs import JobState
 from gpuctl.core.model import NodeSnapshot
 from gpuctl.core.nodehealth import AutoDrainPolicy
-from gpuctl.core.playbook import Journal, Playbook
+from gpuctl.core.playbook import Playbook
+from gpuctl.core.playbook_run import Journal
 from gpuctl.errors import StateError
 from gpuctl.ops import playbook as service
 from gpuctl.ops.playbook import RunReport, Services
