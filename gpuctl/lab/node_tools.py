@@ -18,7 +18,6 @@ from typing import Any
 
 from gpuctl.errors import LabError
 
-TOOL_NAMES = ("nvidia-smi", "dmesg")
 FAKE_SCRIPT = ".fake_nvidia_smi.py"
 ANSWERS_FILE = "answers.sh"  # beside the state file: pre-rendered idle answers of the fake tools
 RUN_DIR_ENV = "GPUCTL_LAB_RUN_DIR"  # a folder of the node for the fake tools' runtime memo

@@ -21,7 +21,7 @@ from typing import Any
 from gpuctl.core import playbook as core
 from gpuctl.core.jobs import Event
 from gpuctl.core.playbook import Playbook, TimeWindow, Unit
-from gpuctl.core.playbook_run import Journal, StepResult, in_play, stop_reason
+from gpuctl.core.playbook_run import Journal, StepResult, in_play, step_result, stop_reason
 from gpuctl.errors import StateError
 from gpuctl.ops import playbook_steps as steps
 from gpuctl.ops.playbook_preview import preview
@@ -342,16 +342,8 @@ def _execute(
 
 
 def _earlier(unit: Unit, outcome: str) -> StepResult:
-    return StepResult(
-        key=unit.key,
-        batch=unit.batch,
-        step=unit.step.index,
-        kind=unit.step.kind,
-        title=unit.step.title,
-        outcome=outcome,
-        message="done by the interrupted run: skipped",
-        earlier=True,
-    )
+    done = step_result(unit, outcome, "done by the interrupted run: skipped")
+    return dataclasses.replace(done, earlier=True)
 
 
 def _report(

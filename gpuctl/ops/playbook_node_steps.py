@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import shlex
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -115,7 +114,7 @@ def _run(ctx: RunContext, unit: Unit, nodes: tuple[str, ...]) -> StepResult:
     from gpuctl.ops.fanout import fanout
 
     o = unit.step.options
-    command = shlex.join(core.sudo_argv(o["argv"], o["sudo"]))
+    command = core.command_text(o["argv"], o["sudo"])
     transport = ctx.services.transport
 
     def one(spec: NodeSpec) -> NodeResult:

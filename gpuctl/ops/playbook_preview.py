@@ -3,7 +3,6 @@ and the store through the same services the steps call; changes nothing."""
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -136,7 +135,7 @@ def _p_wait(s: Services, unit: Unit, nodes: tuple[str, ...], view: View) -> Sequ
 
 def _p_run(s: Services, unit: Unit, nodes: tuple[str, ...], view: View) -> Sequence[str]:
     o = unit.step.options
-    command = shlex.join(core.sudo_argv(o["argv"], o["sudo"]))
+    command = core.command_text(o["argv"], o["sudo"])
     return [f"{n}: would run {command}" for n in nodes]
 
 
