@@ -42,21 +42,10 @@ def node_hints(node: NodeSnapshot, expected_gpus: int | None = None) -> tuple[st
         out.append("XID " + ",".join(str(x) for x in xids))
     for gpu in obs.gpus:
         out.extend(f"gpu{gpu.index}: {h}" for h in gpu_hints(gpu))
-    skew = clock_skew_s(node)
+    skew = node.clock_offset_s
     if skew is not None and abs(skew) > CLOCK_SKEW_S:
         out.append(f"clock {abs(skew):.0f} s {'ahead' if skew > 0 else 'behind'}")
     if obs.notes and obs.nvml_ok:
         out.append(f"{len(obs.notes)} parse note(s)")
     return tuple(out)
 
-
-def clock_skew_s(node: NodeSnapshot) -> float | None:
-    """The node's clock minus gpuctl's, from the poll (None when unknown). The node reads its
-    clock during the probe, gpuctl when the poll began: a slow probe reads as a node a few seconds
-    ahead, whole seconds only. Jobs stamp their checkpoints with the node's clock and gpuctl
-    compares those stamps with its own: a node far off makes checkpoint ages and the fencing of a
-    lost incarnation's late checkpoints wrong by as much."""
-    obs = node.observation
-    if obs is None or obs.facts.clock_s is None or node.taken_at is None:
-        return None
-    return obs.facts.clock_s - node.taken_at

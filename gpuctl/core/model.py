@@ -156,6 +156,16 @@ class NodeSnapshot:
     def gpus(self) -> tuple[GpuSnapshot, ...]:
         return self.observation.gpus if self.observation else ()
 
+    @property
+    def clock_offset_s(self) -> float | None:
+        """The node's clock minus gpuctl's at this poll (None when unknown). The node reads its
+        clock during the probe, gpuctl when the poll began: a slow probe reads as a node a few
+        seconds ahead, whole seconds only. Jobs stamp their checkpoints with the node's clock."""
+        obs = self.observation
+        if obs is None or obs.facts.clock_s is None or self.taken_at is None:
+            return None
+        return obs.facts.clock_s - self.taken_at
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class FleetSnapshot:
