@@ -48,4 +48,3 @@ def node_hints(node: NodeSnapshot, expected_gpus: int | None = None) -> tuple[st
     if obs.notes and obs.nvml_ok:
         out.append(f"{len(obs.notes)} parse note(s)")
     return tuple(out)
-
