@@ -27,6 +27,7 @@ from gpuctl.core.nodehealth import (
     decide,
     track,
 )
+from gpuctl.errors import StateError
 from gpuctl.ops import migrate_steps
 from gpuctl.ops.reconcile_launch import Target
 
@@ -85,7 +86,12 @@ def health(p: Pass) -> None:
     policy = p.settings.health
     if not policy.enabled or not p.snapshot.nodes:
         return
-    earlier = p.loop.health_history.record(p.snapshot.nodes)
+    try:
+        earlier = p.loop.health_history.record(p.snapshot.nodes)
+    except StateError as exc:  # a sample file that cannot be read must not stop the pass
+        hint = f"; {exc.hint}" if exc.hint else ""
+        p.note("error", f"health judged on this poll alone: {exc.message}{hint}", outcome="failed")
+        earlier = {}
     expected = {name: spec.expected_gpus for name, spec in p.specs.items()}
     verdicts = evaluate_fleet(p.snapshot, earlier, expected_gpus=expected, rules=rules(p))
     prev = p.store.node_health()

@@ -181,3 +181,19 @@ def test_a_one_shot_pass_reads_earlier_runs_samples_to_tell_sustained_heat_from_
     assert nodes["gpu01"]["health_action"] == action
     assert nodes["gpu02"]["health_action"] == "none"
     assert (state / "health-history.json").is_file()  # this run's sample is kept for the next
+
+
+def test_an_unreadable_health_history_is_reported_and_the_pass_goes_on(
+    fleet: tuple[Path, ShellTransport], tmp_path: Path
+) -> None:
+    inventory, transport = fleet
+    state = tmp_path / "state"
+    job_id = submit(state, tmp_path, "exit 0")
+    (state / "health-history.json").write_text("{not json")
+    result = invoke(inventory, state, transport, "-o", "json")
+    assert result.exit_code == 0, result.output
+    actions = json.loads(result.stdout)["actions"]
+    (error,) = [a for a in actions if a["kind"] == "error"]
+    assert error["message"].startswith("health judged on this poll alone: ")
+    assert "the health history is unreadable (not valid JSON); remove " in error["message"]
+    assert [a["kind"] for a in actions if a["job_id"] == job_id] == ["launch", "launched"]
