@@ -172,6 +172,10 @@ class FleetSnapshot:
     taken_at: float
     nodes: tuple[NodeSnapshot, ...]
 
+    def node(self, name: str) -> NodeSnapshot | None:
+        """The snapshot of the node called `name` (None: not polled)."""
+        return next((n for n in self.nodes if n.name == name), None)
+
     @property
     def version(self) -> str:
         """A content hash of what was observed (not when, nor how fast): plans computed from this

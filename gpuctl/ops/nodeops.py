@@ -183,7 +183,7 @@ def plan_drain(p: Pass, node: str, *, reason: str) -> DrainPlan:
         p.store.incarnations(node=node, holding=True),
         key=lambda i: (-(jobs[i.job_id].priority if i.job_id in jobs else 0), i.job_id),
     )
-    seen = next((n for n in p.snapshot.nodes if n.name == node), None)
+    seen = p.snapshot.node(node)
     silent = None
     if seen is None or seen.reach is not Reach.OK:
         how = "did not answer" if seen is None else f"did not answer ({seen.reach.value})"

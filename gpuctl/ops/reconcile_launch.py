@@ -330,5 +330,5 @@ def _unknown(p: Pass, job: Job, why: str) -> None:
 
 def _clock_offset(p: Pass, node: str) -> float | None:
     """The node's clock minus gpuctl's, from this pass's poll of it (None: not polled)."""
-    seen = next((n for n in p.snapshot.nodes if n.name == node), None)
+    seen = p.snapshot.node(node)
     return None if seen is None else seen.clock_offset_s
