@@ -113,13 +113,17 @@ def open_loop(
     write: bool,
     settings: ReconcileSettings | None = None,
     on_action: Callable[[Action], None] | None = None,
+    history_file: bool = False,
 ) -> Loop:
-    """`write=False`: the store read-only (a dry run creates nothing). Nothing is left open when
-    building any part fails."""
+    """`write=False`: the store read-only (a dry run creates nothing). `history_file`: the
+    health rules look back at the state dir's `health-history.json` (shared with `gpuctl
+    health`), not at samples kept in memory. Nothing is left open when building any part
+    fails."""
     from gpuctl.adapters.clock import SystemClock
     from gpuctl.adapters.store import open_store
     from gpuctl.config.paths import state_dir
     from gpuctl.ops.gather import Gatherer, default_transport
+    from gpuctl.ops.health import HealthHistory
     from gpuctl.ops.jobrunner import SshJobRunner
     from gpuctl.ops.reconcile import Reconciler, ReconcileSettings
 
@@ -146,6 +150,7 @@ def open_loop(
             environ=app_ctx.env,
             state_dir=str(folder),
             on_action=on_action,
+            health_history=HealthHistory(folder) if history_file else None,
         )
     except BaseException:
         gatherer.close()

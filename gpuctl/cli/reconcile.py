@@ -73,15 +73,15 @@ def _build(
     settings = ReconcileSettings(lock_wait_s=wait, dry_run=dry_run)
     if grace is not None:
         settings = dataclasses.replace(settings, grace_s=grace)
+    # One pass (from cron, say) looks back at the samples of earlier runs and of `gpuctl health`,
+    # or sustained heat could never be told from a spike; --watch keeps its own in memory.
     parts = fleet.open_loop(
-        ctx, write=not dry_run, settings=settings, on_action=_stream if stream else None
+        ctx,
+        write=not dry_run,
+        settings=settings,
+        on_action=_stream if stream else None,
+        history_file=not stream and not dry_run,
     )
-    if not stream and not dry_run:
-        # One pass, e.g. from cron: the health rules look back at the samples of earlier runs
-        # (and of `gpuctl health`), or sustained heat could never be told from a spike.
-        from gpuctl.ops.health import HealthHistory
-
-        parts.loop.health_history = HealthHistory(parts.state_dir)
     return parts.loop, parts.close
 
 
