@@ -26,7 +26,7 @@ from gpuctl.core.jobs import (
     RunStatus,
 )
 from gpuctl.core.model import FleetSnapshot, Inventory, NodeSpec
-from gpuctl.errors import GpuctlError, StoreConflict, TransportError
+from gpuctl.errors import GpuctlError, StateError, StoreConflict, TransportError
 from gpuctl.ops import (
     migrate_steps,
     reconcile_checkpoints,
@@ -274,6 +274,8 @@ class Pass:
             work(*args, **kwargs)
         except StoreConflict as exc:
             self.note("conflict", f"changed under this pass: {exc}", outcome="skipped")
+        except StateError:
+            raise  # the store itself refuses (corrupt, full, locked): the pass stops, failing closed
         except GpuctlError as exc:
             self.note("error", exc.message, outcome="failed")
 
