@@ -32,7 +32,7 @@ def dash(
     and a confirmation. Keys: ? help, / filter, : command, enter, esc, r refresh, q quit.
 
     With --once, or when stdout is not a terminal: one poll, printed as text; exit 0 when every
-    node answered, 3 when some did not, 4 when none did.
+    node answered, 3 when some did not, 4 when none did, 5 when a host key is unknown or changed.
     """
     from gpuctl.adapters.clock import SystemClock
     from gpuctl.config.paths import state_dir

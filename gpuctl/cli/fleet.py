@@ -65,7 +65,10 @@ def gather(ctx: typer.Context, nodes: tuple[NodeSpec, ...]) -> FleetSnapshot:
 
 
 def exit_code_for(fleet: FleetSnapshot) -> ExitCode:
-    """0: every node answered; 3: some did not; 4: none did (documented in the README)."""
+    """0: every node answered; 3: some did not; 4: none did; 5 (before 3 and 4): some node's host
+    key is unknown or changed, which an operator must decide on (documented in the README)."""
+    if any(n.reach is Reach.HOST_KEY for n in fleet.nodes):
+        return ExitCode.HOST_KEY
     answered = sum(1 for n in fleet.nodes if n.reach is Reach.OK)
     if answered == len(fleet.nodes):
         return ExitCode.OK

@@ -20,7 +20,8 @@ def list_nodes(
     ),
     output: Output = OUTPUT_OPTION,
 ) -> None:
-    """One row per node. Exit 0 when all answered, 3 when some did not, 4 when none did."""
+    """One row per node. Exit 0 when all answered, 3 when some did not, 4 when none did, 5 when a
+    host key is unknown or changed."""
     inventory = fleet.load_inventory(ctx)
     snapshot = fleet.gather(ctx, fleet.select(inventory, names or []))
     specs = inventory.by_name()

@@ -36,7 +36,8 @@ def report(
 ) -> None:
     """Poll the fleet and write the report on stdout.
 
-    Exit 0 when every node answered, 3 when some did not, 4 when none did."""
+    Exit 0 when every node answered, 3 when some did not, 4 when none did, 5 when a host key is
+    unknown or changed."""
     from gpuctl.config.health_rules import load_rules
     from gpuctl.ops import report as service
 

@@ -21,7 +21,8 @@ def status(ctx: typer.Context, output: Output = OUTPUT_OPTION) -> None:
     then the fleet's numbers: utilization % (band), fragmentation %, queue wait, checkpoint age,
     failover success %, preemption rate.
 
-    Exit 0 when every node answered, 3 when some did not, 4 when none did.
+    Exit 0 when every node answered, 3 when some did not, 4 when none did, 5 when a host key is
+    unknown or changed.
     """
     inventory = fleet.load_inventory(ctx)
     snapshot = fleet.gather(ctx, inventory.nodes)

@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from gpuctl.cli.context import AppContext
 from gpuctl.cli.main import app
-from gpuctl.errors import ConnectRefused, TransportTimeout
+from gpuctl.errors import ConnectRefused, HostKeyChanged, HostKeyUnknown, TransportTimeout
 from gpuctl.testing.fakes import FakeTransport, ShellTransport, fake_node_env
 
 
@@ -99,6 +99,37 @@ def test_status_exits_4_when_no_node_answers(inventory: Path) -> None:
     assert result.exit_code == 4
     assert "gpu02: refused" in result.stdout
     assert "Traceback" not in result.output
+
+
+def test_a_changed_host_key_exits_5_before_the_partial_3(
+    inventory: Path, node_env: dict[str, str]
+) -> None:
+    transport = _transport(
+        node_env,
+        gpu02=HostKeyChanged("gpu02 (127.0.0.1:2202): HOST KEY CHANGED"),
+        gpu03=ConnectRefused("gpu03 (127.0.0.1:2203): connection refused"),
+    )
+    result = _invoke(inventory, transport, "status", "-o", "json")
+    assert result.exit_code == 5, result.output
+    nodes = {n["name"]: n["reach"] for n in json.loads(result.stdout)["nodes"]}
+    assert nodes == {"gpu01": "ok", "gpu02": "host_key", "gpu03": "refused"}
+
+
+def test_unknown_host_keys_everywhere_exit_5_not_4(inventory: Path) -> None:
+    transport = FakeTransport(
+        {n: HostKeyUnknown(f"{n}: host key unknown") for n in ("gpu01", "gpu02", "gpu03")}
+    )
+    assert _invoke(inventory, transport, "status").exit_code == 5
+    assert _invoke(inventory, transport, "nodes", "list").exit_code == 5
+
+
+def test_nodes_show_of_a_node_with_a_changed_host_key_exits_5(
+    inventory: Path, node_env: dict[str, str]
+) -> None:
+    transport = _transport(node_env, gpu02=HostKeyChanged("gpu02: HOST KEY CHANGED"))
+    result = _invoke(inventory, transport, "nodes", "show", "gpu02")
+    assert result.exit_code == 5, result.output
+    assert "HOST KEY CHANGED" in result.stdout
 
 
 def test_status_table_shows_nodes_gpus_and_memory(
