@@ -9,7 +9,9 @@ cordons. Pure: no I/O, no clock (times are arguments).
   drain at `drain_after_passes` consecutive passes.
 - **Rate limit.** At most `max_drains_per_hour` nodes start draining within an hour, and none
   while more than `mass_fraction` of the fleet looks unhealthy at once (a driver rollout or a
-  probe bug, not a dozen failing GPUs): `suspect`.
+  probe bug, not a dozen failing GPUs): `suspect`. Only drains that move jobs count: draining a
+  node that holds none moves nothing (it is a cordon), so it neither waits for nor spends the
+  hour's budget.
 - **Cool-down.** gpuctl lifts a cordon only when its source is `health` (never a person's) and
   the node has had no reason to be cordoned for `cool_down_s`.
 """
@@ -17,7 +19,7 @@ cordons. Pure: no I/O, no clock (times are arguments).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from gpuctl.core.health_model import Action, NodeVerdict, Severity
 from gpuctl.core.jobs import Cordon
@@ -129,7 +131,8 @@ class HealthPlan:
 
     cordon: tuple[NodeStep, ...] = ()
     drain: tuple[NodeStep, ...] = ()
-    start_drain: tuple[str, ...] = ()  # those of `drain` that begin now (counted by the limit)
+    start_drain: tuple[str, ...] = ()  # those of `drain` that begin now
+    free_drain: tuple[str, ...] = ()  # those of `start_drain` that hold no job: not counted
     uncordon: tuple[NodeStep, ...] = ()
     held: tuple[NodeStep, ...] = ()
     suspect: bool = False
@@ -145,15 +148,19 @@ def decide(
     policy: AutoDrainPolicy,
     now: float,
     nodes: Sequence[str] | None = None,
+    loaded: Collection[str] | None = None,
 ) -> HealthPlan:
     """The pass's health steps, nodes by name. `drains_last_hour`: how many nodes gpuctl began
-    draining for health in the last hour; `nodes`: the fleet (default: the nodes in `health`)."""
+    draining for health in the last hour that had jobs to move; `nodes`: the fleet (default: the
+    nodes in `health`); `loaded`: the nodes holding jobs a drain would move (default: all; a
+    drain of any other node starts without the rate limit and does not count against it)."""
     names = sorted(nodes if nodes is not None else health)
     unhealthy = [n for n in names if n in health and health[n].action.rank >= Action.CORDON.rank]
     suspect = len(names) > 1 and len(unhealthy) > policy.mass_fraction * len(names)
     cordon: list[NodeStep] = []
     drain: list[NodeStep] = []
     start: list[str] = []
+    free: list[str] = []
     uncordon: list[NodeStep] = []
     held: list[NodeStep] = []
     budget = policy.max_drains_per_hour - drains_last_hour
@@ -184,6 +191,10 @@ def decide(
                         "drain until most look healthy again",
                     )
                 )
+            elif loaded is not None and name not in loaded:
+                drain.append(NodeStep(name, why))
+                start.append(name)
+                free.append(name)
             elif budget <= 0:
                 held.append(
                     NodeStep(
@@ -207,6 +218,7 @@ def decide(
         cordon=tuple(cordon),
         drain=tuple(drain),
         start_drain=tuple(start),
+        free_drain=tuple(free),
         uncordon=tuple(uncordon),
         held=tuple(held),
         suspect=suspect,

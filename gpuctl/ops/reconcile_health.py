@@ -11,7 +11,7 @@ each gets a target reserved here; the loop's migration step takes them further e
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from gpuctl.core.health import evaluate_fleet
@@ -120,6 +120,7 @@ def health(p: Pass) -> None:
         policy=policy,
         now=p.now,
         nodes=sorted(tracked),
+        loaded=_loaded(p),
     )
     _suspect(p, plan)
     for step in plan.cordon:
@@ -129,13 +130,35 @@ def health(p: Pass) -> None:
     for step in plan.held:
         p.note("drain", f"{step.node}: not drained yet: {step.why}", node=step.node)
     for step in plan.drain:
-        p.guard(_drain, p, step, tracked[step.node], start=step.node in plan.start_drain)
+        start = step.node in plan.start_drain
+        free = step.node in plan.free_drain
+        p.guard(_drain, p, step, tracked[step.node], start=start, counted=start and not free)
+
+
+def _loaded(p: Pass) -> set[str]:
+    """Nodes holding jobs a drain would move (launching or running there)."""
+    active = (IncarnationState.LAUNCHING, IncarnationState.RUNNING)
+    return {i.node for i in p.store.incarnations(holding=True) if i.state in active}
 
 
 def _drains_last_hour(p: Pass) -> int:
-    """Nodes gpuctl began draining for health within the last hour."""
+    """Nodes gpuctl began draining for health within the last hour that had jobs to move: a
+    drain of an empty node is a cordon and costs the fleet nothing."""
     found = p.store.events(since=p.now - HOUR_S, kinds=["drain"])
-    return len({e.node for e in found if e.actor == ACTOR and e.data.get("source") == "health"})
+    return len(
+        {
+            e.node
+            for e in found
+            if e.actor == ACTOR and e.data.get("source") == "health" and _counted(e.data)
+        }
+    )
+
+
+def _counted(data: Mapping[str, object]) -> bool:
+    counted = data.get("counted")
+    if isinstance(counted, bool):
+        return counted
+    return data.get("jobs") != 0  # written before `counted` was: an empty node moved nothing
 
 
 def _suspect(p: Pass, plan: HealthPlan) -> None:
@@ -197,8 +220,9 @@ def _uncordon(p: Pass, step: NodeStep) -> None:
     p.record("uncordon", message, node=step.node)
 
 
-def _drain(p: Pass, step: NodeStep, h: NodeHealth, *, start: bool) -> None:
-    """Start (or go on) moving every running job off the node, each to a reserved target."""
+def _drain(p: Pass, step: NodeStep, h: NodeHealth, *, start: bool, counted: bool) -> None:
+    """Start (or go on) moving every running job off the node, each to a reserved target.
+    `counted`: the drain counts against the hour's rate limit (it has jobs to move)."""
     moving = {r.job_id for r in p.store.reservations()}
     incs = [
         i
@@ -206,12 +230,21 @@ def _drain(p: Pass, step: NodeStep, h: NodeHealth, *, start: bool) -> None:
         if i.state is IncarnationState.RUNNING and i.job_id not in moving
     ]
     if start:
+        what = (
+            f"{len(incs)} job(s) to move, each from a fresh checkpoint to a reserved target"
+            if counted
+            else "no job runs there: nothing to move, not counted by the rate limit"
+        )
         p.act(
             "drain",
-            f"draining {step.node}: {step.why} ({len(incs)} job(s) to move, each from a fresh "
-            "checkpoint to a reserved target)",
+            f"draining {step.node}: {step.why} ({what})",
             node=step.node,
-            data={"source": HEALTH_SOURCE, "reason": step.why, "jobs": len(incs)},
+            data={
+                "source": HEALTH_SOURCE,
+                "reason": step.why,
+                "jobs": len(incs),
+                "counted": counted,
+            },
         )
         if not p.dry:
             p.store.set_node_health(dataclasses.replace(h, drain_started_at=p.now))

@@ -154,6 +154,22 @@ def test_the_rate_limit_and_the_mass_unhealthy_guard() -> None:
     assert three[0] == ({"a", "b", "c"}, set(), set())  # most unhealthy: cordons, no drain
 
 
+def test_a_drain_of_an_empty_node_neither_waits_for_nor_spends_the_rate_limit() -> None:
+    policy = AutoDrainPolicy(drain_after_passes=1, max_drains_per_hour=1)
+    health = {
+        n: track(None, verdict(n, Action.DRAIN), reachable=True, now=0.0, cap=5)
+        for n in ("a", "b", "c")
+    }
+    health |= {
+        n: track(None, verdict(n, Action.NONE), reachable=True, now=0.0, cap=5) for n in "def"
+    }
+    plan = decide(health, {}, drains_last_hour=1, policy=policy, now=0.0, loaded={"c"})
+    assert plan.free_drain == ("a", "b") and plan.start_drain == ("a", "b")  # budget spent
+    assert [s.node for s in plan.held] == ["c"]
+    plan = decide(health, {}, drains_last_hour=0, policy=policy, now=0.0, loaded={"c"})
+    assert plan.start_drain == ("a", "b", "c") and plan.free_drain == ("a", "b")
+
+
 def test_the_cool_down_lifts_only_gpuctl_s_own_cordon() -> None:
     person = Cordon("b", "rma", "alice", "operator", 0.0)
     policy = AutoDrainPolicy(cool_down_s=60.0)

@@ -711,6 +711,30 @@ def test_at_most_the_rate_limit_of_nodes_is_drained_per_hour(store: Store) -> No
     assert sorted(e.node for e in store.events(kinds=["drain"])) == sorted(sick)
 
 
+def test_draining_empty_nodes_does_not_spend_the_rate_limit_of_a_hot_loaded_node(
+    store: Store,
+) -> None:
+    k = Kit.make(store, ("n1", "n2", "n3", "n4", "n5", "n6"), gpus=1)  # at most 2 drains an hour
+    job = k.submit("train", resources={"gpus": 1, "mem_per_gpu": "whole"})
+    k.step()
+    loaded = k.inc(job.id).node
+    empty = [n for n in ("n1", "n2", "n3", "n4", "n5", "n6") if n != loaded][:2]
+    for name in empty:
+        k.fleet.faults[name] = {"ecc": 1}
+    k.step()
+    k.step()  # the hysteresis passed: both empty nodes drained, nothing to move
+    drained = store.events(kinds=["drain"])
+    assert sorted(e.node for e in drained) == sorted(empty)
+    k.fleet.faults[loaded] = {"temp_c": 95}
+    reports = [k.step(30) for _ in range(5)]  # 95 C for two and a half minutes, within the hour
+    held = [a.message for r in reports for a in r.of("drain") if a.outcome == "waiting"]
+    assert not any("rate limit" in m for m in held)
+    (hot,) = [e for e in store.events(kinds=["drain"]) if e.node == loaded]
+    assert hot.data["jobs"] == 1 and "sustained" in str(hot.data["reason"])
+    assert "USR1" in k.signals(job.id)  # its job is being moved off
+    assert all("nothing to move" in e.message for e in drained)
+
+
 def test_no_drain_while_most_nodes_look_unhealthy_at_once(store: Store) -> None:
     k = kit(store, drain_after_passes=1)
     job = k.submit("train")
