@@ -18,11 +18,12 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from gpuctl.cli.reconcile_stream import Stream
 from gpuctl.cli.render import OUTPUT_OPTION, Output, emit_document, safe
 from gpuctl.errors import ExitCode, StateError, StoreConflict, UsageError
 
 if TYPE_CHECKING:
-    from gpuctl.ops.reconcile import Action, PassReport, Reconciler
+    from gpuctl.ops.reconcile import PassReport, Reconciler
 
 
 def reconcile(
@@ -79,7 +80,7 @@ def _build(
         ctx,
         write=not dry_run,
         settings=settings,
-        on_action=_stream if stream else None,
+        on_action=_stream() if stream else None,
         history_file=not stream and not dry_run,
     )
     return parts.loop, parts.close
@@ -92,10 +93,9 @@ def _busy(exc: StoreConflict) -> StateError:
     )
 
 
-def _stream(action: Action) -> None:
-    who = " ".join(x for x in (action.job_id, action.node) if x)
-    sys.stderr.write(safe(f"{action.kind}: {who + ': ' if who else ''}{action.message}") + "\n")
-    sys.stderr.flush()
+def _stream() -> Stream:
+    """Each action on stderr as it happens; a waiting line only when new or changed."""
+    return Stream()
 
 
 def _watch(loop: Reconciler, interval: float, output: Output) -> None:
@@ -110,6 +110,9 @@ def _watch(loop: Reconciler, interval: float, output: Output) -> None:
     previous = signal.signal(signal.SIGINT, on_sigint)
 
     def on_report(report: PassReport | None) -> None:
+        stream = loop.on_action
+        if report is not None and not report.interrupted and isinstance(stream, Stream):
+            stream.end_pass()  # the pass is over: what it no longer waits for has cleared
         if report is None:
             sys.stderr.write("another control loop holds the lock; trying again next pass\n")
         elif output in (Output.JSON, Output.YAML):
