@@ -14,6 +14,10 @@ cordons. Pure: no I/O, no clock (times are arguments).
   hour's budget.
 - **Cool-down.** gpuctl lifts a cordon only when its source is `health` (never a person's) and
   the node has had no reason to be cordoned for `cool_down_s`.
+- **Flapping.** A node that stopped answering and came back `flap_outages` times within
+  `flap_window_s` (its sshd keeps dropping) is cordoned (source `health`), never drained: its
+  running jobs are fine. The cool-down lifts that cordon once it has answered every poll for
+  `cool_down_s` and no longer counts as flapping.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ DEFAULT_DRAIN_AFTER_PASSES = 2
 DEFAULT_MAX_DRAINS_PER_HOUR = 2
 DEFAULT_COOL_DOWN_S = 600.0
 DEFAULT_MASS_FRACTION = 0.5
+DEFAULT_FLAP_OUTAGES = 3
+DEFAULT_FLAP_WINDOW_S = 600.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -39,8 +45,12 @@ class AutoDrainPolicy:
     cool_down_s: float = DEFAULT_COOL_DOWN_S
     mass_fraction: float = DEFAULT_MASS_FRACTION
     migration_timeout_s: float = 600.0  # per job: reserve -> stop requested, else rolled back
+    flap_outages: int = DEFAULT_FLAP_OUTAGES  # outages (failed, then answered again) ...
+    flap_window_s: float = DEFAULT_FLAP_WINDOW_S  # ... within this window: cordoned (0: never)
 
     def __post_init__(self) -> None:
+        if self.flap_outages < 0 or self.flap_window_s <= 0:
+            raise ValueError("flap_outages is 0 (never) or more; flap_window_s is positive")
         if self.drain_after_passes < 1 or self.max_drains_per_hour < 0:
             raise ValueError("drain_after_passes is 1 or more; max_drains_per_hour 0 or more")
         if self.cool_down_s < 0 or self.migration_timeout_s <= 0:
@@ -111,6 +121,26 @@ def track(
     )
 
 
+def flapping(outages: Mapping[str, int], policy: AutoDrainPolicy) -> dict[str, str]:
+    """Nodes to cordon for flapping, with the reason. `outages`: per node, how many times it
+    stopped answering and answered again within the last `policy.flap_window_s`."""
+    if policy.flap_outages == 0:
+        return {}
+    window = _duration(policy.flap_window_s)
+    return {
+        node: f"flapping: stopped answering and came back {n} times within {window} "
+        f"(limit {policy.flap_outages})"
+        for node, n in sorted(outages.items())
+        if n >= policy.flap_outages
+    }
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 60 and seconds % 60 == 0:
+        return f"{seconds / 60:g} min"
+    return f"{seconds:g}s"
+
+
 def changed(before: NodeHealth | None, after: NodeHealth) -> bool:
     """Worth writing: anything but the time of the pass."""
     if before is None:
@@ -135,6 +165,7 @@ class HealthPlan:
     free_drain: tuple[str, ...] = ()  # those of `start_drain` that hold no job: not counted
     uncordon: tuple[NodeStep, ...] = ()
     held: tuple[NodeStep, ...] = ()
+    quarantine: tuple[NodeStep, ...] = ()  # flapping nodes cordoned (their jobs stay)
     suspect: bool = False
     unhealthy: int = 0
     total: int = 0
@@ -149,11 +180,13 @@ def decide(
     now: float,
     nodes: Sequence[str] | None = None,
     loaded: Collection[str] | None = None,
+    flaps: Mapping[str, str] | None = None,
 ) -> HealthPlan:
     """The pass's health steps, nodes by name. `drains_last_hour`: how many nodes gpuctl began
     draining for health in the last hour that had jobs to move; `nodes`: the fleet (default: the
     nodes in `health`); `loaded`: the nodes holding jobs a drain would move (default: all; a
-    drain of any other node starts without the rate limit and does not count against it)."""
+    drain of any other node starts without the rate limit and does not count against it);
+    `flaps`: the nodes `flapping` found, with the reason: cordoned, and their cordon kept."""
     names = sorted(nodes if nodes is not None else health)
     unhealthy = [n for n in names if n in health and health[n].action.rank >= Action.CORDON.rank]
     suspect = len(names) > 1 and len(unhealthy) > policy.mass_fraction * len(names)
@@ -163,6 +196,8 @@ def decide(
     free: list[str] = []
     uncordon: list[NodeStep] = []
     held: list[NodeStep] = []
+    quarantine: list[NodeStep] = []
+    flaps = flaps or {}
     budget = policy.max_drains_per_hour - drains_last_hour
     for name in names:
         h = health.get(name)
@@ -171,6 +206,8 @@ def decide(
         cordoned = cordons.get(name)
         if h.action.rank >= Action.CORDON.rank and cordoned is None:
             cordon.append(NodeStep(name, h.reason or f"health: {h.action.value}"))
+        elif name in flaps and cordoned is None:
+            quarantine.append(NodeStep(name, flaps[name]))
         if h.action is Action.DRAIN:
             why = h.reason or "health: drain"
             if h.drain_started_at is not None:
@@ -212,6 +249,7 @@ def decide(
             and cordoned.source == HEALTH_SOURCE
             and h.healthy_since is not None
             and now - h.healthy_since >= policy.cool_down_s
+            and name not in flaps
         ):
             uncordon.append(NodeStep(name, f"healthy for {now - h.healthy_since:.0f}s (cool-down)"))
     return HealthPlan(
@@ -221,6 +259,7 @@ def decide(
         free_drain=tuple(free),
         uncordon=tuple(uncordon),
         held=tuple(held),
+        quarantine=tuple(quarantine),
         suspect=suspect,
         unhealthy=len(unhealthy),
         total=len(names),

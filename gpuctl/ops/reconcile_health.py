@@ -2,7 +2,9 @@
 earlier passes), then cordon, drain and lift gpuctl's own cordons as `gpuctl.core.nodehealth`
 decides: cordon at first sight, unknown health cordons only, drains after a verdict persisted
 (hysteresis) and within a rate limit, never while most of the fleet looks unhealthy at once, and
-a health cordon lifted only after a cool-down, never a person's cordon.
+a health cordon lifted only after a cool-down, never a person's cordon. A node that keeps dropping
+off and coming back (counted from the store's `node_recovered` / `node_back` events, so a one-shot
+run from cron sees them too) is cordoned the same way, its jobs left running.
 
 A drained node's running jobs are moved with the migration primitive (`gpuctl.ops.migrate`):
 each gets a target reserved here; the loop's migration step takes them further every pass.
@@ -25,6 +27,7 @@ from gpuctl.core.nodehealth import (
     NodeStep,
     changed,
     decide,
+    flapping,
     track,
 )
 from gpuctl.errors import StateError
@@ -121,10 +124,13 @@ def health(p: Pass) -> None:
         now=p.now,
         nodes=sorted(tracked),
         loaded=_loaded(p),
+        flaps=flapping(_outages(p), policy),
     )
     _suspect(p, plan)
     for step in plan.cordon:
         p.guard(_cordon, p, step, tracked[step.node])
+    for step in plan.quarantine:
+        p.guard(_quarantine, p, step)
     for step in plan.uncordon:
         p.guard(_uncordon, p, step)
     for step in plan.held:
@@ -133,6 +139,17 @@ def health(p: Pass) -> None:
         start = step.node in plan.start_drain
         free = step.node in plan.free_drain
         p.guard(_drain, p, step, tracked[step.node], start=start, counted=start and not free)
+
+
+def _outages(p: Pass) -> dict[str, int]:
+    """Per node: how many times it stopped answering and answered again (within the grace or
+    after being down) within the flapping window."""
+    since = p.now - p.settings.health.flap_window_s
+    counts: dict[str, int] = {}
+    for e in p.store.events(since=since, kinds=["node_recovered", "node_back"]):
+        if e.actor == ACTOR and e.node is not None:
+            counts[e.node] = counts.get(e.node, 0) + 1
+    return counts
 
 
 def _loaded(p: Pass) -> set[str]:
@@ -190,6 +207,17 @@ def _suspect(p: Pass, plan: HealthPlan) -> None:
 def _cordon(p: Pass, step: NodeStep, h: NodeHealth) -> None:
     untouched = "; running jobs are left alone" if h.action is Action.CORDON else ""
     message = f"{step.node} cordoned by health ({h.action.value}): {step.why}{untouched}"
+    _write_cordon(p, step, message, h.action)
+
+
+def _quarantine(p: Pass, step: NodeStep) -> None:
+    """Cordon a flapping node: no new work; its running jobs stay (sshd dropping is not a job
+    dying)."""
+    message = f"{step.node} cordoned by health: {step.why}; running jobs are left alone"
+    _write_cordon(p, step, message, Action.CORDON)
+
+
+def _write_cordon(p: Pass, step: NodeStep, message: str, action: Action) -> None:
     if p.dry:
         p.record("cordon", message, node=step.node)
         return
@@ -199,7 +227,7 @@ def _cordon(p: Pass, step: NodeStep, h: NodeHealth) -> None:
             "cordon",
             message,
             node=step.node,
-            data={"source": HEALTH_SOURCE, "reason": step.why, "action": h.action.value},
+            data={"source": HEALTH_SOURCE, "reason": step.why, "action": action.value},
         ),
         keep_existing=True,
     )

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from gpuctl.core.health_model import Action, NodeVerdict, Reason, Severity
 from gpuctl.core.jobs import Cordon, Incarnation, IncarnationState, Job, JobState
 from gpuctl.core.migration import Phase, Reservation, StepKind, next_step
-from gpuctl.core.nodehealth import AutoDrainPolicy, NodeHealth, decide, track
+from gpuctl.core.nodehealth import AutoDrainPolicy, NodeHealth, NodeStep, decide, flapping, track
 
 RES = Reservation(
     "a-1", 1, "n1", "n2", (0,), 1024, False, (4096,), 100.0, 700.0, 30.0, 20.0, "r", "op"
@@ -168,6 +168,22 @@ def test_a_drain_of_an_empty_node_neither_waits_for_nor_spends_the_rate_limit() 
     assert [s.node for s in plan.held] == ["c"]
     plan = decide(health, {}, drains_last_hour=0, policy=policy, now=0.0, loaded={"c"})
     assert plan.start_drain == ("a", "b", "c") and plan.free_drain == ("a", "b")
+
+
+def test_a_flapping_node_is_cordoned_and_its_cordon_kept_while_it_still_flaps() -> None:
+    policy = AutoDrainPolicy(flap_outages=3, flap_window_s=600.0, cool_down_s=60.0)
+    assert flapping({"a": 2, "b": 3}, policy) == {
+        "b": "flapping: stopped answering and came back 3 times within 10 min (limit 3)"
+    }
+    assert flapping({"b": 9}, AutoDrainPolicy(flap_outages=0)) == {}
+    well = {n: track(None, verdict(n, Action.NONE), reachable=True, now=0.0, cap=5) for n in "abc"}
+    plan = decide(well, {}, drains_last_hour=0, policy=policy, now=0.0, flaps={"b": "flaps"})
+    assert plan.quarantine == (NodeStep("b", "flaps"),) and plan.cordon == ()
+    mine = {"b": Cordon("b", "flaps", "gpuctl", "health", 0.0)}
+    kept = decide(well, mine, drains_last_hour=0, policy=policy, now=900.0, flaps={"b": "x"})
+    assert kept.uncordon == () and kept.quarantine == ()  # healthy for 900 s, yet still flapping
+    lifted = decide(well, mine, drains_last_hour=0, policy=policy, now=900.0)
+    assert [s.node for s in lifted.uncordon] == ["b"]
 
 
 def test_the_cool_down_lifts_only_gpuctl_s_own_cordon() -> None:
