@@ -20,11 +20,17 @@ from gpuctl.adapters.node_script import (
     marked_lines,
     sh_command,
 )
+from gpuctl.adapters.ssh_exec import wrap_command
 from gpuctl.core.jobs import LaunchRequest
 from gpuctl.errors import UsageError
 
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 LAUNCH_WAIT_S = 10  # how long the launcher waits for the wrapper to record its pid
+# sshd hands the command line (the exec wrapper's, which holds the launch command twice) to the
+# node's login shell as one argument: Linux caps one at 128 KiB with its NUL (MAX_ARG_STRLEN).
+# Longer fails with "Argument list too long"; past 256 KiB sshd drops the connection. Job specs
+# are refused long before (`config.jobspec_files.MAX_LAUNCH_BYTES`); this guards stored ones.
+MAX_COMMAND_LINE_BYTES = 128 * 1024 - 1
 
 # The wrapper: leader of the job's session. It records its pid and start time, runs the job in a
 # subshell that `exec`s it (so a builtin name cannot run inside the wrapper, and the job gets
@@ -194,7 +200,20 @@ def launch_command(request: LaunchRequest) -> RemoteCommand:
         "--",
         *request.argv,
     ]
-    return RemoteCommand(sh_command(_LAUNCH, "gpuctl-launch", args), encode_secrets(secrets))
+    command = sh_command(_LAUNCH, "gpuctl-launch", args)
+    size = command_line_bytes(command)
+    if size > MAX_COMMAND_LINE_BYTES:
+        raise UsageError(
+            f"job {request.job_id}: the launch command line is {size:,} bytes, over the "
+            f"{MAX_COMMAND_LINE_BYTES:,} a node's shell takes: its command, env, workdir or "
+            "checkpoint dir is too long"
+        )
+    return RemoteCommand(command, encode_secrets(secrets))
+
+
+def command_line_bytes(command: str) -> int:
+    """The size of `command` as sshd hands it to the node's shell: inside the exec wrapper."""
+    return len(wrap_command(command, 10.0**6).encode("utf-8"))  # the longest time limit
 
 
 def parse_launch(stdout: bytes) -> LaunchOutcome:

@@ -179,6 +179,12 @@ def _file_source(item: Any) -> tuple[str, str] | None:
     return name, path
 
 
+def _command_arg(value: Any) -> Any:
+    if isinstance(value, str) and "\0" in value:
+        raise ValueError("an argument cannot hold a NUL character (a command line ends at one)")
+    return value
+
+
 def _node_path(value: Any) -> Any:
     if isinstance(value, str) and ("\0" in value or "\n" in value):
         raise ValueError("a path cannot hold a NUL or newline character")
@@ -228,6 +234,7 @@ class Affinity(_Strict):
 NodePath = Annotated[
     str, Field(min_length=1, max_length=4096), pydantic.BeforeValidator(_node_path)
 ]
+CommandArg = Annotated[str, pydantic.BeforeValidator(_command_arg)]
 EnvName = Annotated[str, pydantic.BeforeValidator(_env_name)]
 EnvValue = Annotated[str, Field(max_length=32768), pydantic.BeforeValidator(_env_value)]
 SecretName = Annotated[str, pydantic.BeforeValidator(_secret_item)]
@@ -242,7 +249,7 @@ class CheckpointSpec(_Strict):
 
 class JobSpec(_Strict):
     name: Name
-    command: Annotated[list[str], Field(min_length=1)] | None = None
+    command: Annotated[list[CommandArg], Field(min_length=1)] | None = None
     resources: Resources
     tier: Literal["standard", "spot"] = "standard"
     priority: int = Field(0, ge=-1000, le=1000)

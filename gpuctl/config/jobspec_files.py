@@ -3,25 +3,37 @@
 Every problem is one `JobSpecError` naming the file, the line and the field. `load_specs` keeps
 the validated `JobSpec`s (with `workdir`, `checkpoint.dir` and secret files resolved against the
 spec file's folder), checks what one field's validator cannot see (names unique across all the
-files, a command for `gpuctl submit`, a secret listed twice or also in env); `load_job_specs`
-gives the placement requests.
+files, a command for `gpuctl submit`, a secret listed twice or also in env, a launch command
+line too long for a node to start); `load_job_specs` gives the placement requests.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import shlex
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from gpuctl.config.document import Document
-from gpuctl.config.jobspec import JobListFile, JobSpec, to_request
+from gpuctl.config.jobspec import JOB_ID_PLACEHOLDER, JobListFile, JobSpec, to_request
 from gpuctl.config.loader import load_document, validate_data
 from gpuctl.core.placement.model import JobRequest
 from gpuctl.errors import JobSpecError
 
 KIND = "job spec"
+# The launch command (adapters/job_launch.py) carries the job's command, its plain env, workdir
+# and checkpoint dir on the command line of one SSH exec request. sshd hands that line to the
+# node's login shell as one argument, which Linux caps at 128 KiB (MAX_ARG_STRLEN); gpuctl's exec
+# wrapper (adapters/ssh_exec.py) quotes the command again and holds it twice, so on a lab node
+# (OpenSSH 9.2) the largest launch command that starts is 65,476 bytes, and one of 128 KiB makes
+# sshd drop the connection ("Bad packet length"). A spec's share is capped at 48 KiB, counted as
+# it travels (`launch_bytes`), which leaves over 12 KiB for the launch script and the checkpoint
+# contract's variables (about 4 KiB at most).
+MAX_LAUNCH_BYTES = 48 * 1024
+_JOB_ID_MAX = 64  # gpuctl's job ids: the name and a suffix, at most 64 characters
+_CHECKPOINT_NAME_MAX = 255  # GPUCTL_RESUME_FROM is the checkpoint dir and one folder name
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -58,8 +70,49 @@ def load_specs(paths: Sequence[Path], *, require_command: bool = False) -> tuple
                 )
             seen[spec.name] = doc.where((*loc, "name"))
             _check(doc, loc, spec, require_command)
-            out.append(LoadedSpec(_resolved(spec, path), doc.where(loc)))
+            resolved = _resolved(spec, path)
+            _check_launch_size(doc, loc, resolved)
+            out.append(LoadedSpec(resolved, doc.where(loc)))
     return tuple(out)
+
+
+def launch_bytes(text: str) -> int:
+    """The bytes `text` takes on the launch command line: UTF-8, quoted for the node's `sh` and
+    quoted again for the login shell sshd starts (a `'` costs 17 bytes), and a separating space."""
+    return len(shlex.quote(shlex.quote(text)).encode("utf-8")) + 1
+
+
+def _launch_parts(spec: JobSpec) -> list[tuple[tuple[str | int, ...], int]]:
+    """What the spec puts on the launch command line: (field, bytes), in the file's order."""
+    parts: list[tuple[tuple[str | int, ...], int]] = [
+        (("command", i), launch_bytes(arg)) for i, arg in enumerate(spec.command or ())
+    ]
+    parts += [(("env", name), launch_bytes(f"{name}={value}")) for name, value in spec.env.items()]
+    if spec.workdir is not None:
+        parts.append((("workdir",), launch_bytes(spec.workdir)))
+    if spec.checkpoint.dir is not None:
+        folder = spec.checkpoint.dir.replace(JOB_ID_PLACEHOLDER, "x" * _JOB_ID_MAX)
+        # GPUCTL_CHECKPOINT_DIR, and GPUCTL_RESUME_FROM (a checkpoint folder in it)
+        size = launch_bytes(folder) + launch_bytes(folder + "/" + "x" * _CHECKPOINT_NAME_MAX)
+        parts.append((("checkpoint", "dir"), size))
+    return parts
+
+
+def _check_launch_size(doc: Document, loc: tuple[str | int, ...], spec: JobSpec) -> None:
+    """A job whose launch command line is too long for sshd and the node's shell never starts:
+    refused here, naming the largest part, rather than failing every launch until it is held."""
+    parts = _launch_parts(spec)
+    total = sum(size for _, size in parts)
+    if total <= MAX_LAUNCH_BYTES:
+        return
+    field, size = max(parts, key=lambda part: part[1])
+    raise doc.error(
+        (*loc, *field),
+        f"too long to launch: command, env, workdir and checkpoint.dir take {total:,} bytes of "
+        f"the launch command line (this value {size:,}); the limit is {MAX_LAUNCH_BYTES:,}",
+        hint="pass large data in a file the job reads (under workdir), not on its command line",
+        error=JobSpecError,
+    )
 
 
 def _check(doc: Document, loc: tuple[str | int, ...], spec: JobSpec, need_command: bool) -> None:

@@ -148,6 +148,20 @@ def test_a_bad_spec_exits_2_naming_file_line_and_field_and_queues_nothing(
     assert gpuctl(state, "jobs", "list", "--all").stdout == "no jobs\n"
 
 
+def test_submit_refuses_a_command_that_can_never_launch(tmp_path: Path, state: Path) -> None:
+    nul = job_file(tmp_path, 'name: j\ncommand: [python3, "a\\0b"]\nresources: {}\n', "nul.yaml")
+    huge = job_file(tmp_path, f"name: j\ncommand: [python3, {'x' * 200_000}]\nresources: {{}}\n")
+    for path, field in (
+        (nul, "command[1]: an argument cannot hold a NUL"),
+        (huge, "command[1]: too long"),
+    ):
+        result = gpuctl(state, "submit", str(path))
+        assert result.exit_code == 2
+        assert result.stderr.startswith(f"error: {path}:2: {field}")
+        assert "Traceback" not in result.output
+    assert gpuctl(state, "jobs", "list", "--all").stdout == "no jobs\n"
+
+
 def test_submit_needs_a_command(tmp_path: Path, state: Path) -> None:
     path = job_file(tmp_path, "name: j\nresources: {}\n")
     result = gpuctl(state, "submit", str(path))

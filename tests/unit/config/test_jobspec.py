@@ -116,6 +116,15 @@ BAD_CASES = {
         None,
     ),
     "command-string.yaml": ("2: command: must be a list (got 'python train.py')", None),
+    "command-nul.yaml": (
+        "2: command[3]: an argument cannot hold a NUL character (a command line ends at one)",
+        None,
+    ),
+    "command-too-long.yaml": (
+        "3: command[2]: too long to launch: command, env, workdir and checkpoint.dir take 68,019 "
+        "bytes of the launch command line (this value 68,013); the limit is 49,152",
+        "pass large data in a file the job reads (under workdir), not on its command line",
+    ),
     "empty-list.yaml": ("1: jobs: must not be empty", None),
     "not-a-mapping.yaml": (
         "1: expected a mapping of keys at the top of the job spec file, found a list",
@@ -206,6 +215,35 @@ def test_submit_needs_a_command_and_says_so_with_the_file_and_line() -> None:
         f"{path}:1: missing required key 'command' (the argv to run, e.g. [python, train.py])"
     )
     assert err.value.exit_code is ExitCode.USAGE
+
+
+def test_a_200_kb_argument_is_refused_when_read_naming_it(tmp_path: Path) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text(
+        f"name: j\ncommand: [python, train.py, --data, {'x' * 200_000}]\nresources: {{}}\n"
+    )
+    with pytest.raises(JobSpecError) as err:
+        load_specs([path], require_command=True)
+    assert str(err.value) == (
+        f"{path}:2: command[3]: too long to launch: command, env, workdir and checkpoint.dir take "
+        "200,024 bytes of the launch command line (this value 200,001); the limit is 49,152"
+    )
+    assert err.value.exit_code is ExitCode.USAGE
+
+
+def test_env_workdir_and_checkpoint_dir_count_towards_the_launch_size(tmp_path: Path) -> None:
+    path = tmp_path / "job.yaml"
+    text = (
+        "name: j\ncommand: [python, train.py]\nresources: {}\n"
+        f"env: {{A: {'a' * 30_000}, B: {'b' * 15_000}}}\nworkdir: /{'w' * 4000}\n"
+    )
+    path.write_text(text)
+    assert len(load_specs([path])) == 1  # under the limit
+    path.write_text(text + "checkpoint: {dir: /ckpt}\n")  # its folder, and the resume point in it
+    with pytest.raises(JobSpecError) as err:
+        load_specs([path])
+    assert str(err.value).startswith(f"{path}:4: env.A: too long to launch: ")
+    assert "take 49,292 bytes of the launch command line (this value 30,003)" in str(err.value)
 
 
 def test_running_keys_are_read_and_relative_paths_resolve_against_the_spec_folder() -> None:
