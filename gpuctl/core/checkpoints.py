@@ -10,7 +10,9 @@ atomically, the marker `COMMITTED`, a JSON object::
 `parse_marker` reads a marker's text into fields (never raises), `judge_checkpoint` turns a
 folder's marker and the checksums found on the node into a `CheckpointMarker`, and
 `choose_resume` picks the newest committed, verified, non-stale checkpoint for the next
-incarnation, with a warning for every newer one it had to skip.
+incarnation, with a warning for every newer one it had to skip. When it finds none,
+`unusable_committed` says whether the job had committed checkpoints all the same (every one now
+unusable: a person decides, gpuctl does not start it fresh) and why each is refused.
 
 `gpuctl.checkpoint` (stdlib only, importable without gpuctl's dependencies) writes this format on
 its own; tests hold the two to the same format.
@@ -25,12 +27,13 @@ import re
 from collections.abc import Mapping, Sequence
 from pathlib import PurePosixPath
 
-from gpuctl.core.jobs import CheckpointMarker, Incarnation, IncarnationState
+from gpuctl.core.jobs import Checkpoint, CheckpointMarker, Incarnation, IncarnationState
 
 MARKER_NAME = "COMMITTED"
 MARKER_FORMAT = 1
 MAX_MARKER_BYTES = 1 << 20
 STEP_DIR_PREFIX = "step-"
+ANOTHER_JOB = "marker of another job"
 CLOCK_IN_SYNC_S = 5.0  # node clock offsets up to this are measurement error, not skew
 _STEP_DIR = re.compile(r"^step-([0-9]{8,})$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -156,7 +159,7 @@ def judge_checkpoint(
     if folder_step is not None and folder_step != fields.step:
         return invalid(f"marker names step {fields.step}, the folder step {folder_step}")
     if job_id is not None and fields.job_id is not None and fields.job_id != job_id:
-        return invalid(f"marker of another job ({fields.job_id})")
+        return invalid(f"{ANOTHER_JOB} ({fields.job_id})")
     for name, digest in fields.files:
         actual = actual_sha256.get(name)
         if actual is None:
@@ -192,6 +195,14 @@ def _why_not(
     """Why `marker` may not be resumed from, or None when it may."""
     if not marker.valid:
         return marker.problem or "not committed"
+    return _not_its(marker, by_n, next_incarnation)
+
+
+def _not_its(
+    marker: CheckpointMarker, by_n: Mapping[int, Incarnation], next_incarnation: int
+) -> str | None:
+    """Why `marker` (valid or not) is not one an older incarnation of this job committed while
+    it ran, or None when it is."""
     if marker.incarnation is None:
         return "its marker names no incarnation"
     if marker.step is None or marker.committed_at is None:
@@ -240,3 +251,56 @@ def choose_resume(
         of = f" of incarnation {marker.incarnation}" if marker.incarnation is not None else ""
         warnings.append(f"skipping {name}{of}: {reason}")
     return chosen, warnings
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Refused:
+    """A committed checkpoint of the job that cannot be resumed from, and why."""
+
+    incarnation: int
+    step: int
+    why: str
+
+    def __str__(self) -> str:
+        return f"step {self.step} of incarnation {self.incarnation}: {self.why}"
+
+
+def unusable_committed(
+    markers: Sequence[CheckpointMarker],
+    *,
+    recorded: Sequence[Checkpoint],
+    history: Sequence[Incarnation],
+    next_incarnation: int,
+) -> list[Refused]:
+    """The job's committed checkpoints that incarnation `next_incarnation` cannot resume from,
+    newest first. When `choose_resume` chose nothing and this is empty, the job never committed
+    one (a fresh start is right); when it is not, starting fresh would throw that work away.
+
+    Counted: every checkpoint of an older incarnation the store recorded (`recorded`; one whose
+    marker is not among `markers` is "not found": pruned, deleted, or its storage not there), and
+    every damaged marker that names an older incarnation of this job and a commit time while it
+    ran (committed since the store last looked). Not counted: a folder without a marker (a write
+    that never committed), a marker of another job, one a fenced copy wrote after its incarnation
+    was lost.
+    """
+    by_n = {inc.n: inc for inc in history}
+    found: dict[tuple[int, int], CheckpointMarker] = {}
+    for marker in sorted(markers, key=lambda m: (not m.valid, m.path)):  # a good copy first
+        if marker.incarnation is not None and marker.step is not None:
+            found.setdefault((marker.incarnation, marker.step), marker)
+    refused: dict[tuple[int, int], str] = {}
+    for c in recorded:
+        if c.incarnation >= next_incarnation:
+            continue
+        seen = found.get((c.incarnation, c.step))
+        why = "not found" if seen is None else _why_not(seen, by_n, next_incarnation)
+        if why is not None:
+            refused[(c.incarnation, c.step)] = why
+    for key, marker in found.items():
+        if key in refused or marker.valid or marker.problem is None:
+            continue
+        if marker.problem.startswith(ANOTHER_JOB) or _not_its(marker, by_n, next_incarnation):
+            continue
+        refused[key] = marker.problem
+    newest_first = sorted(refused.items(), key=lambda kv: (kv[0][1], kv[0][0]), reverse=True)
+    return [Refused(n, step, why) for (n, step), why in newest_first]

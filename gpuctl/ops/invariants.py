@@ -14,7 +14,9 @@
 - **incarnations numbered 1, 2, ... n** with no gap, and the job's `incarnation` is n;
 - **resume step = the last committed step**: each incarnation resumed from the newest committed
   checkpoint the store knew of before it started (one of an older incarnation, committed at or
-  before its start), or started fresh when there was none. Checked for jobs with checkpoints.
+  before its start), or started fresh when there was none. Checked for jobs with checkpoints. One
+  the loop found unusable at that start (a `checkpoint_invalid` event) does not count; a job whose
+  committed checkpoints are all unusable is held, never started fresh, so it has nothing to check.
 
 `check_database(state_dir)` is `gpuctl db check`: opening (read-only), integrity, schema version and
 these invariants, as one report.

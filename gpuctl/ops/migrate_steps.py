@@ -11,7 +11,7 @@ import dataclasses
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from gpuctl.core.jobs import EndReason, Incarnation, IncarnationState, Job
+from gpuctl.core.jobs import EndReason, Incarnation, IncarnationState, Job, JobState
 from gpuctl.core.migration import (
     DEFAULT_TIMEOUT_S,
     Phase,
@@ -310,6 +310,10 @@ def _launch(p: Pass, res: Reservation, job: Job, source: Incarnation | None) -> 
         return
     if started:
         _migrated(p, res, job, res.node)
+    else:
+        now = p.store.job(job.id)
+        if now is not None and now.state is JobState.HELD:  # e.g. no usable checkpoint
+            _rollback(p, res, f"the job is held ({now.reason or 'see its events'})")
 
 
 def _elsewhere(p: Pass, res: Reservation, job: Job, source: Incarnation | None) -> None:

@@ -1,6 +1,7 @@
 """The control loop's checkpoint steps: record each running job's newest committed checkpoint
 (copying it into gpuctl's own store for `checkpoint.sync: pull`), and choose the one a new
-incarnation resumes from (shipping it to the new node for `pull`)."""
+incarnation resumes from (shipping it to the new node for `pull`), or say why the job must wait
+for a person: it committed checkpoints and none is usable now."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import posixpath
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpuctl.core.checkpoints import choose_resume, clock_correction_s
+from gpuctl.core.checkpoints import choose_resume, clock_correction_s, unusable_committed
 from gpuctl.core.jobs import (
     Checkpoint,
     CheckpointMarker,
@@ -87,11 +88,37 @@ def sync_one(p: Pass, job: Job, inc: Incarnation) -> None:
     )
 
 
-def resume_point(p: Pass, job: Job, n: int, node: str) -> tuple[str, int | None]:
-    """The checkpoint incarnation `n` resumes from (shipped to `node` for `sync: pull`):
-    (path on the node, step); ("", None) for a fresh start. Skipped newer ones are events."""
+FRESH_START_HINT = (
+    "to start it fresh, submit its spec again with `gpuctl submit --replace` "
+    "(a new job; this one is cancelled)"
+)
+LISTED = 4  # refused checkpoints named in a hold's reason; older ones are counted
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Resume:
+    """Where an incarnation starts: `path` on its node and `step` (a fresh start: "" and None),
+    or `held`: the reason to hold the job instead (it committed checkpoints, none is usable)."""
+
+    path: str = ""
+    step: int | None = None
+    held: str | None = None
+
+
+def held_reason(refused: list[str]) -> str:
+    """A hold's reason naming the refused checkpoints (newest first) and how to start afresh."""
+    named = "; ".join(refused[:LISTED])
+    if len(refused) > LISTED:
+        named += f"; and {len(refused) - LISTED} older"
+    return f"no usable checkpoint: {named}; {FRESH_START_HINT}"
+
+
+def resume_point(p: Pass, job: Job, n: int, node: str) -> Resume:
+    """The checkpoint incarnation `n` resumes from (shipped to `node` for `sync: pull`). Skipped
+    newer ones are events. A fresh start only when the job never committed a checkpoint: when it
+    did and none is usable (all damaged, gone), `held` says why and nothing is shipped."""
     if n == 1:
-        return "", None
+        return Resume()
     history = p.store.incarnations(job.id)
     sync = specs.checkpoint_sync(job)
     if sync is CheckpointSync.SHARED:
@@ -105,25 +132,35 @@ def resume_point(p: Pass, job: Job, n: int, node: str) -> tuple[str, int | None]
     chosen, warnings = choose_resume(markers, history=history, next_incarnation=n)
     for w in warnings:
         p.act("checkpoint_skipped", f"{job.id}: {w}", job=job.id, node=node, outcome="failed")
+    refused = unusable_committed(
+        markers, recorded=p.store.checkpoints(job.id), history=history, next_incarnation=n
+    )
     floor = -1 if chosen is None or chosen.step is None else chosen.step
-    for m in markers:  # which recorded checkpoints are unusable now: the invariants allow for them
-        if not m.valid and m.step is not None and m.step > floor and m.incarnation is not None:
+    # the committed checkpoints newer than the choice that are unusable now (damaged, or gone
+    # though the store recorded them): events, which the invariants allow for
+    unusable = {
+        (m.incarnation, m.step): m.problem or "invalid"
+        for m in markers
+        if not m.valid and m.step is not None and m.incarnation is not None
+    }
+    unusable.update({(r.incarnation, r.step): r.why for r in refused})
+    for (i, step), why in sorted(unusable.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        if step > floor:
             p.act(
                 "checkpoint_invalid",
-                f"{job.id}: step {m.step} of incarnation {m.incarnation} is not usable: "
-                f"{m.problem or 'invalid'}",
+                f"{job.id}: step {step} of incarnation {i} is not usable: {why}",
                 job=job.id,
                 node=node,
                 outcome="failed",
-                data={"incarnation": m.incarnation, "step": m.step},
+                data={"incarnation": i, "step": step},
             )
     if chosen is None:
-        return "", None
+        return Resume(held=held_reason([str(r) for r in refused])) if refused else Resume()
     if sync is CheckpointSync.PULL:
         remote = f"{jobspecs.checkpoint_dir(job)}/{posixpath.basename(chosen.path)}"
         if not p.dry:
             p.runner.push_checkpoint(p.spec(node), chosen.path, remote)
-        return remote, chosen.step
+        return Resume(remote, chosen.step)
     known = {(c.incarnation, c.step) for c in p.store.checkpoints(job.id)}
     key = (chosen.incarnation, chosen.step)
     if key[0] is not None and key[1] is not None and key not in known and not p.dry:
@@ -132,7 +169,7 @@ def resume_point(p: Pass, job: Job, n: int, node: str) -> tuple[str, int | None]
         at = (chosen.committed_at or 0.0) - clock_correction_s(writer)
         ckpt = Checkpoint(job.id, key[0], key[1], chosen.path, at, "shared")
         p.store.add_checkpoint(ckpt)
-    return chosen.path, chosen.step
+    return Resume(chosen.path, chosen.step)
 
 
 def _local_marker(c: Checkpoint) -> CheckpointMarker:

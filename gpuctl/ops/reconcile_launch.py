@@ -249,11 +249,17 @@ def launch_on(
 ) -> bool:
     """Intent, launch, confirmation of the job's next incarnation on `target`. True when the
     cards are now held (launched, or the outcome is unknown and will be observed next pass).
-    StoreConflict when the store refuses the intent (a card taken, the node cordoned)."""
+    StoreConflict when the store refuses the intent (a card taken, the node cordoned). A job
+    that committed checkpoints, none of them usable now, is held for a person instead (False):
+    starting it fresh would throw its work away on gpuctl's own say-so."""
     n = job.incarnation + 1
     node = target.node
     secrets = jobspecs.resolve_secrets(job, p.loop.environ)
-    resume_from, resume_step = reconcile_checkpoints.resume_point(p, job, n, node)
+    resume = reconcile_checkpoints.resume_point(p, job, n, node)
+    if resume.held is not None:
+        _hold(p, job, resume.held)
+        return False
+    resume_from, resume_step = resume.path, resume.step
     inc = Incarnation(
         job_id=job.id,
         n=n,

@@ -1,6 +1,7 @@
 """Job faults on a lab fleet: a job SIGKILLed (restarted within its budget, then held), a crash
 loop (held, its node not blamed), a kill in the middle of a checkpoint write (the previous one is
-used), a corrupted checkpoint (the one before it, loudly)."""
+used), a corrupted checkpoint (the one before it, loudly), every checkpoint corrupted (held for a
+person, never started fresh)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from tests.e2e.faults import (
     SLOW_SAVE,
     Rig,
     committed_steps,
+    gpuctl,
     rig,
     steps,
 )
@@ -159,6 +161,34 @@ def test_a_checkpoint_damaged_after_the_store_recorded_it_still_passes_the_invar
         r.until(lambda: r.running(job.id, 2), "restarted")
         assert r.inc(job.id, 2).resume_step == max(s for s in on_disk if s < recorded)
         r.check()
+
+
+def test_a_job_whose_every_checkpoint_is_damaged_at_failover_is_held_not_started_fresh(
+    own_lab: LabFleet, tmp_path: Path
+) -> None:
+    with rig(own_lab, tmp_path) as r:
+        job = r.train("train")
+        r.until(lambda: len(r.store.checkpoints(job.id)) >= 2, "two recorded checkpoints")
+        node = r.inc(job.id, 1).node
+        own_lab.kill(node)  # the node dies with the job: no checkpoint is written after this
+        folder = r.shared / job.id
+        on_disk = committed_steps(folder, incarnation=1)
+        for step in on_disk:
+            damage(folder / f"step-{step:08d}")
+
+        r.until(lambda: r.job(job.id).state is JobState.HELD, "held")
+        reason = r.job(job.id).reason or ""
+        assert reason.startswith("no usable checkpoint: "), reason
+        for step in on_disk[-2:]:
+            assert f"step {step} of incarnation 1: checksum mismatch: state.json" in reason
+        assert "gpuctl submit --replace" in reason
+        r.run_pass()
+        assert [i.n for i in r.incs(job.id)] == [1]  # nothing launched from a fresh start
+        assert r.inc(job.id, 1).state is IncarnationState.LOST
+        assert r.copies(job.id) == []
+        r.check()
+        checked = gpuctl(r.state_dir, None, "db", "check")
+        assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
 def test_a_damaged_copy_in_gpuctl_s_checkpoint_store_is_skipped_for_the_one_before_it(

@@ -8,13 +8,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuctl.core.checkpoints import (
+    Refused,
     choose_resume,
     judge_checkpoint,
     parse_marker,
     step_dir_name,
     step_of_dir,
+    unusable_committed,
 )
-from gpuctl.core.jobs import CheckpointMarker, Incarnation, IncarnationState
+from gpuctl.core.jobs import Checkpoint, CheckpointMarker, Incarnation, IncarnationState
 
 DIR = "/ckpt/train-demo"
 SHA_A = "a" * 64
@@ -161,7 +163,7 @@ def test_invalid_checkpoints_older_than_the_choice_are_not_reported() -> None:
     assert choose_resume(markers, history=history, next_incarnation=2) == (ok(20, 1, 200.0), [])
 
 
-def test_when_every_checkpoint_is_bad_the_job_starts_fresh_and_says_why() -> None:
+def test_when_every_checkpoint_is_bad_none_is_chosen_and_each_is_named() -> None:
     history = [inc(1, 100.0, 300.0)]
     markers = [bad(10, 1, "missing file: model.pt"), bad(20, 1, "checksum mismatch: model.pt")]
     chosen, warnings = choose_resume(markers, history=history, next_incarnation=2)
@@ -169,6 +171,71 @@ def test_when_every_checkpoint_is_bad_the_job_starts_fresh_and_says_why() -> Non
     assert warnings == [
         "skipping step-00000020 of incarnation 1: checksum mismatch: model.pt",
         "skipping step-00000010 of incarnation 1: missing file: model.pt",
+    ]
+
+
+# --- unusable_committed ------------------------------------------------------------------------
+
+
+def damaged(step: int, incarnation: int | None, at: float, problem: str) -> CheckpointMarker:
+    """A marker that parses (it names its incarnation and time) but fails verification."""
+    return CheckpointMarker(f"{DIR}/{step_dir_name(step)}", incarnation, step, at, False, problem)
+
+
+def recorded(step: int, incarnation: int, at: float) -> Checkpoint:
+    path = f"{DIR}/{step_dir_name(step)}"
+    return Checkpoint("train-demo-1a2b3c", incarnation, step, path, at, "shared")
+
+
+def named(refused: list[Refused]) -> list[str]:
+    return [str(r) for r in refused]
+
+
+def test_committed_checkpoints_all_unusable_are_named_newest_first() -> None:
+    history = [inc(1, 100.0, 300.0, IncarnationState.LOST)]
+    markers = [
+        damaged(65, 1, 150.0, "missing file: model.pt"),
+        damaged(70, 1, 200.0, "checksum mismatch: model.pt"),
+    ]
+    store = [recorded(70, 1, 200.0), recorded(65, 1, 150.0), recorded(60, 1, 120.0)]
+    assert choose_resume(markers, history=history, next_incarnation=2)[0] is None
+    found = unusable_committed(markers, recorded=store, history=history, next_incarnation=2)
+    assert named(found) == [
+        "step 70 of incarnation 1: checksum mismatch: model.pt",
+        "step 65 of incarnation 1: missing file: model.pt",
+        "step 60 of incarnation 1: not found",  # pruned, or its storage is gone
+    ]
+
+
+def test_a_job_that_never_committed_a_checkpoint_has_none_unusable() -> None:
+    history = [inc(1, 100.0, 300.0)]
+    assert unusable_committed([], recorded=[], history=history, next_incarnation=2) == []
+    half_written = [bad(30, None, "no marker")]
+    assert unusable_committed(half_written, recorded=[], history=history, next_incarnation=2) == []
+
+
+def test_a_damaged_checkpoint_the_store_never_recorded_counts_when_it_is_this_job_s() -> None:
+    history = [inc(1, 1000.0, 1300.0, IncarnationState.LOST)]
+    markers = [
+        damaged(20, 1, 1100.0, "checksum mismatch: model.pt"),  # committed since the last scan
+        damaged(500, 1, 400.0, "checksum mismatch: model.pt"),  # before incarnation 1 started
+        damaged(600, 3, 1100.0, "checksum mismatch: model.pt"),  # an incarnation it never had
+        damaged(40, 1, 1200.0, "marker of another job (other-1a2b3c)"),
+        damaged(50, 1, 1400.0, "checksum mismatch: model.pt"),  # a fenced copy's, after the loss
+        bad(60, None, "unreadable marker: not JSON (JSONDecodeError)"),
+    ]
+    found = unusable_committed(markers, recorded=[], history=history, next_incarnation=2)
+    assert found == [Refused(1, 20, "checksum mismatch: model.pt")]
+
+
+def test_a_recorded_checkpoint_refused_as_stale_is_named_with_why() -> None:
+    history = [inc(1, 100.0, 200.0, IncarnationState.KILLED)]
+    markers = [ok(20, 1, 201.0)]
+    found = unusable_committed(
+        markers, recorded=[recorded(20, 1, 201.0)], history=history, next_incarnation=2
+    )
+    assert named(found) == [
+        "step 20 of incarnation 1: stale: committed after that incarnation ended"
     ]
 
 
