@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from gpuctl.cli import context
+from gpuctl.cli import context, fleet
 from gpuctl.cli.render import OUTPUT_OPTION, Output, emit_document, safe
 from gpuctl.core.model import FleetSnapshot
 from gpuctl.core.placement.model import Settings
@@ -46,8 +46,11 @@ def place(
     output: Output = OUTPUT_OPTION,
 ) -> None:
     """Show where JOB.yaml... would be placed: node, cards, score and runner-up, or why not.
+    Plans as the control loop would: cordoned nodes and the cards gpuctl granted are read from
+    the state store (read-only; none when there is no store).
 
-    Exit 0 when every job fits, 3 when some do not, 2 for bad job files or options.
+    Exit 0 when every job fits, 3 when some do not, 2 for bad job files or options, 6 when the
+    state store refuses.
     """
     from gpuctl.config.jobspec_files import load_job_specs
     from gpuctl.core.plan import plan_to_dict, render_plan_text
@@ -55,8 +58,9 @@ def place(
 
     settings = _settings(policy, band_max, headroom, whole_card_over)
     requests = load_job_specs(jobs)
-    fleet = service.load_snapshot(snapshot) if snapshot else _gather(ctx)
-    result = service.place(requests, settings, fleet)
+    observed = service.load_snapshot(snapshot) if snapshot else _gather(ctx)
+    with fleet.open_state(ctx, write=False) as store:
+        result = service.place(requests, settings, observed, store)
     if output in (Output.JSON, Output.YAML):
         emit_document(plan_to_dict(result), output)
     else:

@@ -13,7 +13,7 @@ import operator
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from gpuctl.adapters.protocols import Transport
+from gpuctl.adapters.protocols import Store, Transport
 from gpuctl.core.model import (
     FleetSnapshot,
     GpuSnapshot,
@@ -242,7 +242,11 @@ def place(
     jobs: Sequence[JobRequest],
     settings: Settings,
     snapshot: FleetSnapshot,
-    known: Sequence[Allocation] = (),
+    store: Store | None = None,
 ) -> Plan:
-    """Where `jobs` would go on the fleet of `snapshot`; changes nothing."""
-    return plan(fleet_state_from_snapshot(snapshot, known), jobs, settings)
+    """Where `jobs` would go on the fleet of `snapshot` as the control loop sees it: with the
+    cards gpuctl granted and the cordons in `store` (`fleetstatus.fleet_state`, the loop's own
+    view; none without a store). Changes nothing."""
+    from gpuctl.ops.fleetstatus import fleet_state
+
+    return plan(fleet_state(snapshot, store), jobs, settings)

@@ -7,11 +7,14 @@ import pytest
 import yaml
 from typer.testing import CliRunner, Result
 
+from gpuctl.adapters.clock import SystemClock
+from gpuctl.adapters.store import open_store
 from gpuctl.cli.context import AppContext
 from gpuctl.cli.main import app
 from gpuctl.core.model import fleet_from_dict
 from gpuctl.errors import ConnectRefused
 from gpuctl.lab import node_tools, nodestate
+from gpuctl.ops import nodeops
 from gpuctl.testing.fakes import FakeTransport, ShellTransport
 
 ROOT = Path(__file__).parents[2]
@@ -22,8 +25,12 @@ BAD = ROOT / "tests" / "fixtures" / "jobs" / "bad"
 EIGHT_H100 = "name: big\nresources: {gpus: 8, mem_per_gpu: whole, gpu_models: [H100]}\n"
 
 
-def run(*args: str) -> Result:
-    return CliRunner().invoke(app, ["place", *args], env={"GPUCTL_INVENTORY": None})
+NO_STORE = Path("/nonexistent/gpuctl-state")  # read-only: an empty store, nothing created
+
+
+def run(*args: str, state: Path = NO_STORE) -> Result:
+    argv = ["--state-dir", str(state), "place", *args]
+    return CliRunner().invoke(app, argv, env={"GPUCTL_INVENTORY": None})
 
 
 def job_file(tmp_path: Path, text: str, name: str = "job.yaml") -> Path:
@@ -99,6 +106,24 @@ def test_explain_says_why_and_lists_the_nodes_that_could_not(tmp_path: Path) -> 
     assert "  shape: 1 × 37.3 GiB slice" in out
     assert "1 node [unschedulable] unreachable (timeout): gpu-04" in out
     assert "band: standard-tier work is admitted while" in out
+
+
+def test_a_node_cordoned_in_the_state_store_is_not_chosen_and_explain_says_why(
+    tmp_path: Path,
+) -> None:
+    job = str(EXAMPLES / "train-4xh100.yaml")
+    state = tmp_path / "state"
+    before = run(job, "--snapshot", str(SNAPSHOT), state=state)
+    assert before.exit_code == 0, before.output
+    assert not state.exists()  # a read-only look creates no store
+    assert "train-llama -> gpu-01" in run(job, "--snapshot", str(SNAPSHOT), "--explain").stdout
+    with open_store(state, write=True) as store:
+        nodeops.cordon(store, "gpu-01", reason="fan noise", operator="alice", clock=SystemClock())
+    result = run(job, "--snapshot", str(SNAPSHOT), "--explain", state=state)
+    assert result.exit_code == 3, result.output  # gpu-01 was the only node with 4 H100 cards
+    assert "train-llama -> " not in result.stdout
+    assert "1 node [unschedulable] cordoned: fan noise: gpu-01" in result.stdout
+    assert "0 of 1 job(s) placed" in result.stdout
 
 
 def test_band_max_stops_standard_work_at_the_given_edge(tmp_path: Path) -> None:
@@ -225,9 +250,8 @@ def test_on_the_live_fleet_place_polls_once_and_skips_nodes_that_do_not_answer(
     )
     job = job_file(tmp_path, "name: one\nresources: {gpus: 1, gpu_models: [H100]}\n")
     ctx = AppContext(transport_factory=lambda: transport)
-    result = CliRunner().invoke(
-        app, ["-i", str(inventory), "place", str(job), "-o", "json"], obj=ctx
-    )
+    argv = ["-i", str(inventory), "--state-dir", str(tmp_path / "state"), "place", str(job)]
+    result = CliRunner().invoke(app, [*argv, "-o", "json"], obj=ctx)
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     assert (doc["jobs"][0]["node"], doc["jobs"][0]["cards"]) == ("gpu01", [0])
