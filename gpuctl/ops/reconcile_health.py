@@ -4,7 +4,8 @@ decides: cordon at first sight, unknown health cordons only, drains after a verd
 (hysteresis) and within a rate limit, never while most of the fleet looks unhealthy at once, and
 a health cordon lifted only after a cool-down, never a person's cordon. A node that keeps dropping
 off and coming back (counted from the store's `node_recovered` / `node_back` events, so a one-shot
-run from cron sees them too) is cordoned the same way, its jobs left running.
+run from cron sees them too) is cordoned the same way, its jobs left running. The step also
+alerts on running jobs that stopped committing checkpoints (`gpuctl.ops.reconcile_stall`).
 
 A drained node's running jobs are moved with the migration primitive (`gpuctl.ops.migrate`):
 each gets a target reserved here; the loop's migration step takes them further every pass.
@@ -31,7 +32,7 @@ from gpuctl.core.nodehealth import (
     track,
 )
 from gpuctl.errors import StateError
-from gpuctl.ops import migrate_steps
+from gpuctl.ops import migrate_steps, reconcile_stall
 from gpuctl.ops.reconcile_launch import Target
 
 if TYPE_CHECKING:
@@ -86,6 +87,7 @@ def rules(p: Pass) -> HealthRules:
 
 
 def health(p: Pass) -> None:
+    reconcile_stall.stalls(p)  # jobs that stopped committing checkpoints: an alert, no action
     policy = p.settings.health
     if not policy.enabled or not p.snapshot.nodes:
         return

@@ -10,6 +10,7 @@ from typing import Any
 from gpuctl.core.failover import DEFAULT_GRACE_S, DEFAULT_MASS_FAILURE_FRACTION, RestartPolicy
 from gpuctl.core.nodehealth import AutoDrainPolicy
 from gpuctl.core.placement.model import Settings
+from gpuctl.core.stall import StallPolicy
 
 DEFAULT_LAUNCH_SETTLE_S = 20.0
 DEFAULT_CHECKPOINT_SCAN_S = 30.0
@@ -22,7 +23,7 @@ class ReconcileSettings:
     `launch_settle_s`: a launch not found on its node this long after its intent was written
     failed; `checkpoint_scan_s`: how often a running job's checkpoints are read (per job);
     `health`: automatic cordons and drains of unhealthy nodes (hysteresis, rate limit,
-    cool-down)."""
+    cool-down); `stall`: when a running job that stopped committing checkpoints is alerted."""
 
     placement: Settings = dataclasses.field(default_factory=Settings)
     grace_s: float = DEFAULT_GRACE_S
@@ -33,6 +34,7 @@ class ReconcileSettings:
     lock_wait_s: float = 0.0
     dry_run: bool = False
     health: AutoDrainPolicy = dataclasses.field(default_factory=AutoDrainPolicy)
+    stall: StallPolicy = dataclasses.field(default_factory=StallPolicy)
 
     def __post_init__(self) -> None:
         if self.grace_s < 0 or self.launch_settle_s < 0 or self.checkpoint_scan_s < 0:
