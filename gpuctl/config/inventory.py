@@ -121,6 +121,7 @@ class Defaults(_Model):
     """Connection settings for every node of the file. None: not set here."""
 
     user: User | None = None
+    allow_root: bool | None = None  # `user: root` is refused unless this says so
     port: Port | None = None
     key_file: FilePath | None = None
     known_hosts: Annotated[list[FilePath] | None, BeforeValidator(_as_list)] = None
@@ -233,10 +234,12 @@ class _Source:
 
 @dataclass(frozen=True, slots=True)
 class _Layer:
-    """One level of settings and the folder its relative paths resolve against."""
+    """One level of settings, the folder its relative paths resolve against, and where it is."""
 
     settings: Defaults
     base: Path
+    doc: Document
+    loc: Loc
 
 
 def load_inventory(path: Path) -> Inventory:
@@ -298,7 +301,7 @@ def _resolve_entry(
     if entry.group is not None and entry.groups is not None:
         raise fail("groups", "use either 'group' or 'groups', not both")
     group_names = [entry.group] if entry.group is not None else list(entry.groups or ())
-    layers = [_Layer(entry, doc.path.parent)]
+    layers = [_Layer(entry, doc.path.parent, doc, loc)]
     member_of: list[Group] = []
     for g, gname in enumerate(group_names):
         where: str | Loc = "group" if entry.group is not None else ("groups", g)
@@ -307,9 +310,10 @@ def _resolve_entry(
         if gname in group_names[:g]:
             raise fail(where, f"group {gname!r} is listed twice")
         group, gsrc = groups[gname]
-        layers.append(_Layer(group, gsrc.doc.path.parent))
+        layers.append(_Layer(group, gsrc.doc.path.parent, gsrc.doc, ("groups", gname)))
         member_of.append(group)
-    layers.append(_Layer(src.spec.defaults, doc.path.parent))
+    layers.append(_Layer(src.spec.defaults, doc.path.parent, doc, ("defaults",)))
+    _check_root(layers, entry.name)
 
     try:
         names = expand_hostlist(entry.name)
@@ -364,6 +368,23 @@ def _resolve_entry(
         if problem:
             raise fail("host" if entry.host is not None else "name", problem)
         yield NodeSpec(name=name, host=host, **{**settings, "labels": dict(labels)})
+
+
+def _check_root(layers: Sequence[_Layer], name: str) -> None:
+    """`user: root` needs `allow_root: true` (nearest setting wins, as for every other key): an
+    inventory never logs in as root by accident."""
+    user = next((layer for layer in layers if layer.settings.user is not None), None)
+    if user is None or user.settings.user != "root":
+        return
+    if _first(*(layer.settings.allow_root for layer in layers)) is True:
+        return
+    raise user.doc.error(
+        (*user.loc, "user"),
+        f"is root: gpuctl would log in to {name} as root and run jobs there as root; set "
+        "allow_root: true to mean it",
+        hint="use a dedicated unprivileged account on the nodes (README: the inventory)",
+        error=InventoryError,
+    )
 
 
 def _first(*values: Any) -> Any:

@@ -16,7 +16,11 @@ HOST = "must be a host name or IP address: letters, digits, '.', '-', '_', ':' o
 NAME = "must be 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit"
 
 # fixture -> (the error line, the hint line or None); paths are relative to FIXTURES
+ROOT = "gpuctl would log in to gpu01 as root and run jobs there as root; set allow_root: true"
+ROOT_HINT = "use a dedicated unprivileged account on the nodes (README: the inventory)"
 BAD: dict[str, tuple[str, str | None]] = {
+    "user-root": (f"2: defaults.user: is root: {ROOT} to mean it", ROOT_HINT),
+    "user-root-allow-overridden": (f"3: groups.ops.user: is root: {ROOT} to mean it", ROOT_HINT),
     "unknown-key-node": ("3: nodes[0].hots: unknown key 'hots'", "did you mean 'host'?"),
     "unknown-key-top": ("1: node: unknown key 'node'", "did you mean 'nodes'?"),
     "unknown-key-defaults": ("2: defaults.usr: unknown key 'usr'", "did you mean 'user'?"),
@@ -26,8 +30,8 @@ BAD: dict[str, tuple[str, str | None]] = {
     ),
     "unknown-key-no-match": (
         "3: nodes[0].zzzzzz: unknown key 'zzzzzz'",
-        "valid keys: user, port, key_file, known_hosts, connect_timeout_s, command_timeout_s, "
-        "transport, labels, gpus, gpu_model, name, host, group, groups",
+        "valid keys: user, allow_root, port, key_file, known_hosts, connect_timeout_s, "
+        "command_timeout_s, transport, labels, gpus, gpu_model, name, host, group, groups",
     ),
     "name-bad-chars": (f"2: nodes[0].name: {NAME} (got 'gpu 01')", None),
     "name-starts-with-dash": (
@@ -311,6 +315,19 @@ def test_a_missing_path_is_an_error(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     monkeypatch.chdir(tmp_path)
     with pytest.raises(InventoryError, match=r"^nowhere\.yaml: inventory not found$"):
         load_inventory(Path("nowhere.yaml"))
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "defaults: {user: root, allow_root: true}\nnodes:\n  - name: gpu01\n",
+        "groups:\n  ops: {user: root}\nnodes:\n  - {name: gpu01, group: ops, allow_root: true}\n",
+    ],
+)
+def test_root_is_accepted_where_allow_root_says_so(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "fleet.yaml"
+    path.write_text(text)
+    assert [n.user for n in load_inventory(path).nodes] == ["root"]
 
 
 def test_the_same_host_on_different_ports_is_two_nodes(tmp_path: Path) -> None:
