@@ -1,5 +1,6 @@
 """Private keys for the SSH transport: loaded once per file version, refused when others can
-read them (as OpenSSH does)."""
+read them (as OpenSSH does) or when they need a passphrase (gpuctl never prompts: such a key is
+used through ssh-agent, with no `key_file`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import paramiko
 
 from gpuctl.adapters.ssh_connect import error_reason
 from gpuctl.core.model import NodeSpec
-from gpuctl.errors import TransportError
+from gpuctl.errors import AuthFailed, TransportError
 
 
 class KeyCache:
@@ -44,10 +45,13 @@ class KeyCache:
             return hit[1]
         try:
             key = paramiko.PKey.from_path(path)
-        except paramiko.PasswordRequiredException:
-            raise TransportError(
-                f"{node.name}: key_file {path} is encrypted",
-                hint="load it into ssh-agent and remove key_file from the inventory",
+        except (TypeError, paramiko.PasswordRequiredException):
+            # cryptography raises TypeError for an encrypted key loaded without its passphrase
+            raise AuthFailed(
+                f"{node.name}: key_file {path} needs a passphrase, which gpuctl never asks for: "
+                "load it into ssh-agent and drop key_file, or use a key without a passphrase",
+                hint=f"ssh-add {path}, then remove key_file from the inventory; or a key without "
+                "a passphrase that only you can read (chmod 600)",
             ) from None
         except (paramiko.SSHException, OSError, ValueError) as exc:
             raise TransportError(

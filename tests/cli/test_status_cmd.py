@@ -11,6 +11,7 @@ from gpuctl.cli.context import AppContext
 from gpuctl.cli.main import app
 from gpuctl.errors import ConnectRefused, HostKeyChanged, HostKeyUnknown, TransportTimeout
 from gpuctl.testing.fakes import FakeTransport, ShellTransport, fake_node_env
+from tests.unit.adapters.test_ssh_keys import write_key
 
 
 @pytest.fixture
@@ -130,6 +131,21 @@ def test_nodes_show_of_a_node_with_a_changed_host_key_exits_5(
     result = _invoke(inventory, transport, "nodes", "show", "gpu02")
     assert result.exit_code == 5, result.output
     assert "HOST KEY CHANGED" in result.stdout
+
+
+def test_a_key_file_with_a_passphrase_is_an_auth_failure_of_its_node(tmp_path: Path) -> None:
+    key = write_key(tmp_path / "id_key", "openssh", b"correct horse")
+    inventory = tmp_path / "fleet.yaml"
+    inventory.write_text(
+        f"nodes:\n  - {{name: gpu01, host: 127.0.0.1, port: 1, key_file: {key}}}\n"
+    )
+    state = tmp_path / "state"
+    result = CliRunner().invoke(app, ["-i", str(inventory), "--state-dir", str(state), "status"])
+    assert result.exit_code == 4, result.output  # the only node: nothing answered
+    assert "Traceback" not in result.output and "TypeError" not in result.output
+    (row,) = [line for line in result.stdout.splitlines() if line.startswith("gpu01")]
+    assert row.split()[1:3] == ["down", "(auth_failed)"]
+    assert f"key_file {key} needs a passphrase" in result.stdout
 
 
 def test_status_table_shows_nodes_gpus_and_memory(

@@ -1,0 +1,56 @@
+"""Private keys from the inventory's `key_file`: a key that needs a passphrase is an auth error
+naming the file and the way out, never a TypeError from the crypto library."""
+
+from pathlib import Path
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ed25519, rsa
+
+from gpuctl.adapters.ssh_keys import KeyCache
+from gpuctl.core.model import NodeSpec
+from gpuctl.errors import AuthFailed, ExitCode
+
+
+def write_key(path: Path, fmt: str, passphrase: bytes | None) -> Path:
+    key = (
+        ed25519.Ed25519PrivateKey.generate()
+        if fmt == "openssh"
+        else rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    )
+    private_format = {
+        "openssh": serialization.PrivateFormat.OpenSSH,
+        "pem": serialization.PrivateFormat.TraditionalOpenSSL,
+        "pkcs8": serialization.PrivateFormat.PKCS8,
+    }[fmt]
+    encryption = (
+        serialization.BestAvailableEncryption(passphrase)
+        if passphrase
+        else serialization.NoEncryption()
+    )
+    path.write_bytes(key.private_bytes(serialization.Encoding.PEM, private_format, encryption))
+    path.chmod(0o600)
+    return path
+
+
+@pytest.mark.parametrize("fmt", ["openssh", "pem", "pkcs8"])
+def test_a_key_with_a_passphrase_is_an_auth_error_naming_the_file_and_the_fix(
+    tmp_path: Path, fmt: str
+) -> None:
+    key = write_key(tmp_path / "id_key", fmt, b"correct horse")
+    with pytest.raises(AuthFailed) as err:
+        KeyCache().load(NodeSpec(name="gpu01", host="gpu01", key_file=str(key)))
+    assert str(err.value) == (
+        f"gpu01: key_file {key} needs a passphrase, which gpuctl never asks for: load it into "
+        "ssh-agent and drop key_file, or use a key without a passphrase"
+    )
+    assert err.value.hint == (
+        f"ssh-add {key}, then remove key_file from the inventory; or a key without a passphrase "
+        "that only you can read (chmod 600)"
+    )
+    assert (err.value.reach, err.value.exit_code) == ("auth_failed", ExitCode.ERROR)
+
+
+def test_a_key_without_a_passphrase_loads(tmp_path: Path) -> None:
+    key = write_key(tmp_path / "id_key", "openssh", None)
+    assert KeyCache().load(NodeSpec(name="gpu01", host="gpu01", key_file=str(key))) is not None
