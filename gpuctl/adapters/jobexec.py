@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 
 from gpuctl.adapters.node_script import RemoteCommand, marked_lines, sh_command
-from gpuctl.core.jobs import RunStatus
+from gpuctl.core.jobs import Fenced, JobProcess, RunStatus
 from gpuctl.errors import UsageError
 
 RUNS_DIR = ".gpuctl/runs"  # under the node user's $HOME
@@ -94,6 +94,7 @@ _OBSERVE = (
     _FUNCTIONS
     + r"""
 runs="${HOME:-/nonexistent}/.gpuctl/runs"
+c=0
 for d in "$runs"/*/*; do
   [ -d "$d" ] || continue
   n=${d##*/} j=${d%/*}; j=${j##*/}
@@ -104,7 +105,9 @@ for d in "$runs"/*/*; do
   [ -n "$p" ] || p=-
   if [ -f "$d/exit" ]; then read -r x <"$d/exit" || x=-; fi
   printf 'gpuctl-run %s %s %s %s %s %s\n' "$j" "$n" "$p" "$a" "${x:--}" "$d"
+  c=$((c + 1))
 done
+printf 'gpuctl-observed %s\n' "$c"
 """
 )
 
@@ -118,9 +121,16 @@ def _int_or_none(text: str) -> int | None:
     return int(text) if text.isdigit() and len(text) < 19 else None
 
 
-def parse_observe(stdout: bytes) -> list[RunStatus]:
+def parse_observe(stdout: bytes) -> list[RunStatus] | None:
+    """The runs the observe script listed, or None when its output is not whole: the end line
+    (`gpuctl-observed COUNT`) is missing or counts other lines than arrived. A listing cut short
+    (sshd killed mid-session, a half-open connection) must never read as "those runs are gone"."""
+    ends = marked_lines(stdout, "gpuctl-observed")
+    listed = marked_lines(stdout, "gpuctl-run")
+    if len(ends) != 1 or ends[0] != [str(len(listed))]:
+        return None
     out = []
-    for fields in marked_lines(stdout, "gpuctl-run"):
+    for fields in listed:
         if len(fields) < 6:
             continue
         job_id, n, pid, alive, exit_code = fields[:5]
@@ -171,6 +181,122 @@ def signal_command(job_id: str, incarnation: int, signal: str) -> RemoteCommand:
 def parse_signal(stdout: bytes) -> bool:
     lines = marked_lines(stdout, "gpuctl-signal")
     return bool(lines) and lines[-1][:1] == ["delivered"]
+
+
+# -- fence and the processes of jobs ---------------------------------------------------------------
+
+# gpuctl_procs JOB N: one line "gpuctl-proc PID JOB N" per live process carrying a job's contract
+# environment (JOB and N empty: every job). Found by environment, not by run dir: a copy whose run
+# dir is gone, or a worker that left its process group, is still found. One grep reads every
+# environ file; only the matches are read again. On a lab node (many nodes on one machine), a
+# process is this node's when it carries the session's own GPUCTL_LAB_STATE (the node's state file,
+# unique to one node of one lab); on a real node neither side has it.
+_PROCS = r"""
+gpuctl_procs() {
+  me=${GPUCTL_LAB_STATE-}
+  for f in $(grep -lzsF -e GPUCTL_JOB_ID= /proc/[0-9]*/environ 2>/dev/null); do
+    q=${f#/proc/}; q=${q%/environ}
+    gpuctl_st "$q" && [ "$st_state" != Z ] || continue
+    e=$(tr '\000' '\n' <"$f" 2>/dev/null) || continue
+    j= i= l=
+    while IFS= read -r v; do
+      case $v in
+        GPUCTL_JOB_ID=*) j=${v#*=} ;;
+        GPUCTL_INCARNATION=*) i=${v#*=} ;;
+        GPUCTL_LAB_STATE=*) l=${v#*=} ;;
+      esac
+    done <<gpuctl_end
+$e
+gpuctl_end
+    case $j in '' | *[!A-Za-z0-9._-]*) continue ;; esac
+    case $i in '' | *[!0-9]*) continue ;; esac
+    [ "$l" = "$me" ] || continue
+    [ -z "$1" ] || [ "$j" = "$1" ] || continue
+    [ -z "$2" ] || [ "$i" = "$2" ] || continue
+    printf 'gpuctl-proc %s %s %s\n' "$q" "$j" "$i"
+  done
+}
+"""
+
+# Fence one incarnation: claim its launch lock first (a launch still in flight, delayed by a node
+# that hung, is then refused), kill its process group (identity checked) and every process that
+# carries its job id and incarnation, and look again until none is left or the tries run out.
+_FENCE = (
+    _FUNCTIONS
+    + _PROCS
+    + r"""
+umask 077
+runs="${HOME:-/nonexistent}/.gpuctl/runs"
+d="$runs/$1/$2"
+mkdir -p "$d" 2>/dev/null && mkdir "$d/launch.lock" 2>/dev/null
+killed=0 left=0 t=0
+while :; do
+  found=
+  if gpuctl_alive "$d" "$1" "$2" && kill -KILL -"$p" 2>/dev/null; then found=1; fi
+  for q in $(gpuctl_procs "$1" "$2" | cut -d " " -f 2); do
+    kill -KILL "$q" 2>/dev/null && found=1
+  done
+  [ -n "$found" ] || { left=0; break; }
+  killed=1 left=1 t=$((t + 1))
+  [ "$t" -le __TRIES__ ] || break
+  sleep 0.05 2>/dev/null || sleep 1
+done
+printf 'gpuctl-fence %s %s\n' "$killed" "$left"
+"""
+).replace("__TRIES__", "40")
+
+_PROCESSES = (
+    _FUNCTIONS
+    + _PROCS
+    + r"""
+c=0
+while IFS= read -r l; do
+  [ -n "$l" ] || continue
+  printf '%s\n' "$l"
+  c=$((c + 1))
+done <<gpuctl_end
+$(gpuctl_procs "" "")
+gpuctl_end
+printf 'gpuctl-procs %s\n' "$c"
+"""
+)
+
+
+def fence_command(job_id: str, incarnation: int) -> RemoteCommand:
+    """Kill every process of `<job_id>/<incarnation>` on the node and report whether any is left."""
+    args = [check_job_id(job_id), str(check_incarnation(incarnation))]
+    return RemoteCommand(sh_command(_FENCE, "gpuctl-fence", args))
+
+
+def parse_fence(stdout: bytes) -> Fenced | None:
+    """What the fence found, or None when its report did not arrive whole."""
+    lines = marked_lines(stdout, "gpuctl-fence")
+    if len(lines) != 1 or len(lines[0]) != 2 or not all(x in ("0", "1") for x in lines[0]):
+        return None
+    killed, left = lines[0]
+    return Fenced(killed=int(killed), remaining=int(left))
+
+
+def processes_command() -> RemoteCommand:
+    """ONE exec listing every live process on the node that carries a job's contract env."""
+    return RemoteCommand(sh_command(_PROCESSES, "gpuctl-processes", []))
+
+
+def parse_processes(stdout: bytes) -> list[JobProcess] | None:
+    """The job processes listed, or None when the listing did not arrive whole."""
+    ends = marked_lines(stdout, "gpuctl-procs")
+    listed = marked_lines(stdout, "gpuctl-proc")
+    if len(ends) != 1 or ends[0] != [str(len(listed))]:
+        return None
+    out = []
+    for fields in listed:
+        if len(fields) != 3:
+            return None
+        pid, job_id, n = fields
+        if _int_or_none(pid) is None or _int_or_none(n) is None or not JOB_ID_RE.fullmatch(job_id):
+            return None
+        out.append(JobProcess(job_id=job_id, incarnation=int(n), pid=int(pid)))
+    return sorted(out, key=lambda x: (x.job_id, x.incarnation, x.pid))
 
 
 # -- logs -----------------------------------------------------------------------------------------

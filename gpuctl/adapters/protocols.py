@@ -12,9 +12,11 @@ from gpuctl.core.jobs import (
     CheckpointMarker,
     Cordon,
     Event,
+    Fenced,
     Incarnation,
     IncarnationState,
     Job,
+    JobProcess,
     JobState,
     LaunchRequest,
     NodeLiveness,
@@ -175,6 +177,12 @@ class JobRunner(Protocol):
     def observe(self, node: NodeSpec) -> list[RunStatus]: ...  # every incarnation on the node
 
     def signal(self, node: NodeSpec, job_id: str, incarnation: int, signal: str) -> bool: ...
+
+    # kill every process of the incarnation on the node, claim its launch; `Fenced.gone` when
+    # none is left (the only reading that lets an incarnation end while it may have lived)
+    def fence(self, node: NodeSpec, job_id: str, incarnation: int) -> Fenced: ...
+
+    def processes(self, node: NodeSpec) -> list[JobProcess]: ...  # live processes of jobs
 
     def logs(
         self,

@@ -193,6 +193,30 @@ class RunStatus:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Fenced:
+    """What fencing one incarnation on its node found: how many of its processes were alive and
+    killed, and how many were still alive when the node stopped waiting for them to die. Only
+    `gone` (none left) lets gpuctl record the incarnation as ended and free its cards."""
+
+    killed: int
+    remaining: int
+
+    @property
+    def gone(self) -> bool:
+        return self.remaining == 0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class JobProcess:
+    """A live process on a node that carries a job's contract environment (`GPUCTL_JOB_ID`,
+    `GPUCTL_INCARNATION`): what really runs there, whatever gpuctl's store says."""
+
+    job_id: str
+    incarnation: int
+    pid: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class CheckpointMarker:
     """A checkpoint folder as found on a node (or in gpuctl's store): committed when `valid`."""
 

@@ -25,7 +25,7 @@ from gpuctl.adapters.node_script import RemoteCommand
 from gpuctl.adapters.protocols import ExecResult, Transport
 from gpuctl.adapters.ssh_sftp import TreeExists
 from gpuctl.core import checkpoints
-from gpuctl.core.jobs import CheckpointMarker, LaunchRequest, RunStatus
+from gpuctl.core.jobs import CheckpointMarker, Fenced, JobProcess, LaunchRequest, RunStatus
 from gpuctl.core.model import NodeSpec
 from gpuctl.errors import GpuctlError, TransportError
 
@@ -161,11 +161,34 @@ class SshJobRunner:
         )
 
     def observe(self, node: NodeSpec) -> list[RunStatus]:
+        """Every incarnation's run on the node. Raises `TransportError` unless the listing arrived
+        whole (the script's end line, exit status 0): a listing cut short is not an observation."""
         result = self._run(node, jobexec.observe_command())
-        if result.exit_code not in (0, None) and not result.stdout:
-            stderr = result.stderr[:300].decode("utf-8", errors="replace").strip()
-            raise TransportError(f"{node.name}: observe failed (exit {result.exit_code}): {stderr}")
-        return jobexec.parse_observe(result.stdout)
+        runs = None if _incomplete(result) else jobexec.parse_observe(result.stdout)
+        if runs is None:
+            raise TransportError(f"{node.name}: observe {_why_incomplete(result)}")
+        return runs
+
+    def fence(self, node: NodeSpec, job_id: str, incarnation: int) -> Fenced:
+        """Kill every process of the incarnation on the node (its process group, and any process
+        carrying its job id and incarnation) and claim its launch, so that it can never start
+        there; `Fenced.gone` once none is left. Raises `TransportError` when the node's answer
+        did not arrive whole: then nothing is known."""
+        result = self._run(node, jobexec.fence_command(job_id, incarnation))
+        fenced = None if _incomplete(result) else jobexec.parse_fence(result.stdout)
+        if fenced is None:
+            raise TransportError(
+                f"{node.name}: fence of {job_id}/{incarnation} {_why_incomplete(result)}"
+            )
+        return fenced
+
+    def processes(self, node: NodeSpec) -> list[JobProcess]:
+        """Every live process on the node that carries a job's contract environment."""
+        result = self._run(node, jobexec.processes_command())
+        found = None if _incomplete(result) else jobexec.parse_processes(result.stdout)
+        if found is None:
+            raise TransportError(f"{node.name}: process listing {_why_incomplete(result)}")
+        return found
 
     def signal(self, node: NodeSpec, job_id: str, incarnation: int, signal: str) -> bool:
         """Signal the incarnation's process group; False when it is not alive there."""
@@ -337,3 +360,22 @@ def _fsync_dir(path: Path) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def _incomplete(result: ExecResult) -> bool:
+    return result.exit_code != 0 or result.truncated
+
+
+def _why_incomplete(result: ExecResult) -> str:
+    """Why a script's answer is not a reading: the session ended without an exit status (sshd
+    went away mid-command), a failure, or output cut at the limit."""
+    stderr = result.stderr[:300].decode("utf-8", errors="replace").strip()
+    if result.truncated:
+        what = "output passed its size limit"
+    elif result.exit_code is None:
+        what = "ended without an exit status (the session was cut)"
+    elif result.exit_code != 0:
+        what = f"failed (exit {result.exit_code})"
+    else:
+        what = "answer did not arrive whole"
+    return f"incomplete: {what}" + (f": {stderr}" if stderr else "") + "; nothing is concluded"

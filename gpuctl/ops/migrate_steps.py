@@ -211,7 +211,8 @@ def _apply(
     if kind is StepKind.STOP:
         return _stop(p, res, source, step.why)
     if kind is StepKind.KILL:
-        p.runner.signal(p.spec(source.node), source.job_id, source.n, "KILL")
+        if reconcile_jobs.confirm_gone(p, source) is None:
+            return res  # not known to be gone yet: the target waits, the next pass tries again
         done = p.update_inc(
             source,
             IncarnationState.STOPPING,

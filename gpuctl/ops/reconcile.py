@@ -202,8 +202,8 @@ class Pass:
                 pid=run.pid,
                 run_dir=run.run_dir or inc.run_dir,
             )
-        if run is None:
-            reconcile_jobs.ended(self, inc, None, "its run is gone from the node")
+        if run is None:  # the node listed every run dir, and this one is not there
+            reconcile_jobs.ended(self, inc, None, "its run dir is gone from the node")
         elif not run.alive:
             reconcile_jobs.ended(self, inc, run.exit_code, None)
         elif run.pid is not None and run.pid != inc.pid and not self.dry:
@@ -274,8 +274,8 @@ class Pass:
             work(*args, **kwargs)
         except StoreConflict as exc:
             self.note("conflict", f"changed under this pass: {exc}", outcome="skipped")
-        except StateError:
-            raise  # the store itself refuses (corrupt, full, locked): the pass stops, failing closed
+        except StateError:  # the store itself refuses (corrupt, full): the pass stops, closed
+            raise
         except GpuctlError as exc:
             self.note("error", exc.message, outcome="failed")
 

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 
 from gpuctl.config.jobspec import DEFAULT_GRACE_S
 from gpuctl.core.failover import Verdict, restart_decision, run_ends
-from gpuctl.core.jobs import EndReason, Incarnation, IncarnationState, Job, JobState
+from gpuctl.core.jobs import EndReason, Fenced, Incarnation, IncarnationState, Job, JobState
+from gpuctl.errors import TransportError
 from gpuctl.ops import reconcile_spec as specs
 from gpuctl.ops.jobs import cancel_is_forced
 
@@ -20,11 +21,45 @@ STOP_KINDS = ("stop", "preempt")
 REQUEUED = (EndReason.PREEMPTED, EndReason.DRAINED, EndReason.NODE_LOST, EndReason.FENCED)
 
 
+def confirm_gone(p: Pass, inc: Incarnation) -> Fenced | None:
+    """Fence the incarnation on its node (`JobRunner.fence`: kill its process group and every
+    process carrying its job id and incarnation, claim its launch) and confirm that nothing of
+    it is left. None when that is not known this pass (the node's answer did not arrive whole,
+    or a process outlived SIGKILL): nothing may then be recorded as ended, and the next pass
+    tries again. Every way an incarnation ends while it may still live goes through here. A dry
+    run kills nothing and reads as gone."""
+    if p.dry:
+        return Fenced(killed=0, remaining=0)
+    where = f"incarnation {inc.n} of {inc.job_id} on {inc.node}"
+    try:
+        fenced = p.runner.fence(p.spec(inc.node), inc.job_id, inc.n)
+    except TransportError as exc:
+        p.note("fence", f"could not fence {where}: {exc}", job=inc.job_id, node=inc.node)
+        return None
+    if not fenced.gone:
+        p.note(
+            "fence",
+            f"{where} still has live processes after SIGKILL; its cards stay held and the next "
+            "pass tries again",
+            job=inc.job_id,
+            node=inc.node,
+            outcome="failed",
+        )
+        return None
+    return fenced
+
+
 def ended(p: Pass, inc: Incarnation, exit_code: int | None, why: str | None) -> None:
-    """The incarnation's process ended (or vanished): record it, then settle its job."""
+    """The incarnation's process ended (or its run dir vanished): once nothing of it is left on
+    the node (`confirm_gone`), record it, then settle its job."""
+    fenced = confirm_gone(p, inc)
+    if fenced is None:
+        return
     reason = inc.end_reason or EndReason.EXITED
     status = "without an exit status" if exit_code is None else f"with status {exit_code}"
     message = f"incarnation {inc.n} of {inc.job_id} on {inc.node} exited {status}"
+    if fenced.killed:
+        why = "; ".join(x for x in (why, "processes of it still ran: killed") if x)
     if why:
         message += f" ({why})"
     if inc.state is IncarnationState.STOPPING:
@@ -42,7 +77,11 @@ def ended(p: Pass, inc: Incarnation, exit_code: int | None, why: str | None) -> 
 
 
 def launch_failed(p: Pass, inc: Incarnation, why: str) -> None:
-    """A launch that failed: the cards are released, the job settled (it counts as a failure)."""
+    """A launch that failed: the cards are released, the job settled (it counts as a failure).
+    Fenced first: a launch delayed on a node that hung must never start after its next
+    incarnation did (the fence claims its launch lock)."""
+    if confirm_gone(p, inc) is None:
+        return
     done = p.update_inc(
         inc,
         IncarnationState.LAUNCHING,
@@ -155,8 +194,8 @@ def kill_if_overdue(p: Pass, inc: Incarnation) -> None:
             node=inc.node,
         )
         return
-    if not p.dry:
-        p.runner.signal(p.spec(inc.node), inc.job_id, inc.n, "KILL")
+    if confirm_gone(p, inc) is None:
+        return
     done = p.update_inc(
         inc,
         IncarnationState.STOPPING,
@@ -182,8 +221,8 @@ def cancel(p: Pass, job: Job) -> None:
     if active and latest.node not in p.observed:
         p.note("cancel", f"{job.id}: waiting for {latest.node} to answer", job=job.id)
     elif active and cancel_is_forced(p.store, job.id):
-        if not p.dry:
-            p.runner.signal(p.spec(latest.node), job.id, latest.n, "KILL")
+        if confirm_gone(p, latest) is None:
+            return
         done = p.update_inc(
             latest,
             latest.state,

@@ -10,6 +10,7 @@ from gpuctl.core.failover import LivenessChange, suspect_own_network, update_liv
 from gpuctl.core.jobs import Incarnation, IncarnationState, Job, JobState, NodeLiveness, RunStatus
 from gpuctl.core.model import Reach
 from gpuctl.errors import StoreConflict, TransportError
+from gpuctl.ops import reconcile_jobs
 from gpuctl.ops.reconcile_report import NodeReport
 
 if TYPE_CHECKING:
@@ -128,10 +129,10 @@ def fence(p: Pass) -> None:
 
 
 def _fence_one(p: Pass, inc: Incarnation, run: RunStatus | None) -> None:
-    spec = p.specs[inc.node]
-    alive = run is not None and run.alive
-    if alive and not p.dry:
-        p.runner.signal(spec, inc.job_id, inc.n, "KILL")
+    fenced = reconcile_jobs.confirm_gone(p, inc)
+    if fenced is None:
+        return  # not known to be gone: it stays lost, holding its cards, until it is
+    alive = fenced.killed > 0 or (p.dry and run is not None and run.alive)
     state = IncarnationState.KILLED if alive else IncarnationState.EXITED
     what = "killed the stale copy" if alive else "the stale copy had already ended"
     p.update_inc(

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
-from gpuctl.core.jobs import CheckpointMarker, LaunchRequest, RunStatus
+from gpuctl.core.jobs import CheckpointMarker, Fenced, JobProcess, LaunchRequest, RunStatus
 from gpuctl.core.model import (
     FleetSnapshot,
     GpuProcess,
@@ -63,6 +63,7 @@ class FakeRun:
     used_mib: int | None = None  # GPU memory per granted card; None: not on the GPU yet
     on_term: str = "exit"  # "exit" (checkpoint and exit 0 within the grace) or "ignore"
     signals: list[str] = dataclasses.field(default_factory=list)
+    listed: bool = True  # its run dir is there (False: deleted, the process may live on)
 
     @property
     def key(self) -> tuple[str, int]:
@@ -89,6 +90,7 @@ class FakeNode:
     ghosts: list[GpuProcess] = dataclasses.field(default_factory=list)
     checkpoints: dict[str, list[CheckpointMarker]] = dataclasses.field(default_factory=dict)
     clock_offset_s: float = 0.0  # its clock minus the cluster's (what the probe reports)
+    claimed: set[tuple[str, int]] = dataclasses.field(default_factory=set)  # fenced, never ran
 
     def uuid(self, index: int) -> str:
         return f"GPU-{self.name}-{index}"
@@ -151,6 +153,10 @@ class FakeCluster:
         run = self.run(job_id, incarnation)
         run.alive, run.exit_code = False, exit_code
 
+    def lose_run_dir(self, job_id: str, incarnation: int) -> None:
+        """The incarnation's run dir is deleted on its node; its process runs on."""
+        self.run(job_id, incarnation).listed = False
+
     def use(self, job_id: str, incarnation: int, mib: int) -> None:
         self.run(job_id, incarnation).used_mib = mib
 
@@ -207,6 +213,8 @@ class FakeRunner:
         self.launch_error: Exception | None = None
         self.crash_after_launch: BaseException | None = None
         self.on_term: str = "exit"
+        self.fences: list[tuple[str, str, int]] = []  # (node, job id, incarnation)
+        self.unkillable: set[tuple[str, int]] = set()  # (job id, incarnation) a fence cannot kill
 
     def _node(self, spec: NodeSpec) -> FakeNode:
         node = self.cluster.nodes[spec.name]
@@ -220,7 +228,8 @@ class FakeRunner:
             if self.launch_error is not None:
                 error, self.launch_error = self.launch_error, None
                 raise error
-            if (request.job_id, request.incarnation) in target.runs:
+            key = (request.job_id, request.incarnation)
+            if key in target.runs or key in target.claimed:
                 raise GpuctlError(
                     f"{node.name}: incarnation {request.incarnation} of {request.job_id} exists"
                 )
@@ -240,21 +249,52 @@ class FakeRunner:
 
     def observe(self, node: NodeSpec) -> list[RunStatus]:
         with self.cluster.lock:
-            return [r.status() for _, r in sorted(self._node(node).runs.items())]
+            return [r.status() for _, r in sorted(self._node(node).runs.items()) if r.listed]
 
     def signal(self, node: NodeSpec, job_id: str, incarnation: int, signal: str) -> bool:
         with self.cluster.lock:
             target = self._node(node)
             self.signals.append((node.name, job_id, incarnation, signal))
             run = target.runs.get((job_id, incarnation))
-            if run is None or not run.alive:
+            if run is None or not run.alive or not run.listed:
                 return False
             run.signals.append(signal)
+            if signal == "KILL" and (job_id, incarnation) in self.unkillable:
+                return True  # delivered; the process is stuck in the kernel
             if signal == "KILL":
                 run.alive, run.exit_code = False, 137
             elif signal == "TERM" and run.on_term == "exit":
                 run.alive, run.exit_code = False, 0
             return True
+
+    def fence(self, node: NodeSpec, job_id: str, incarnation: int) -> Fenced:
+        """Kill the incarnation's process, claim its launch (a later launch of it is refused);
+        an incarnation in `unkillable` survives (a process stuck in the kernel)."""
+        with self.cluster.lock:
+            target = self._node(node)
+            self.fences.append((node.name, job_id, incarnation))
+            key = (job_id, incarnation)
+            run = target.runs.get(key)
+            if run is None:
+                target.claimed.add(key)
+                return Fenced(killed=0, remaining=0)
+            if not run.alive:
+                return Fenced(killed=0, remaining=0)
+            self.signals.append((node.name, job_id, incarnation, "KILL"))
+            if key in self.unkillable:
+                return Fenced(killed=1, remaining=1)
+            run.signals.append("KILL")
+            run.alive, run.exit_code = False, 137 if run.exit_code is None else run.exit_code
+            return Fenced(killed=1, remaining=0)
+
+    def processes(self, node: NodeSpec) -> list[JobProcess]:
+        with self.cluster.lock:
+            target = self._node(node)
+            return [
+                JobProcess(r.request.job_id, r.request.incarnation, r.pid)
+                for _, r in sorted(target.runs.items())
+                if r.alive
+            ]
 
     def logs(
         self,

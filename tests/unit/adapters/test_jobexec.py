@@ -18,7 +18,7 @@ import pytest
 
 from gpuctl.adapters import job_launch, jobexec
 from gpuctl.adapters.protocols import ExecResult
-from gpuctl.core.jobs import LaunchRequest, RunStatus
+from gpuctl.core.jobs import Fenced, LaunchRequest, RunStatus
 from gpuctl.core.model import NodeSpec
 from gpuctl.errors import UsageError
 from gpuctl.lab.sshd import alive
@@ -300,6 +300,44 @@ def test_a_worker_left_behind_by_a_dead_wrapper_still_counts_and_is_fenced(
     assert wait_for(lambda: node.ended("j1", 1))
 
 
+# -- fence ----------------------------------------------------------------------------------------
+
+
+def test_a_fence_kills_the_group_and_every_process_of_the_incarnation_and_says_none_is_left(
+    node: Node, tmp_path: Path
+) -> None:
+    started = node.runner.launch(NODE, request("j1", 1, *sh(GROUP_JOB), workdir=str(tmp_path)))
+    other = node.runner.launch(NODE, request("j1", 2))
+    child = child_of(node, "j1", 1, tmp_path)
+    fenced = node.runner.fence(NODE, "j1", 1)
+    assert (fenced.killed, fenced.gone) == (1, True)
+    assert not alive(child) and not alive(started.pid or 0)
+    assert other.pid is not None and alive(other.pid)  # the next incarnation is left alone
+    assert node.runner.fence(NODE, "j1", 1) == Fenced(killed=0, remaining=0)
+
+
+def test_a_fence_finds_a_copy_whose_run_dir_is_gone_by_its_environment(
+    node: Node, tmp_path: Path
+) -> None:
+    started = node.runner.launch(NODE, request("j1", 1, *sh(GROUP_JOB), workdir=str(tmp_path)))
+    child = child_of(node, "j1", 1, tmp_path)
+    subprocess.run(["rm", "-rf", str(node.run_dir("j1", 1))], check=True)
+    assert node.status("j1", 1) is None  # the observe cannot see it any more
+    assert {(p.job_id, p.incarnation) for p in node.runner.processes(NODE)} == {("j1", 1)}
+    fenced = node.runner.fence(NODE, "j1", 1)
+    assert fenced.killed == 1 and fenced.gone
+    assert wait_for(lambda: not alive(child) and not alive(started.pid or 0))
+    assert node.runner.processes(NODE) == []
+
+
+def test_a_fenced_incarnation_that_never_started_can_never_start_there_later(node: Node) -> None:
+    # a launch delayed on a node that hung arrives after gpuctl gave up on it and fenced it
+    assert node.runner.fence(NODE, "j1", 1).gone
+    with pytest.raises(LaunchRefused):
+        node.runner.launch(NODE, request("j1", 1))
+    assert node.runner.processes(NODE) == []
+
+
 # -- logs -----------------------------------------------------------------------------------------
 
 
@@ -558,11 +596,44 @@ def test_observe_output_that_is_not_a_run_is_ignored() -> None:
         b"gpuctl-run j2 2 - 0 137 /h/.gpuctl/runs/j2/2\n"
         b"gpuctl-run short\n"
         b"noise\n"
+        b"gpuctl-observed 5\n"
     )
     assert jobexec.parse_observe(out) == [
         RunStatus("j1", 1, 100, True, None, "/h/.gpuctl/runs/j1/1"),
         RunStatus("j2", 2, None, False, 137, "/h/.gpuctl/runs/j2/2"),
     ]
+
+
+def test_an_observe_listing_cut_short_is_no_reading_not_an_empty_node() -> None:
+    whole = b"gpuctl-run j1 1 100 1 - /h/.gpuctl/runs/j1/1\ngpuctl-observed 1\n"
+    assert jobexec.parse_observe(whole) is not None
+    assert jobexec.parse_observe(b"") is None  # sshd killed before the script printed
+    assert jobexec.parse_observe(whole.split(b"gpuctl-observed")[0]) is None
+    assert jobexec.parse_observe(b"gpuctl-observed 2\n" + whole) is None  # lines lost
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        # the session ended without an exit status, nothing printed: sshd was killed mid-exec
+        ExecResult(exit_code=None, stdout=b"", stderr=b"", duration_s=0.1),
+        ExecResult(exit_code=None, stdout=b"gpuctl-observed 0\n", stderr=b"", duration_s=0.1),
+        ExecResult(exit_code=255, stdout=b"gpuctl-observed 0\n", stderr=b"", duration_s=0.1),
+        ExecResult(exit_code=0, stdout=b"", stderr=b"", duration_s=0.1),
+    ],
+)
+def test_an_observe_that_did_not_arrive_whole_is_a_transport_error_never_an_empty_list(
+    answer: ExecResult,
+) -> None:
+    from gpuctl.errors import TransportError
+
+    runner = SshJobRunner(FakeTransport({"n1": answer}))
+    with pytest.raises(TransportError, match="nothing is concluded"):
+        runner.observe(NODE)
+    with pytest.raises(TransportError, match="nothing is concluded"):
+        runner.fence(NODE, "j1", 1)
+    with pytest.raises(TransportError, match="nothing is concluded"):
+        runner.processes(NODE)
 
 
 def test_an_unreachable_node_is_a_transport_error_from_the_runner() -> None:
