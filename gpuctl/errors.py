@@ -126,6 +126,15 @@ class StoreConflict(StateError):
     """A compare-and-set lost: the row changed under us (another control loop, another operator)."""
 
 
+class StoreCorrupt(StateError):
+    """The database is damaged, or its file was truncated or replaced under an open store: nothing
+    more is read from it or written to it."""
+
+
+class StoreFull(StateError):
+    """No space left for the state store: the change was rolled back, nothing is damaged."""
+
+
 class PlanError(GpuctlError):
     pass
 

@@ -4,6 +4,7 @@ A store that cannot be trusted is refused with `StateError` (hint: `gpuctl db ch
 replaced by an empty one: a corrupt or unreadable database file, a database missing (or emptied)
 where the marker `store.id` says one existed, a marker naming another database, a file that is
 not gpuctl's, or a schema newer than this gpuctl knows. Nothing is created or overwritten then.
+A full disk is told apart from damage (`failures.state_error`): `StoreFull`, hint: free space.
 
 The state folder is 0700 and owned by the user running gpuctl; the database and the marker are 0600
 (SQLite gives the WAL and shared-memory files the database's mode).
@@ -23,15 +24,15 @@ import uuid
 from pathlib import Path
 from urllib.parse import quote
 
-from gpuctl.adapters.store import schema
-from gpuctl.errors import StateError
+from gpuctl.adapters.store import failures, schema
+from gpuctl.errors import StateError, StoreCorrupt
 
 log = logging.getLogger(__name__)
 
 DB_NAME = "state.db"
 MARKER_NAME = "store.id"
 LOCK_NAME = "loop.lock"
-HINT = "run `gpuctl db check`"
+HINT = failures.CHECK_HINT
 BUSY_TIMEOUT_MS = 10_000
 
 
@@ -113,7 +114,12 @@ def _open_checked(
         _backup(conn, path, version)
     version, db_id = _migrate(conn, path, chain)
     if marker_id is None and db_id is not None:
-        _write_marker(marker, db_id)
+        try:
+            _write_marker(marker, db_id)
+        except OSError as exc:
+            raise failures.os_error(
+                exc, path, f"{marker}: cannot write the store marker: {exc.strerror}"
+            ) from exc
     _tighten(path)
     return Opened(conn, state_dir, path, db_id, version, latest, writable=True, ephemeral=False)
 
@@ -197,7 +203,9 @@ def _create_file(path: Path) -> None:
     except FileExistsError:  # another gpuctl is creating it at this moment
         return
     except OSError as exc:
-        raise StateError(f"{path}: cannot create the database: {exc.strerror}") from exc
+        raise failures.os_error(
+            exc, path, f"{path}: cannot create the database: {exc.strerror}"
+        ) from exc
     os.close(fd)
     _fsync_dir(path.parent)
 
@@ -238,7 +246,7 @@ def _connect(path: Path, *, write: bool) -> sqlite3.Connection:
         if not write:
             conn.execute("PRAGMA query_only = ON")
     except sqlite3.Error as exc:
-        raise StateError(f"{path}: cannot open the database: {exc}", hint=HINT) from exc
+        raise failures.state_error(exc, path, f"{path}: cannot open the database: {exc}") from exc
     return conn
 
 
@@ -246,19 +254,19 @@ def _pragma(conn: sqlite3.Connection, path: Path, statement: str) -> None:
     try:
         conn.execute(statement).fetchall()
     except sqlite3.Error as exc:
-        raise StateError(f"{path}: {statement}: {exc}", hint=HINT) from exc
+        raise failures.state_error(exc, path, f"{path}: {statement}: {exc}") from exc
 
 
 def _quick_check(conn: sqlite3.Connection, path: Path) -> None:
     try:
         rows = conn.execute("PRAGMA quick_check").fetchall()
     except sqlite3.Error as exc:
-        raise StateError(
-            f"{path}: the database is unreadable or corrupt: {exc}", hint=HINT
+        raise failures.state_error(
+            exc, path, f"{path}: the database is unreadable or corrupt: {exc}"
         ) from exc
     problems = [one_line(str(r[0])) for r in rows if r[0] != "ok"]
     if problems:
-        raise StateError(
+        raise StoreCorrupt(
             f"{path}: the database is corrupt: {problems[0]}"
             + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""),
             hint=HINT,
@@ -287,7 +295,7 @@ def _version(
             raise StateError(f"{path}: not a gpuctl state database (no meta table)", hint=HINT)
         meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
     except sqlite3.Error as exc:
-        raise StateError(f"{path}: the database is unreadable: {exc}", hint=HINT) from exc
+        raise failures.state_error(exc, path, f"{path}: the database is unreadable: {exc}") from exc
     try:
         version = int(meta["schema_version"])
         db_id = str(meta["database_id"])
@@ -311,7 +319,9 @@ def _backup(conn: sqlite3.Connection, path: Path, version: int) -> None:
     try:
         conn.backup(dest)
     except sqlite3.Error as exc:
-        raise StateError(f"{path}: cannot back up before migrating: {exc}", hint=HINT) from exc
+        raise failures.state_error(
+            exc, path, f"{path}: cannot back up before migrating: {exc}"
+        ) from exc
     finally:
         dest.close()
     log.info("%s: backed up to %s before migrating from schema v%d", path, target, version)
@@ -350,7 +360,9 @@ def _migrate(
             raise
         conn.execute("COMMIT")
     except sqlite3.Error as exc:
-        raise StateError(f"{path}: cannot prepare the database: {exc}", hint=HINT) from exc
+        raise failures.state_error(
+            exc, path, f"{path}: cannot prepare the database: {exc}"
+        ) from exc
     return int(meta["schema_version"]), meta.get("database_id")
 
 

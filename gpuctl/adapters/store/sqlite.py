@@ -19,13 +19,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
-from gpuctl.adapters.store import integrity, launch, lock, rows
-from gpuctl.adapters.store.opening import (
-    HINT,
-    LOCK_NAME,
-    MARKER_NAME,
-    Opened,
-)
+from gpuctl.adapters.store import failures, integrity, launch, lock, rows
+from gpuctl.adapters.store.opening import LOCK_NAME, MARKER_NAME, Opened
 from gpuctl.core.jobs import (
     Checkpoint,
     Cordon,
@@ -64,6 +59,10 @@ class SqliteStore:
             else rows.INC_COLS.replace("clock_offset_s", "NULL")
         )
         self._lock = threading.RLock()
+        # the loop's long-lived connection would go on past a truncated or replaced file
+        self._file = (
+            failures.DatabaseFile(self.path) if self.writable and not self.ephemeral else None
+        )
 
     def close(self) -> None:
         with self._lock:
@@ -82,32 +81,43 @@ class SqliteStore:
         if not self.writable:
             raise StateError(f"{self.path}: the state store was opened read-only")
         with self._lock, self._errors():
+            self._check_file()
             self._conn.execute("BEGIN IMMEDIATE")
             try:
                 yield self._conn
+                self._check_file()  # never commit into a file that changed under the transaction
+                self._conn.execute("COMMIT")
             except BaseException:
-                if self._conn.in_transaction:
-                    self._conn.execute("ROLLBACK")
+                if self._conn.in_transaction:  # a failed COMMIT (disk full) leaves it open
+                    with contextlib.suppress(sqlite3.Error):
+                        self._conn.execute("ROLLBACK")
                 raise
-            self._conn.execute("COMMIT")
 
     def _read(self, sql: str, params: Iterable[Any] = ()) -> list[tuple[Any, ...]]:
         with self._lock, self._errors():
+            if self._file is not None:
+                self._file.raise_refused()  # reads look at the file only at each pass's start
             return list(self._conn.execute(sql, tuple(params)).fetchall())
+
+    def _check_file(self) -> None:
+        if self._file is not None:
+            self._file.check()
 
     @contextlib.contextmanager
     def _errors(self) -> Iterator[None]:
         try:
             yield
-        except sqlite3.OperationalError as exc:
-            if "locked" in str(exc) or "busy" in str(exc):
+        except sqlite3.Error as exc:
+            if failures.primary_code(exc) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
                 raise StateError(
                     f"{self.path}: the state store stayed busy (another gpuctl is writing): {exc}",
                     hint="try again",
                 ) from exc
-            raise StateError(f"{self.path}: {exc}", hint=HINT) from exc
-        except sqlite3.Error as exc:
-            raise StateError(f"{self.path}: {exc}", hint=HINT) from exc
+            if failures.is_corrupt(exc) and self._file is not None:
+                self._file.check()  # a truncated or replaced file says so first
+                self._file.refuse(f"the database is corrupt: {exc}")  # and stays refused
+            what = "the database is corrupt: " if failures.is_corrupt(exc) else ""
+            raise failures.state_error(exc, self.path, f"{self.path}: {what}{exc}") from exc
 
     @staticmethod
     def _append(conn: sqlite3.Connection, event: Event) -> int:
@@ -510,9 +520,16 @@ class SqliteStore:
             )
 
     def loop_lock(self, wait_s: float = 0.0) -> AbstractContextManager[None]:
-        """One control loop at a time: flock on `state_dir/loop.lock`, released on exit."""
+        """One control loop at a time: flock on `state_dir/loop.lock`, released on exit.
+
+        Taken at the start of each pass, it also makes the pass read the database afresh: the
+        file is checked and SQLite's page cache dropped, so damage to any page the pass reads is
+        seen (a kept connection would serve it from memory)."""
         if not self.writable:
             raise StateError(f"{self.path}: the state store was opened read-only")
+        with self._lock, self._errors():
+            self._check_file()
+            self._conn.execute("PRAGMA shrink_memory")
         return lock.loop_lock(self.state_dir / LOCK_NAME, wait_s)
 
 
