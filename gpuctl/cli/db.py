@@ -43,6 +43,14 @@ def check(ctx: typer.Context, output: Output = OUTPUT_OPTION) -> None:
         lines.append(("healthy", "yes" if report.healthy else "NO"))
         sys.stdout.write("".join(f"{k:<10} {safe(v)}\n" for k, v in lines))
     if not report.healthy:
+        from gpuctl.adapters.store.failures import disk_full
+
+        if disk_full(Path(report.state_dir)):  # SQLite's errors then mean no room, not damage
+            sys.stderr.write(
+                f"hint: the disk that holds {report.state_dir} is full (a full disk damages "
+                "nothing): free space there, then run gpuctl db check again\n"
+            )
+            raise typer.Exit(int(ExitCode.STATE))
         sys.stderr.write(
             f"hint: gpuctl refuses to change state it cannot trust; restore {report.database} "
             "from a backup, or move it (and store.id beside it) aside to start empty\n"
