@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from gpuctl.cli import context
 from gpuctl.cli.render import OUTPUT_OPTION, Output, emit_document, safe
 from gpuctl.errors import ExitCode
+
+if TYPE_CHECKING:
+    from gpuctl.ops.fleetcheck import FleetCheck
 
 app = typer.Typer(help="gpuctl's state store: check it, find it.", no_args_is_help=True)
 
@@ -22,13 +26,28 @@ def _state_dir(ctx: typer.Context) -> Path:
 
 
 @app.command("check")
-def check(ctx: typer.Context, output: Output = OUTPUT_OPTION) -> None:
-    """Integrity, schema version and the job invariants. Exit 0 when healthy, 6 otherwise."""
+def check(
+    ctx: typer.Context,
+    fleet: bool = typer.Option(
+        False,
+        "--fleet",
+        help="Also read every node of the inventory: a job live twice, a stray run, a card "
+        "holding more than it has. Exit 1 on any such problem, 3 when a node could not be read.",
+    ),
+    output: Output = OUTPUT_OPTION,
+) -> None:
+    """Integrity, schema version and the job invariants. Exit 0 when healthy, 6 otherwise.
+
+    With --fleet, the job processes that really run on the nodes are compared with the store."""
     from gpuctl.ops.invariants import check_database
 
     report = check_database(_state_dir(ctx))
+    found = _check_fleet(ctx) if fleet and report.healthy else None
     if output in (Output.JSON, Output.YAML):
-        emit_document(report.to_dict(), output)
+        document = report.to_dict()
+        if found is not None:
+            document["fleet"] = found.to_dict()
+        emit_document(document, output)
     else:
         lines = [("state dir", report.state_dir), ("database", report.database)]
         if not report.exists:
@@ -41,6 +60,11 @@ def check(ctx: typer.Context, output: Output = OUTPUT_OPTION) -> None:
             lines.append(("rows", f"{counts} events"))
         lines += [("problem", p) for p in report.problems]
         lines.append(("healthy", "yes" if report.healthy else "NO"))
+        if found is not None:
+            live = ", ".join(f"{j}#{n} on {'+'.join(ns)}" for (j, n), ns in found.live.items())
+            lines.append(("fleet", f"{found.nodes} node(s) read; live: {live or 'no job'}"))
+            lines += [("fleet err", p) for p in found.problems]
+            lines += [("unread", u) for u in found.unreadable]
         sys.stdout.write("".join(f"{k:<10} {safe(v)}\n" for k, v in lines))
     if not report.healthy:
         from gpuctl.adapters.store.failures import disk_full
@@ -56,6 +80,29 @@ def check(ctx: typer.Context, output: Output = OUTPUT_OPTION) -> None:
             "from a backup, or move it (and store.id beside it) aside to start empty\n"
         )
         raise typer.Exit(int(ExitCode.STATE))
+    if found is not None and found.problems:
+        sys.stderr.write(f"the fleet does not match the store: {len(found.problems)} problem(s)\n")
+        raise typer.Exit(int(ExitCode.ERROR))
+    if found is not None and found.unreadable:
+        sys.stderr.write(
+            f"{len(found.unreadable)} node(s) could not be read: the check is partial\n"
+        )
+        raise typer.Exit(int(ExitCode.PARTIAL))
+
+
+def _check_fleet(ctx: typer.Context) -> FleetCheck:
+    """Poll the inventory's nodes and list their job processes, over one transport."""
+    from gpuctl.cli import fleet
+    from gpuctl.ops.fleetcheck import check_fleet
+    from gpuctl.ops.gather import Gatherer, default_transport
+    from gpuctl.ops.jobrunner import SshJobRunner
+
+    app_ctx = context.get(ctx)
+    inventory = fleet.load_inventory(ctx)
+    transport = app_ctx.transport_factory() if app_ctx.transport_factory else default_transport()
+    with Gatherer(transport) as gatherer, fleet.open_state(ctx, write=False) as store:
+        snapshot = gatherer.gather(inventory)
+        return check_fleet(store, inventory, SshJobRunner(transport), snapshot)
 
 
 @app.command("path")
