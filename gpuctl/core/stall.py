@@ -6,7 +6,10 @@ median of the job's latest gaps between two commits of one incarnation (commits 
 them, so never closer together than its checkpoint scan). A job is stalled when its current
 incarnation has committed nothing for `max(factor x interval, min_s)`, counted from its newest
 commit, or from its start when it has committed nothing yet. A job that never committed two
-checkpoints in one incarnation has no known cadence and is never judged.
+checkpoints in one incarnation has no known cadence and is never judged. The factor is 2: the loop
+records commits at most every 30 s (its checkpoint scan), so a job committing every few seconds
+shows gaps of 30 s, and 2 x 30 s = 60 s keeps the alert inside the minute or so an operator
+expects (a job SIGSTOPped for 70 s is reported; with 3 x it was not).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from collections.abc import Sequence
 from gpuctl.core.jobs import Checkpoint, Incarnation
 from gpuctl.core.units import human_s
 
-DEFAULT_STALL_FACTOR = 3.0
+DEFAULT_STALL_FACTOR = 2.0
 DEFAULT_STALL_MIN_S = 60.0
 DEFAULT_STALL_GAPS = 5
 STALLED = "stalled: "  # how the job's reason begins while it is stalled

@@ -17,12 +17,12 @@ def ckpts(n: int, *times: float, location: str = "shared") -> list[Checkpoint]:
     return [Checkpoint("a-1", n, 10 * (i + 1), f"/c/{i}", t, location) for i, t in enumerate(times)]
 
 
-def test_stalled_past_three_intervals_and_never_sooner_than_the_floor() -> None:
+def test_stalled_past_two_intervals_and_never_sooner_than_the_floor() -> None:
     every_5m = ckpts(1, 100, 400, 700, 1000)
     policy = StallPolicy()
-    assert judge(inc(), every_5m, now=1000 + 900, policy=policy) is None  # 3 x 300 s: not past
-    stall = judge(inc(), every_5m, now=1000 + 901, policy=policy)
-    assert stall is not None and (stall.step, stall.interval_s, stall.threshold_s) == (40, 300, 900)
+    assert judge(inc(), every_5m, now=1000 + 600, policy=policy) is None  # 2 x 300 s: not past
+    stall = judge(inc(), every_5m, now=1000 + 601, policy=policy)
+    assert stall is not None and (stall.step, stall.interval_s, stall.threshold_s) == (40, 300, 600)
     every_5s = ckpts(1, 100, 105, 110)
     assert judge(inc(), every_5s, now=110 + 60, policy=policy) is None  # the 60 s floor
     assert judge(inc(), every_5s, now=110 + 61, policy=policy) is not None
@@ -46,3 +46,9 @@ def test_a_restarted_incarnation_is_judged_from_its_start_by_its_job_s_cadence()
     assert (
         stall.reason == "stalled: no checkpoint committed for over 1m00s (it committed every 20s)"
     )
+
+
+def test_a_job_stopped_for_70_s_between_checkpoint_scans_is_stalled() -> None:
+    # it commits every 5 s; the loop's 30 s checkpoint scan records one commit in six
+    recorded = ckpts(1, 0, 30, 60, 90, 120)
+    assert judge(inc(), recorded, now=120 + 70, policy=StallPolicy()) is not None
