@@ -25,7 +25,13 @@ import paramiko
 from gpuctl.adapters import ssh_exec, ssh_keys, ssh_sftp
 from gpuctl.adapters import ssh_known_hosts as kh
 from gpuctl.adapters.protocols import ExecResult
-from gpuctl.adapters.ssh_connect import PhaseTimeout, error_reason, open_client, open_socket
+from gpuctl.adapters.ssh_connect import (
+    PhaseTimeout,
+    error_reason,
+    login_user,
+    open_client,
+    open_socket,
+)
 from gpuctl.config import paths
 from gpuctl.core.model import NodeSpec
 from gpuctl.errors import TransportError
@@ -262,6 +268,7 @@ class SshTransport:
 
     def _connect(self, node: NodeSpec) -> paramiko.SSHClient:
         deadline = time.monotonic() + node.connect_timeout_s
+        login_user(node)  # before the network: root only when the inventory allows it
         pkey = self._keys.load(node)  # before the network: a bad key file fails fast
         sock = open_socket(node, deadline)
         recorded = self.recorded_keys(node)

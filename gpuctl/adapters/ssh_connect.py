@@ -74,6 +74,20 @@ class _VerifyingPolicy(paramiko.MissingHostKeyPolicy):
         self._phase.value = "auth"
 
 
+def login_user(node: NodeSpec) -> str:
+    """The user gpuctl logs in to `node` as: the inventory's, else the local user's name (as
+    ssh does). Root only when the inventory says `allow_root: true`: gpuctl run by root with no
+    `user:` would otherwise run every job on the fleet as root without anyone choosing it."""
+    user = node.user or getpass.getuser()
+    if user == "root" and not node.allow_root:
+        raise AuthFailed(
+            f"{kh.node_where(node)}: gpuctl would log in as root (the inventory names no user and "
+            "gpuctl runs as root): refused",
+            hint="set user: to the fleet's unprivileged account, or allow_root: true to mean it",
+        )
+    return user
+
+
 def open_client(
     node: NodeSpec,
     sock: socket.socket,
@@ -99,11 +113,12 @@ def open_client(
         opts.key_types = kh.preferred_key_types(recorded, list(opts.key_types))
         return transport
 
+    user = login_user(node)
     try:
         client.connect(
             node.host,
             port=node.port,
-            username=node.user or getpass.getuser(),
+            username=user,
             pkey=pkey,
             sock=sock,
             timeout=slack,
@@ -123,7 +138,6 @@ def open_client(
         client.close()
         if fired:
             raise _connect_timeout(node, phase.value) from None
-        user = node.user or getpass.getuser()
         key = f"key {node.key_file}" if node.key_file else "the default keys"
         raise AuthFailed(
             f"{where}: authentication failed: user {user} with {key} was refused ({exc})",

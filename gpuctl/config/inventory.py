@@ -350,6 +350,7 @@ def _resolve_entry(
     settings = {
         "port": pick("port")[0] or 22,
         "user": pick("user")[0],
+        "allow_root": pick("allow_root")[0] is True,
         "key_file": _local_path(key_file, key_base) if key_file is not None else None,
         "known_hosts": tuple(_local_path(p, kh_base) for p in known_hosts or ()),
         "groups": tuple(group_names),

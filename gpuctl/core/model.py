@@ -43,7 +43,8 @@ class NodeSpec:
     name: str
     host: str
     port: int = 22
-    user: str | None = None
+    user: str | None = None  # None: the local user's name, as ssh does
+    allow_root: bool = False  # logging in as root needs the inventory to say so
     key_file: str | None = None
     known_hosts: tuple[str, ...] = ()
     labels: Mapping[str, str] = dataclasses.field(default_factory=dict)

@@ -54,3 +54,24 @@ def test_a_key_with_a_passphrase_is_an_auth_error_naming_the_file_and_the_fix(
 def test_a_key_without_a_passphrase_loads(tmp_path: Path) -> None:
     key = write_key(tmp_path / "id_key", "openssh", None)
     assert KeyCache().load(NodeSpec(name="gpu01", host="gpu01", key_file=str(key))) is not None
+
+
+def test_root_is_never_the_login_user_by_default_not_even_when_gpuctl_runs_as_root(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gpuctl.adapters.ssh import SshTransport
+
+    monkeypatch.setenv("LOGNAME", "root")  # getpass.getuser() reads it first: gpuctl run by root
+    unnamed = NodeSpec(name="n1", host="127.0.0.1", port=9, connect_timeout_s=0.5)
+    with SshTransport(own_known_hosts=tmp_path / "kh", system_known_hosts=()) as ssh:
+        with pytest.raises(AuthFailed, match="would log in as root") as raised:
+            ssh.run(unnamed, "true", timeout_s=1.0)  # refused before any connection is tried
+        assert raised.value.exit_code is ExitCode.ERROR
+        assert ssh.connects == 0
+    from gpuctl.adapters.ssh_connect import login_user
+
+    assert login_user(NodeSpec(name="n1", host="h", allow_root=True)) == "root"
+    with pytest.raises(AuthFailed, match="would log in as root"):
+        login_user(NodeSpec(name="n1", host="h", user="root"))
+    monkeypatch.setenv("LOGNAME", "ops")
+    assert login_user(unnamed) == "ops"
