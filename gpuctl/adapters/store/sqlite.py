@@ -109,7 +109,7 @@ class SqliteStore:
             yield
         except sqlite3.Error as exc:
             if failures.primary_code(exc) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
-                raise StateError(
+                raise StoreConflict(  # another writer, not a broken store: the loop retries
                     f"{self.path}: the state store stayed busy (another gpuctl is writing): {exc}",
                     hint="try again",
                 ) from exc

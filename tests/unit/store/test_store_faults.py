@@ -13,7 +13,7 @@ from gpuctl.adapters.store import open_store
 from gpuctl.adapters.store.failures import state_error
 from gpuctl.adapters.store.sqlite import SqliteStore
 from gpuctl.core.jobs import Checkpoint, Event, Job, JobState, NodeLiveness
-from gpuctl.errors import ExitCode, StateError, StoreCorrupt, StoreFull
+from gpuctl.errors import ExitCode, StateError, StoreConflict, StoreCorrupt, StoreFull
 
 
 def job(i: int, pad: int = 200) -> Job:
@@ -162,3 +162,20 @@ def test_an_io_error_is_a_full_disk_when_the_state_folder_has_no_room(
         assert "free space" in (error.hint or "")
     else:
         assert type(error) is StateError and error.message == f"{db}: unreadable"
+
+
+def test_a_store_kept_busy_by_another_writer_is_a_conflict_to_retry_not_a_broken_store(
+    loop_store: SqliteStore,
+) -> None:
+    # A conflict skips one job's step (or the pass) and the loop tries again; any other
+    # StateError stops the control loop, failing closed.
+    loop_store._conn.execute("PRAGMA busy_timeout = 50")
+    other = sqlite3.connect(loop_store.path, isolation_level=None)
+    try:
+        other.execute("BEGIN IMMEDIATE")  # another gpuctl in the middle of its write
+        with pytest.raises(StoreConflict, match="stayed busy"):
+            loop_pass(loop_store, 9.0)
+        other.execute("ROLLBACK")
+        loop_pass(loop_store, 10.0)  # and the next pass goes through
+    finally:
+        other.close()
