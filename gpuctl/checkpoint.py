@@ -100,6 +100,8 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+# Its own fsync and atomic-write code, not gpuctl.adapters.files: this module must stay
+# self-contained (standard library only, copied alone onto job hosts).
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:

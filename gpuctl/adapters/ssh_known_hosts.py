@@ -11,17 +11,16 @@ from __future__ import annotations
 
 import base64
 import binascii
-import contextlib
 import dataclasses
 import hashlib
 import hmac
-import os
 import re
 import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gpuctl.adapters.files import write_atomic
 from gpuctl.core.model import NodeSpec
 from gpuctl.errors import HostKeyChanged, HostKeyUnknown, TransportError
 
@@ -243,17 +242,7 @@ def record_host_key(
 
 
 def _write_private(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with contextlib.suppress(FileNotFoundError):
-        tmp.unlink()
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        tmp.replace(path)
+        write_atomic(path, text)
     except OSError as exc:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
         raise TransportError(f"{path}: cannot record the host key: {exc.strerror}") from None

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
+from gpuctl.adapters.files import fsync_dir
 from gpuctl.errors import GpuctlError, TransportError, TransportTimeout
 
 if TYPE_CHECKING:
@@ -202,23 +203,15 @@ def download(
                 out.flush()
                 os.fsync(out.fileno())
         for folder in [tmp, *(tmp / e.rel for e in entries if e.is_dir)]:
-            _fsync_dir(folder)
+            fsync_dir(folder)
         if local_dir.exists():
             raise TreeExists(f"{local_dir} already exists")
         tmp.rename(local_dir)
-        _fsync_dir(local_dir.parent)
+        fsync_dir(local_dir.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return total[0]
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 # -- local -> remote ------------------------------------------------------------------------------

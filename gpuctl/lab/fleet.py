@@ -20,6 +20,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
+from gpuctl.adapters.files import write_atomic
 from gpuctl.errors import LabError
 from gpuctl.lab import netns, node_tools, nodestate, record
 from gpuctl.lab import sshd as sshd_mod
@@ -114,7 +115,7 @@ def _prepare(
 ) -> Lab:
 
     client_pub = sshd_mod.generate_ed25519(lab_dir / "id_ed25519", "gpuctl-lab-client")
-    record.write_atomic(lab_dir / "authorized_keys", client_pub + "\n", 0o644)
+    write_atomic(lab_dir / "authorized_keys", client_pub + "\n", mode=0o644)
     shutil.rmtree(lab_dir / "nodes", ignore_errors=True)
     record.mkdir(lab_dir / "nodes")
     width = max(2, len(str(count)))
@@ -160,7 +161,7 @@ def _write_config(lab: Lab, node: LabNode, version: tuple[int, int] | None) -> N
         env=env,
         sshd_version=version,
     )
-    record.write_atomic(lab.config_path(node.name), text, 0o644)
+    write_atomic(lab.config_path(node.name), text, mode=0o644)
 
 
 def _start_all(lab: Lab, timeout_s: float) -> Lab:
@@ -208,7 +209,7 @@ def _write_known_hosts(lab: Lab) -> None:
         public = lab.node_dir(node.name) / "ssh_host_ed25519_key.pub"
         key_type, blob = public.read_text().split()[:2]
         lines.append(f"[{node.host}]:{node.port} {key_type} {blob}\n")
-    record.write_atomic(lab.known_hosts_path, "".join(lines), 0o644)
+    write_atomic(lab.known_hosts_path, "".join(lines), mode=0o644)
 
 
 def _write_inventory(lab: Lab) -> None:
@@ -225,7 +226,7 @@ def _write_inventory(lab: Lab) -> None:
             f"  - {{name: {n.name}, host: {n.host}, port: {n.port}, gpus: {n.gpus}, "
             f'gpu_model: {json.dumps(n.gpu_model)}, labels: {{lab: "true"}}}}'
         )
-    record.write_atomic(lab.inventory_path, "\n".join(lines) + "\n", 0o644)
+    write_atomic(lab.inventory_path, "\n".join(lines) + "\n", mode=0o644)
 
 
 # -- status, kill, revive, freeze, thaw, down --------------------------------------------------

@@ -26,12 +26,12 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from gpuctl.adapters.files import write_atomic
 from gpuctl.errors import LabError
 from gpuctl.lab.node_tools import render_answers
 
@@ -153,32 +153,9 @@ def new_node_state(
 
 
 def write_state(path: Path, state: dict[str, Any]) -> None:
-    """Atomically replace the state file (temp file, fsync, rename), mode 0644."""
+    """Atomically replace the state file, mode 0644, keeping the lab user's ownership."""
     body = json.dumps(state, indent=1, sort_keys=True) + "\n"
-    owner: tuple[int, int] | None = None
-    with contextlib.suppress(OSError):
-        st = path.stat()
-        owner = (st.st_uid, st.st_gid)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(body)
-            f.flush()
-            os.fchmod(f.fileno(), 0o644)
-            if owner is not None and os.geteuid() == 0:  # keep the lab user's ownership
-                os.fchown(f.fileno(), *owner)
-            os.fsync(f.fileno())
-        Path(tmp).replace(path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            Path(tmp).unlink()
-        raise
-    with contextlib.suppress(OSError):
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+    write_atomic(path, body, mode=0o644, keep_owner=True)
     render_answers(path, state)
 
 

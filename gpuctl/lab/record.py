@@ -12,6 +12,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from gpuctl.adapters.files import write_atomic
 from gpuctl.errors import LabError
 
 LAB_FILE = "lab.json"
@@ -106,18 +107,7 @@ def save(lab: Lab) -> None:
         "sshd": lab.sshd,
         "nodes": [dataclasses.asdict(n) for n in lab.nodes],
     }
-    write_atomic(lab.dir / LAB_FILE, json.dumps(doc, indent=2) + "\n", 0o644)
-
-
-def write_atomic(path: Path, text: str, mode: int) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with contextlib.suppress(FileNotFoundError):
-        tmp.unlink()
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-    os.fchmod(fd, mode)  # whatever the umask: the lab user must read these
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)
-    tmp.replace(path)
+    write_atomic(lab.dir / LAB_FILE, json.dumps(doc, indent=2) + "\n", mode=0o644)
 
 
 def mkdir(path: Path, *, parents: bool = False, exist_ok: bool = False) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-import os
 import posixpath
 import secrets
 import shlex
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from gpuctl.adapters import job_checkpoints, job_launch, jobexec
+from gpuctl.adapters.files import fsync_dir
 from gpuctl.adapters.node_script import RemoteCommand
 from gpuctl.adapters.protocols import ExecResult, Transport
 from gpuctl.adapters.ssh_sftp import TreeExists
@@ -282,7 +282,8 @@ class SshJobRunner:
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
-        _fsync_dir(dest.parent)
+        with contextlib.suppress(OSError):
+            fsync_dir(dest.parent)
 
     def push_checkpoint(self, node: NodeSpec, local_dir: str, remote_path: str) -> None:
         """Copy a committed checkpoint folder to `remote_path` on the node (temp name, marker
@@ -351,15 +352,6 @@ def verify_local(folder: Path) -> str | None:
                 h.update(chunk)
         actual[name] = h.hexdigest()
     return checkpoints.judge_checkpoint(folder.name, raw, actual).problem
-
-
-def _fsync_dir(path: Path) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 def _incomplete(result: ExecResult) -> bool:

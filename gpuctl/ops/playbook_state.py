@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gpuctl.adapters.files import write_atomic
 from gpuctl.core.playbook_run import Journal
 from gpuctl.errors import StateError
 
@@ -157,22 +158,7 @@ class JournalFile:
     def save(self, journal: Journal) -> None:
         folder(self.state_dir)
         body = json.dumps(journal.to_dict(), sort_keys=True, allow_nan=False) + "\n"
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(body)
-                fh.flush()
-                os.fsync(fh.fileno())
-            tmp.replace(self.path)
-            dir_fd = os.open(self.path.parent, os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
+            write_atomic(self.path, body)
         except OSError as exc:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
             raise StateError(f"{self.path}: cannot write the run journal: {exc.strerror}") from None

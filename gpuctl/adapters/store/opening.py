@@ -24,6 +24,7 @@ import uuid
 from pathlib import Path
 from urllib.parse import quote
 
+from gpuctl.adapters.files import fsync_dir, write_atomic
 from gpuctl.adapters.store import failures, schema
 from gpuctl.errors import StateError, StoreCorrupt
 
@@ -176,25 +177,9 @@ def read_marker(marker: Path) -> str | None:
 
 
 def _write_marker(marker: Path, database_id: str) -> None:
-    """Atomically: temp file (0600), fsync, rename, fsync the folder."""
+    """Atomically (0600): the old marker or the new one, never a part."""
     doc = {"database_id": database_id, "database": DB_NAME, "written_at": time.time()}
-    tmp = marker.with_name(f".{marker.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    try:
-        os.write(fd, (json.dumps(doc) + "\n").encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    tmp.replace(marker)
-    _fsync_dir(marker.parent)
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_atomic(marker, json.dumps(doc) + "\n")
 
 
 def _create_file(path: Path) -> None:
@@ -207,7 +192,7 @@ def _create_file(path: Path) -> None:
             exc, path, f"{path}: cannot create the database: {exc.strerror}"
         ) from exc
     os.close(fd)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 def _check_file(path: Path, *, write: bool) -> None:
