@@ -144,7 +144,7 @@ def contract_env(request: LaunchRequest) -> dict[str, str]:
         "GPUCTL_JOB_ID": request.job_id,
         "GPUCTL_INCARNATION": str(request.incarnation),
         "CUDA_VISIBLE_DEVICES": request.cuda_visible_devices,
-        "GPUCTL_MEM_LIMIT_MIB": str(request.mem_limit_mib),
+        "GPUCTL_MEM_LIMIT_MIB": str(request.mib_per_card),
         "GPUCTL_CHECKPOINT_DIR": request.checkpoint_dir,
         "GPUCTL_RESUME_FROM": request.resume_from,
     }
@@ -177,8 +177,8 @@ def launch_command(request: LaunchRequest) -> RemoteCommand:
         check_text(f"job {request.job_id}: command", arg)
     if request.workdir is not None and not check_text("workdir", request.workdir):
         raise UsageError(f"job {request.job_id}: workdir is empty")
-    if isinstance(request.mem_limit_mib, bool) or request.mem_limit_mib < 0:
-        raise UsageError(f"job {request.job_id}: mem_limit_mib must be 0 or more")
+    if isinstance(request.mib_per_card, bool) or request.mib_per_card < 0:
+        raise UsageError(f"job {request.job_id}: mib_per_card must be 0 or more")
     if request.mps_limit_mib is not None and request.mps_limit_mib <= 0:
         raise UsageError(f"job {request.job_id}: mps_limit_mib must be more than 0")
     _check_env(f"job {request.job_id}: env", request.env)

@@ -94,7 +94,7 @@ class Cluster:
         if d.gpus and d.whole:
             mask &= self.full >= d.gpus
         elif d.gpus:
-            mask &= self.max_free >= d.per_gpu
+            mask &= self.max_free >= d.mib_per_card
         return np.flatnonzero(mask)
 
     def _change(self, n: int, pod: OpenbPod, cards: tuple[int, ...], sign: int) -> None:

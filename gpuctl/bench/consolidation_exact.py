@@ -184,7 +184,7 @@ def exact(
         w = round(p * WEIGHT_SCALE)
         if demand.gpus == 0 or w == 0:
             continue
-        need = MILLI_PER_GPU if demand.whole or demand.gpus > 1 else demand.per_gpu
+        need = MILLI_PER_GPU if demand.whole or demand.gpus > 1 else demand.mib_per_card
         for n in nodes:
             if demand.gpu_models and (not n.cards or n.cards[0].model not in demand.gpu_models):
                 continue
@@ -266,7 +266,7 @@ def _objective(inst: Instance, state: FleetState) -> int:
         w = round(p * WEIGHT_SCALE)
         if demand.gpus == 0 or w == 0:
             continue
-        need = MILLI_PER_GPU if demand.whole or demand.gpus > 1 else demand.per_gpu
+        need = MILLI_PER_GPU if demand.whole or demand.gpus > 1 else demand.mib_per_card
         for n in state.nodes:
             if demand.gpu_models and (not n.cards or n.cards[0].model not in demand.gpu_models):
                 continue

@@ -25,7 +25,7 @@ def pod_demand(pod: OpenbPod, *, with_memory: bool = True) -> Demand:
     """One pod as a per-node demand; a pod of 1000 milli per GPU takes whole GPUs."""
     return Demand(
         gpus=pod.num_gpu,
-        per_gpu=pod.gpu_milli,
+        mib_per_card=pod.gpu_milli,
         whole=pod.num_gpu > 0 and pod.gpu_milli >= MILLI_PER_GPU,
         cpu_milli=pod.cpu_milli,
         mem_mib=pod.memory_mib if with_memory else 0,

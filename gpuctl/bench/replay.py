@@ -85,7 +85,7 @@ class _Cluster:
         if d.gpus and (d.whole or d.gpus > 1):
             mask &= self.full >= d.gpus
         elif d.gpus:
-            mask &= self.max_free >= d.per_gpu
+            mask &= self.max_free >= d.mib_per_card
         return np.flatnonzero(mask)
 
     def place(self, n: int, demand: Demand, cards: tuple[int, ...]) -> None:

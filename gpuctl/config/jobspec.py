@@ -46,7 +46,7 @@ import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
 from gpuctl.core.placement.model import JobRequest, JobShape, LabelRequirement, Tier
-from gpuctl.core.units import UnitError, parse_card_mem, parse_cpu_milli, parse_mem_mib
+from gpuctl.core.units import UnitError, parse_cpu_milli, parse_mem_mib, parse_mem_per_card
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
@@ -91,7 +91,9 @@ def _unit_check(
 
 
 _mem_request = _unit_check(
-    parse_card_mem, "must be a size (24GiB), a fraction of a card (0.5) or whole", optional=False
+    parse_mem_per_card,
+    "must be a size (24GiB), a fraction of a card (0.5) or whole",
+    optional=False,
 )
 _mem_size = _unit_check(parse_mem_mib, "must be a memory size such as 64GiB", optional=True)
 _cpu = _unit_check(
@@ -324,7 +326,7 @@ def to_request(spec: JobSpec) -> JobRequest:
         name=spec.name,
         shape=JobShape(
             gpus=r.gpus,
-            mem_per_gpu=parse_card_mem(r.mem_per_gpu),
+            mem_per_card=parse_mem_per_card(r.mem_per_gpu),
             gpu_models=tuple(r.gpu_models),
             cpu_milli=0 if r.cpu is None else parse_cpu_milli(r.cpu),
             host_mem_mib=0 if r.host_mem is None else parse_mem_mib(r.host_mem),

@@ -119,7 +119,7 @@ def _options(
         return "too few CPU cores"
     if node.mem_cap is not None and node.mem_cap < shape.host_mem_mib:
         return "too little host memory"
-    mib = shape.mem_per_gpu.mib
+    mib = shape.mem_per_card.mib
     usable = [
         p
         for p in range(len(node.caps))
@@ -144,9 +144,9 @@ def _options(
     else:
         free = node.free()
         for p in usable:
-            if node.caps[p] - node.ghost[p] < demand.per_gpu:
+            if node.caps[p] - node.ghost[p] < demand.mib_per_card:
                 continue
-            need = demand.per_gpu - free[p]
+            need = demand.mib_per_card - free[p]
             on = sorted(_jobs_on(node, (p,)), key=lambda a: (-_units(node, a, p), a.job))
             chosen: list[Allocation] = []
             for a in on:
@@ -268,7 +268,9 @@ def _band_note(
 ) -> str | None:
     demand = demand_on(request.shape, max((node.caps[p] for p in positions), default=0), s)
     added = (
-        sum(node.caps[p] for p in positions) if demand.whole else demand.per_gpu * len(positions)
+        sum(node.caps[p] for p in positions)
+        if demand.whole
+        else demand.mib_per_card * len(positions)
     )
     limit = s.limit_for(request.tier)
     if added and state.allocated_mib() + added > limit_mib(state.capacity_mib(), limit):

@@ -27,19 +27,20 @@ class NodeFree:
 class Demand:
     """What one job asks of one node.
 
-    `gpus` cards of `per_gpu` units each; `whole` cards take only fully free cards (and then
-    `per_gpu` is ignored). A job with `gpus > 1` is always whole-card. `gpus == 0` is CPU-only.
+    `gpus` cards of `mib_per_card` units each (MiB; the benchmarks' traces count milli-GPUs);
+    `whole` cards take only fully free cards (and then `mib_per_card` is ignored). A job with
+    `gpus > 1` is always whole-card. `gpus == 0` is CPU-only.
     """
 
     gpus: int
-    per_gpu: int
+    mib_per_card: int
     whole: bool = False
     cpu_milli: int = 0
     mem_mib: int = 0
     gpu_models: tuple[str, ...] = ()  # acceptable card models; empty: any
 
     def __post_init__(self) -> None:
-        if self.gpus < 0 or self.per_gpu < 0 or self.cpu_milli < 0 or self.mem_mib < 0:
+        if self.gpus < 0 or self.mib_per_card < 0 or self.cpu_milli < 0 or self.mem_mib < 0:
             raise ValueError("a demand is never negative")
 
 
@@ -72,7 +73,7 @@ def card_fits(free: int, capacity: int, demand: Demand) -> bool:
     """Can one card host one share of `demand`?"""
     if demand.whole or demand.gpus > 1:
         return free == capacity and capacity > 0
-    return demand.per_gpu <= free and demand.per_gpu > 0
+    return demand.mib_per_card <= free and demand.mib_per_card > 0
 
 
 def fitting_cards(node: NodeFree, demand: Demand) -> tuple[int, ...]:
@@ -93,7 +94,7 @@ def take(node: NodeFree, demand: Demand, cards: tuple[int, ...]) -> NodeFree:
     """The node after `demand` is placed on `cards` (which must fit)."""
     free = list(node.free)
     for i in cards:
-        used = node.capacity[i] if (demand.whole or demand.gpus > 1) else demand.per_gpu
+        used = node.capacity[i] if (demand.whole or demand.gpus > 1) else demand.mib_per_card
         if free[i] < used:
             raise ValueError(f"card {i} of {node.name} cannot take {used} units")
         free[i] -= used

@@ -108,7 +108,7 @@ def fleet_fragmentation(nodes: Iterable[NodeFree], workload: Workload) -> Fragme
 
 def shape_key(demand: Demand) -> tuple[int, int, int, str]:
     """The order used to break equal counts (descending): CPU, units per card, cards, models."""
-    return (demand.cpu_milli, demand.per_gpu, demand.gpus, "|".join(demand.gpu_models))
+    return (demand.cpu_milli, demand.mib_per_card, demand.gpus, "|".join(demand.gpu_models))
 
 
 def workload_from_counts(
@@ -148,12 +148,12 @@ def default_workload(card_units: int) -> Workload:
     if card_units <= 0:
         raise ValueError("card_units must be positive")
     return (
-        (Demand(gpus=1, per_gpu=card_units, whole=True), 0.35),
-        (Demand(gpus=1, per_gpu=card_units // 2), 0.20),
-        (Demand(gpus=1, per_gpu=card_units // 4), 0.15),
-        (Demand(gpus=2, per_gpu=card_units, whole=True), 0.15),
-        (Demand(gpus=4, per_gpu=card_units, whole=True), 0.10),
-        (Demand(gpus=8, per_gpu=card_units, whole=True), 0.05),
+        (Demand(gpus=1, mib_per_card=card_units, whole=True), 0.35),
+        (Demand(gpus=1, mib_per_card=card_units // 2), 0.20),
+        (Demand(gpus=1, mib_per_card=card_units // 4), 0.15),
+        (Demand(gpus=2, mib_per_card=card_units, whole=True), 0.15),
+        (Demand(gpus=4, mib_per_card=card_units, whole=True), 0.10),
+        (Demand(gpus=8, mib_per_card=card_units, whole=True), 0.05),
     )
 
 
@@ -172,10 +172,10 @@ class HostRatio:
 
 def host_ratio(workload: Workload) -> HostRatio:
     """CPU and host memory per card unit over the shapes that use cards (CPU-only shapes do not
-    feed cards). A whole-card shape counts `gpus * per_gpu` units, so give it the card size."""
+    feed cards). A whole-card shape counts `gpus * mib_per_card` units, so give it the card size."""
     units = cpu = mem = 0.0
     for d, p in workload:
-        u = d.gpus * d.per_gpu
+        u = d.gpus * d.mib_per_card
         if u <= 0:
             continue
         units += p * u
@@ -256,7 +256,7 @@ class WorkloadIndex:
                 cpu_only += w
                 continue
             whole = demand.whole or demand.gpus > 1
-            req = (demand.gpus, 0 if whole else demand.per_gpu, whole)
+            req = (demand.gpus, 0 if whole else demand.mib_per_card, whole)
             groups.setdefault((req, frozenset(demand.gpu_models)), []).append(
                 (demand.cpu_milli, demand.mem_mib, w)
             )
@@ -339,11 +339,11 @@ class WorkloadIndex:
         fit_weights = self._host_fit(node.gpu_model, ci, mi)
         stranded = all_stranded * total
         for g, fit_weight in zip(groups, fit_weights, strict=True):
-            cards, per_gpu, is_whole = g.req
+            cards, mib_per_card, is_whole = g.req
             if is_whole:
                 fit_count, fit_sum = len(whole), sum(whole)
-            elif per_gpu > 0:  # the cards that hold one share: free >= per_gpu
-                at = bisect.bisect_left(ascending, per_gpu)
+            elif mib_per_card > 0:  # the cards that hold one share: free >= mib_per_card
+                at = bisect.bisect_left(ascending, mib_per_card)
                 fit_count, fit_sum = len(ascending) - at, total - below[at]
             else:
                 fit_count = fit_sum = 0

@@ -171,7 +171,7 @@ class LaunchRequest:
     incarnation: int
     argv: tuple[str, ...]
     cuda_visible_devices: str  # e.g. "0,3"
-    mem_limit_mib: int  # GPUCTL_MEM_LIMIT_MIB
+    mib_per_card: int  # GPUCTL_MEM_LIMIT_MIB
     checkpoint_dir: str  # GPUCTL_CHECKPOINT_DIR on the node
     resume_from: str = ""  # GPUCTL_RESUME_FROM: a committed checkpoint path, empty when fresh
     workdir: str | None = None

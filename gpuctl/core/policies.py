@@ -39,7 +39,7 @@ class FirstFit:
 def _used_units(node: NodeFree, demand: Demand, cards: tuple[int, ...]) -> int:
     if demand.whole or demand.gpus > 1:
         return sum(node.capacity[i] for i in cards)
-    return demand.per_gpu * len(cards)
+    return demand.mib_per_card * len(cards)
 
 
 def _tightest_card(node: NodeFree, demand: Demand) -> tuple[int, ...]:
@@ -62,7 +62,7 @@ def _after(node: NodeFree, demand: Demand, cards: tuple[int, ...]) -> NodeFree:
             free[i] = 0
     else:
         for i in cards:
-            free[i] -= demand.per_gpu
+            free[i] -= demand.mib_per_card
     cpu, mem = node.cpu_free_milli, node.mem_free_mib
     return NodeFree(
         name=node.name,

@@ -10,8 +10,8 @@ Memory becomes MiB, always rounded *up* (a request is never silently shrunk):
   MiB? GiB?); say which.
 - Suffixes are case-insensitive (`24gib` = `24GiB`); decimals are exact (`1.5GiB` = 1536 MiB).
 
-A per-GPU memory request (`mem_per_gpu`) is one of three kinds (`CardMem`): an absolute amount
-(`24GiB`), a fraction of a card (`0.5`, in (0, 1]), or `whole` (whole cards).
+A job's memory per card (`mem_per_gpu` in a job spec) is one of three kinds (`MemPerCard`): an
+absolute amount (`24GiB`), a fraction of a card (`0.5`, in (0, 1]), or `whole` (whole cards).
 
 CPU is milli-cores: `2` = 2000, `0.5` = 500, `"500m"` = 500.
 """
@@ -93,7 +93,7 @@ def _exact(value: float) -> Fraction:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class CardMem:
+class MemPerCard:
     """Memory per GPU: exactly one of `mib`, `fraction` (of a card, 0 < f <= 1) or `whole`."""
 
     mib: int | None = None
@@ -103,22 +103,22 @@ class CardMem:
     def __post_init__(self) -> None:
         given = (self.mib is not None) + (self.fraction is not None) + self.whole
         if given != 1:
-            raise ValueError("CardMem takes exactly one of mib, fraction or whole")
+            raise ValueError("MemPerCard takes exactly one of mib, fraction or whole")
         if self.mib is not None and self.mib <= 0:
             raise ValueError("mib must be positive")
         if self.fraction is not None and not 0 < self.fraction <= 1:
             raise ValueError("fraction must be in (0, 1]")
 
     @classmethod
-    def of_mib(cls, mib: int) -> CardMem:
+    def of_mib(cls, mib: int) -> MemPerCard:
         return cls(mib=mib)
 
     @classmethod
-    def of_fraction(cls, fraction: float) -> CardMem:
+    def of_fraction(cls, fraction: float) -> MemPerCard:
         return cls(fraction=fraction)
 
     @classmethod
-    def whole_card(cls) -> CardMem:
+    def whole_card(cls) -> MemPerCard:
         return cls(whole=True)
 
     def mib_on(self, capacity_mib: int) -> int:
@@ -131,7 +131,7 @@ class CardMem:
         return self.mib
 
     def text(self) -> str:
-        """The canonical spelling: `24576MiB`, `0.5`, `whole`; `parse_card_mem` reads it back."""
+        """The canonical spelling: `24576MiB`, `0.5`, `whole` (`parse_mem_per_card` reads it)."""
         if self.whole:
             return "whole"
         if self.fraction is not None:
@@ -139,12 +139,12 @@ class CardMem:
         return f"{self.mib}MiB"
 
 
-def parse_card_mem(value: str | int | float) -> CardMem:
+def parse_mem_per_card(value: str | int | float) -> MemPerCard:
     """`whole`, a fraction of a card in (0, 1] (`0.5`), or a memory size (`24GiB`)."""
     if isinstance(value, bool):
         raise UnitError(f"{value!r} is not a memory request: write 24GiB, 0.5 or whole")
     if isinstance(value, str) and value.strip().lower() == "whole":
-        return CardMem.whole_card()
+        return MemPerCard.whole_card()
     number: Fraction | None = None
     if isinstance(value, int | float):
         if not math.isfinite(value):
@@ -154,12 +154,12 @@ def parse_card_mem(value: str | int | float) -> CardMem:
         number = Fraction(m.group(1))
     if number is not None:
         if 0 < number <= 1:
-            return CardMem.of_fraction(float(number))
+            return MemPerCard.of_fraction(float(number))
         raise UnitError(
             f"{value!r}: a bare number is a fraction of a card in (0, 1]; "
             "for an amount give a unit (e.g. 24GiB)"
         )
-    return CardMem.of_mib(parse_mem_mib(value))
+    return MemPerCard.of_mib(parse_mem_mib(value))
 
 
 def format_mib(mib: int | None) -> str:

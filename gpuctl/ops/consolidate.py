@@ -358,6 +358,7 @@ def loop_migrator(
     and a restart there from the newest committed checkpoint (`gpuctl.ops.migrate`). `driver`
     goes to `run_migrations` (`poll_s`, `lock_wait_s`, `sleep`)."""
     from gpuctl.core.migration import DEFAULT_TIMEOUT_S, Source
+    from gpuctl.core.placement.model import Allocation
     from gpuctl.ops.migrate import MigrationRequest, run_migrations
     from gpuctl.ops.reconcile_launch import Target
 
@@ -369,7 +370,15 @@ def loop_migrator(
             MigrationRequest(
                 m.job,
                 Target(
-                    m.to_node, m.to_cards, (), m.mib_per_card, m.whole, m.cpu_milli, m.host_mem_mib
+                    Allocation(
+                        m.job,
+                        m.to_node,
+                        m.to_cards,
+                        m.mib_per_card,
+                        m.whole,
+                        m.cpu_milli,
+                        m.host_mem_mib,
+                    )
                 ),
                 reason=f"consolidation: {m.from_node} -> {m.to_node}",
                 source=Source.CONSOLIDATE.value,

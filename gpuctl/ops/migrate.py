@@ -240,10 +240,10 @@ def _resolve(
     except KeyError:
         return f"{target.node} is not in the fleet"
     uuids = {c.index: c.uuid or "" for c in node.cards}
-    fixed = dataclasses.replace(
-        target,
-        mib_per_card=target.mib_per_card or inc.mib_per_card,
-        gpu_uuids=target.gpu_uuids or tuple(uuids.get(c, "") for c in target.cards),
+    alloc = target.allocation
+    fixed = Target(
+        dataclasses.replace(alloc, mib_per_card=alloc.mib_per_card or inc.mib_per_card),
+        target.gpu_uuids or tuple(uuids.get(c, "") for c in target.cards),
     )
     return fixed, {(node.name, c.index): c.capacity_mib for c in node.cards}
 

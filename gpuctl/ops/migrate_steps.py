@@ -58,17 +58,8 @@ def choose_target(
     if not result.placed:
         return result.unplaced[0].reason
     placed = result.placed[0]
-    alloc = placed.allocation
     node = state.node(placed.node)
-    target = Target(
-        placed.node,
-        alloc.cards,
-        tuple(u or "" for u in placed.card_uuids),
-        alloc.mib_per_card,
-        alloc.whole,
-        alloc.cpu_milli,
-        alloc.host_mem_mib,
-    )
+    target = Target(placed.allocation, tuple(u or "" for u in placed.card_uuids))
     return target, {(node.name, c.index): c.capacity_mib for c in node.cards}
 
 
@@ -103,8 +94,8 @@ def reserve(
         source_node=inc.node,
         node=target.node,
         cards=target.cards,
-        mib_per_card=target.mib_per_card,
-        whole=target.whole,
+        mib_per_card=target.allocation.mib_per_card,
+        whole=target.allocation.whole,
         capacity_mib=tuple(capacity.get((target.node, c), 0) for c in target.cards),
         created_at=p.now,
         deadline_at=p.now + timeout_s,
@@ -114,8 +105,8 @@ def reserve(
         actor=actor,
         source=source,
         gpu_uuids=target.gpu_uuids,
-        cpu_milli=target.cpu_milli,
-        host_mem_mib=target.host_mem_mib,
+        cpu_milli=target.allocation.cpu_milli,
+        host_mem_mib=target.allocation.host_mem_mib,
     )
     cards = ",".join(str(c) for c in target.cards)
     message = (
@@ -287,15 +278,16 @@ def _launch(p: Pass, res: Reservation, job: Job, source: Incarnation | None) -> 
     if source is not None and source.node in p.answering:
         # its newest checkpoints (the one written on SIGTERM too), copied for `sync: pull`
         p.guard(reconcile_checkpoints.sync_one, p, job, source)
-    target = Target(
+    held = Allocation(
+        res.job_id,
         res.node,
         res.cards,
-        res.gpu_uuids,
         res.mib_per_card,
         res.whole,
         res.cpu_milli,
         res.host_mem_mib,
     )
+    target = Target(held, res.gpu_uuids)
     try:
         started = reconcile_launch.launch_on(
             p, job, target, res.capacity(), why=f" (moved from {res.source_node}: {res.reason})"

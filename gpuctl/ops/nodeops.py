@@ -23,6 +23,7 @@ from gpuctl.core.migration import DEFAULT_TIMEOUT_S, Source
 from gpuctl.core.model import FleetSnapshot, Reach
 from gpuctl.core.nodehealth import HEALTH_SOURCE
 from gpuctl.core.placement.engine import plan
+from gpuctl.core.placement.model import Allocation
 from gpuctl.core.plan import apply_plan
 from gpuctl.errors import PlanError, UsageError
 from gpuctl.ops import migrate, reconcile_launch
@@ -125,7 +126,7 @@ class Move:
         if self.to_node is None:
             return None
         mib = self.to_mib_per_card or self.mib_per_card
-        return Target(self.to_node, self.to_cards, (), mib, self.whole)
+        return Target(Allocation(self.job_id, self.to_node, self.to_cards, mib, self.whole))
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

@@ -25,7 +25,7 @@ from gpuctl.core.jobs import (
     SliceEnforcement,
 )
 from gpuctl.core.placement.engine import plan
-from gpuctl.core.placement.model import FleetState, JobRequest, Settings, Tier
+from gpuctl.core.placement.model import Allocation, FleetState, JobRequest, Settings, Tier
 from gpuctl.core.plan import Placed, apply_plan
 from gpuctl.errors import ConfigError, GpuctlError, StateError, StoreConflict, TransportError
 from gpuctl.ops import fleetstatus, reconcile_checkpoints, reconcile_jobs
@@ -208,35 +208,30 @@ def _preempt_for(
 
 def _launch(p: Pass, job: Job, placed: Placed, state: FleetState) -> bool:
     """Intent, launch, confirmation of a placement. True when the cards are now held."""
-    alloc = placed.allocation
     node = placed.node
     if node not in p.specs:
         p.note("launch", f"{job.id}: {node} is not in the inventory", job=job.id)
         return False
     capacity = {(node, c.index): c.capacity_mib for c in state.node(node).cards}
-    target = Target(
-        node,
-        alloc.cards,
-        tuple(u or "" for u in placed.card_uuids),
-        alloc.mib_per_card,
-        alloc.whole,
-        alloc.cpu_milli,
-        alloc.host_mem_mib,
-    )
+    target = Target(placed.allocation, tuple(u or "" for u in placed.card_uuids))
     return launch_on(p, job, target, capacity)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Target:
-    """Where an incarnation starts: a placement, or a migration's reserved cards."""
+    """Where an incarnation starts: a placement's allocation, or a migration's reserved cards,
+    and the UUIDs of those cards (empty: not known yet)."""
 
-    node: str
-    cards: tuple[int, ...]
-    gpu_uuids: tuple[str, ...]
-    mib_per_card: int
-    whole: bool
-    cpu_milli: int = 0
-    host_mem_mib: int = 0
+    allocation: Allocation
+    gpu_uuids: tuple[str, ...] = ()
+
+    @property
+    def node(self) -> str:
+        return self.allocation.node
+
+    @property
+    def cards(self) -> tuple[int, ...]:
+        return self.allocation.cards
 
 
 def launch_on(
@@ -266,14 +261,14 @@ def launch_on(
         node=node,
         cards=target.cards,
         gpu_uuids=target.gpu_uuids or tuple("" for _ in target.cards),
-        mib_per_card=target.mib_per_card,
-        whole=target.whole,
+        mib_per_card=target.allocation.mib_per_card,
+        whole=target.allocation.whole,
         state=IncarnationState.LAUNCHING,
         started_at=p.now,
         run_dir=f".gpuctl/runs/{job.id}/{n}",
         resume_step=resume_step,
-        cpu_milli=target.cpu_milli,
-        host_mem_mib=target.host_mem_mib,
+        cpu_milli=target.allocation.cpu_milli,
+        host_mem_mib=target.allocation.host_mem_mib,
         clock_offset_s=_clock_offset(p, node),
     )
     request = jobspecs.launch_request(

@@ -182,7 +182,7 @@ def test_the_fleet_check_reports_a_copy_planted_by_hand_and_is_clean_once_it_is_
             incarnation=1,
             argv=("sleep", "120"),
             cuda_visible_devices="1",
-            mem_limit_mib=1024,
+            mib_per_card=1024,
             checkpoint_dir=str(tmp_path / "elsewhere"),
         )
         r.runner.launch(r.specs[other], planted)  # the same incarnation, started by hand

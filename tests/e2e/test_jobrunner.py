@@ -106,7 +106,7 @@ def train_request(job_id: str, checkpoint_dir: Path, *, n: int = 1, **kw: object
         incarnation=n,
         argv=(PYTHON, "train.py", "--steps", "100000", "--checkpoint-every", "5", *FAST),
         cuda_visible_devices="1",
-        mem_limit_mib=3072,
+        mib_per_card=3072,
         checkpoint_dir=str(checkpoint_dir),
         workdir=str(REPO / "examples"),
         env={"PYTHONDONTWRITEBYTECODE": "1"},
@@ -183,7 +183,7 @@ def test_a_secret_reaches_the_job_but_no_process_list_command_or_run_file(
             incarnation=1,
             argv=(PYTHON, "-c", job),
             cuda_visible_devices="0",
-            mem_limit_mib=1024,
+            mib_per_card=1024,
             checkpoint_dir="/nonexistent",
             secret_env={"API_TOKEN": secret},
         )

@@ -39,7 +39,7 @@ def usable_cards(job: JobRequest, node: PlacementNode) -> list[int] | Reject:
         usable = [i for i in healthy if model_ok(shape, node.cards[i])]
         if not usable:
             return Reject("gpu_model", f"no card of model {' or '.join(shape.gpu_models)}")
-    mib = shape.mem_per_gpu.mib
+    mib = shape.mem_per_card.mib
     if mib is not None:
         usable = [i for i in usable if node.cards[i].capacity_mib >= mib]
         if not usable:

@@ -239,8 +239,8 @@ class _Engine:
         if demand.gpus and (demand.whole or demand.gpus > 1):
             if sum(1 for i in usable if free[i] == caps[i]) < demand.gpus:
                 return Reject("empty_cards", fewer(demand.gpus, "empty usable card"))
-        elif demand.gpus and not any(free[i] >= demand.per_gpu for i in usable):
-            return Reject("card_memory", f"no card with {format_mib(demand.per_gpu)} free")
+        elif demand.gpus and not any(free[i] >= demand.mib_per_card for i in usable):
+            return Reject("card_memory", f"no card with {format_mib(demand.mib_per_card)} free")
         nf = NodeFree(node.name, free, caps, cpu_free_milli=cpu_free, mem_free_mib=mem_free)
         choice = self.policy.choose(nf, demand, self._workload_for(caps))
         if choice is None:
@@ -280,7 +280,7 @@ class _Engine:
         caps = w.caps
         whole = c.demand.gpus > 0 and (c.demand.whole or c.demand.gpus > 1)
         for p in c.choice.cards:
-            used = caps[p] if whole else c.demand.per_gpu
+            used = caps[p] if whole else c.demand.mib_per_card
             w.free[p] -= used
             w.allocated[p] += used
         w.cpu_allocated += job.shape.cpu_milli
@@ -288,7 +288,7 @@ class _Engine:
         self.allocated_mib += c.added_mib
         mib_per_card = 0
         if c.choice.cards:
-            mib_per_card = max(caps[p] for p in c.choice.cards) if whole else c.demand.per_gpu
+            mib_per_card = max(caps[p] for p in c.choice.cards) if whole else c.demand.mib_per_card
         allocation = Allocation(
             job=job.name,
             node=name,
@@ -391,7 +391,7 @@ def placement_order(job: JobRequest) -> tuple[int, int, str]:
 
 
 def _demand_key(d: Demand) -> tuple[int, int, bool, int, int]:
-    return (d.gpus, d.per_gpu, d.whole, d.cpu_milli, d.mem_mib)
+    return (d.gpus, d.mib_per_card, d.whole, d.cpu_milli, d.mem_mib)
 
 
 def _rejections(rejected: dict[tuple[str, str], list[str]]) -> tuple[Rejection, ...]:

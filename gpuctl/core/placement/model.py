@@ -15,9 +15,9 @@ from typing import Any, NamedTuple
 
 from gpuctl.core.fit import NodeFree
 from gpuctl.core.policies import DEFAULT_POLICY
-from gpuctl.core.units import CardMem
+from gpuctl.core.units import MemPerCard
 
-WHOLE = CardMem(whole=True)
+WHOLE = MemPerCard(whole=True)
 
 
 class Tier(enum.StrEnum):
@@ -247,10 +247,10 @@ class LabelRequirement:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class JobShape:
-    """What a job asks of one node: `gpus` cards × `mem_per_gpu`, host CPU and memory."""
+    """What a job asks of one node: `gpus` cards × `mem_per_card`, host CPU and memory."""
 
     gpus: int = 1
-    mem_per_gpu: CardMem = WHOLE
+    mem_per_card: MemPerCard = WHOLE
     gpu_models: tuple[str, ...] = ()  # any of these models; empty: any model
     cpu_milli: int = 0
     host_mem_mib: int = 0

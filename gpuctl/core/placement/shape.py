@@ -15,7 +15,7 @@ def request_text(shape: JobShape) -> str:
     """The request as written: `2 × whole card of model H100`, `1 × 24.0 GiB`, `CPU only`."""
     if shape.gpus == 0:
         return "CPU only"
-    mem = shape.mem_per_gpu
+    mem = shape.mem_per_card
     if mem.whole:
         what = "whole card" if shape.gpus == 1 else "whole cards"
     elif mem.fraction is not None:
@@ -30,7 +30,7 @@ def decide_shape(shape: JobShape, demand: Demand, cap_ref: int, settings: Settin
     """How the job-shape policy read the request on a node whose cards hold `cap_ref` MiB."""
     if shape.gpus == 0:
         return "CPU only"
-    mem = shape.mem_per_gpu
+    mem = shape.mem_per_card
     card = format_mib(cap_ref)
     if mem.whole:
         return f"{_cards(shape.gpus)} (asked for whole cards)"
@@ -62,8 +62,8 @@ def demand_on(shape: JobShape, cap_ref: int, settings: Settings) -> Demand:
     `cap_ref` MiB. More than one GPU, `whole`, or more than `whole_card_over` of a card: whole
     cards; otherwise a slice."""
     if shape.gpus == 0:
-        return Demand(gpus=0, per_gpu=0, cpu_milli=shape.cpu_milli, mem_mib=shape.host_mem_mib)
-    mem = shape.mem_per_gpu
+        return Demand(gpus=0, mib_per_card=0, cpu_milli=shape.cpu_milli, mem_mib=shape.host_mem_mib)
+    mem = shape.mem_per_card
     per = mem.mib_on(cap_ref)
     threshold = Fraction(repr(settings.whole_card_over))
     if mem.fraction is not None:  # compare the share itself: rounding up must not tip it over
@@ -73,7 +73,7 @@ def demand_on(shape: JobShape, cap_ref: int, settings: Settings) -> Demand:
     whole = mem.whole or shape.gpus > 1 or over
     return Demand(
         gpus=shape.gpus,
-        per_gpu=cap_ref if whole else per,
+        mib_per_card=cap_ref if whole else per,
         whole=whole,
         cpu_milli=shape.cpu_milli,
         mem_mib=shape.host_mem_mib,
@@ -85,4 +85,4 @@ def added_mib(demand: Demand, caps: Sequence[int], cards: Sequence[int]) -> int:
         return 0
     if demand.whole or demand.gpus > 1:
         return sum(caps[i] for i in cards)
-    return demand.per_gpu * len(cards)
+    return demand.mib_per_card * len(cards)

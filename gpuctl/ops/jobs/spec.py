@@ -215,7 +215,7 @@ def launch_request(
         incarnation=incarnation,
         argv=tuple(spec.command),
         cuda_visible_devices=",".join(str(c) for c in cards),
-        mem_limit_mib=mib_per_card,
+        mib_per_card=mib_per_card,
         checkpoint_dir=checkpoint_dir(job),
         resume_from=resume_from,
         workdir=spec.workdir,

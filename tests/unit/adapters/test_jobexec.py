@@ -81,7 +81,7 @@ def request(job_id: str = "train-0a1b2c", n: int = 1, *argv: str, **kw: object) 
         incarnation=n,
         argv=argv or ("sleep", "60"),
         cuda_visible_devices=str(kw.pop("devices", "0")),
-        mem_limit_mib=int(kw.pop("mem", 8192)),  # type: ignore[call-overload]
+        mib_per_card=int(kw.pop("mem", 8192)),  # type: ignore[call-overload]
         checkpoint_dir=str(kw.pop("ckpt", "/ckpt/train")),
         **kw,  # type: ignore[arg-type]
     )

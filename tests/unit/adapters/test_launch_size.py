@@ -34,7 +34,7 @@ def worst_request(spec: JobSpec, **changes: object) -> LaunchRequest:
         "incarnation": 999_999,
         "argv": tuple(spec.command or ()),
         "cuda_visible_devices": ",".join(str(i) for i in range(64)),
-        "mem_limit_mib": 10**7,
+        "mib_per_card": 10**7,
         "checkpoint_dir": ckpt,
         "resume_from": f"{ckpt}/{'s' * 255}",
         "workdir": spec.workdir,

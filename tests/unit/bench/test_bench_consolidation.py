@@ -45,9 +45,9 @@ def test_a_pass_moves_a_slice_so_a_whole_card_pod_fits() -> None:
     cluster = bench.Cluster(nodes)
     cluster.place(0, pod("s1", 1, 300), (0,))
     cluster.place(1, pod("s2", 1, 300), (0,))
-    whole = Demand(gpus=1, per_gpu=1000, whole=True, cpu_milli=1000, mem_mib=1024)
+    whole = Demand(gpus=1, mib_per_card=1000, whole=True, cpu_milli=1000, mem_mib=1024)
     assert cluster.feasible(whole).size == 0
-    workload = ((whole, 0.5), (Demand(gpus=1, per_gpu=300), 0.5))
+    workload = ((whole, 0.5), (Demand(gpus=1, mib_per_card=300), 0.5))
     moved = bench.consolidate(cluster, workload, 5, {"a": 0, "b": 1})
     assert moved == 1
     assert sorted(cluster.free) == [[400], [1000]]

@@ -76,16 +76,16 @@ def test_node_priority_is_a_permutation_drawn_after_ten_background_draws() -> No
 def test_the_target_workload_counts_shapes_without_memory_and_keeps_95_percent() -> None:
     pods = [pod(f"p{i}", milli=500) for i in range(19)] + [pod("rare", milli=250)]
     workload = target_workload(pods)
-    assert [(d.per_gpu, p) for d, p in workload] == [(500, 1.0)]
+    assert [(d.mib_per_card, p) for d, p in workload] == [(500, 1.0)]
     assert all(d.mem_mib == 0 for d, _ in workload)
     full = target_workload(pods, FULL_WORKLOAD)
-    assert [d.per_gpu for d, _ in full] == [500, 250]
+    assert [d.mib_per_card for d, _ in full] == [500, 250]
     assert all(d.mem_mib == 1024 for d, _ in full)
 
 
 def test_a_pod_of_a_whole_gpu_takes_whole_cards_and_its_spec_becomes_models() -> None:
     d = pod_demand(pod("a", num_gpu=1, milli=1000, spec="T4||V100M16"))
-    assert (d.whole, d.gpus, d.per_gpu, d.gpu_models) == (True, 1, 1000, ("T4", "V100M16"))
+    assert (d.whole, d.gpus, d.mib_per_card, d.gpu_models) == (True, 1, 1000, ("T4", "V100M16"))
     assert pod_demand(pod("b", milli=500)).whole is False
 
 

@@ -9,7 +9,7 @@ import pytest
 from gpuctl.config.jobspec import JobSpec
 from gpuctl.config.jobspec_files import load_job_specs, load_specs
 from gpuctl.core.placement import LabelRequirement, Tier
-from gpuctl.core.units import CardMem
+from gpuctl.core.units import MemPerCard
 from gpuctl.errors import ExitCode, JobSpecError
 
 FIXTURES = Path(__file__).parents[2] / "fixtures" / "jobs"
@@ -24,28 +24,28 @@ def test_a_slice_job_reads_memory_cpu_host_memory_and_command() -> None:
     assert req.name == "infer-small"
     assert req.command == ("python", "-m", "server", "--port", "8000")
     assert req.shape.gpus == 1
-    assert req.shape.mem_per_gpu == CardMem.of_mib(24 * 1024)
+    assert req.shape.mem_per_card == MemPerCard.of_mib(24 * 1024)
     assert (req.shape.cpu_milli, req.shape.host_mem_mib) == (4000, 32 * 1024)
     assert (req.tier, req.priority) == (Tier.STANDARD, 0)
 
 
 def test_a_fraction_job_defaults_to_one_gpu() -> None:
     (req,) = load_job_specs([GOOD / "fraction.yaml"])
-    assert (req.shape.gpus, req.shape.mem_per_gpu) == (1, CardMem.of_fraction(0.5))
+    assert (req.shape.gpus, req.shape.mem_per_card) == (1, MemPerCard.of_fraction(0.5))
     assert req.command == ()
 
 
 def test_a_whole_card_job_reads_models_priority_group_and_labels() -> None:
     (req,) = load_job_specs([GOOD / "whole.yaml"])
     assert req.shape.gpus == 4
-    assert req.shape.mem_per_gpu == CardMem.whole_card()
+    assert req.shape.mem_per_card == MemPerCard.whole_card()
     assert req.shape.gpu_models == ("H100", "H200")
     assert (req.priority, req.group, dict(req.labels)) == (10, "llama", {"team": "nlp"})
 
 
 def test_affinity_becomes_label_requirements_and_job_anti_affinity() -> None:
     (req,) = load_job_specs([GOOD / "affinity.yaml"])
-    assert req.shape.mem_per_gpu == CardMem.of_mib(38147)  # 40 GB, decimal, rounded up
+    assert req.shape.mem_per_card == MemPerCard.of_mib(38147)  # 40 GB, decimal, rounded up
     assert req.node_affinity == (LabelRequirement("zone", ("eu-1", "eu-2")),)
     assert req.node_anti_affinity == (LabelRequirement("maintenance"),)  # "*": any value
     assert (req.avoid_jobs, req.avoid_groups) == (("train-llama",), ("serving",))

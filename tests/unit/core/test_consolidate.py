@@ -30,7 +30,7 @@ from gpuctl.core.placement.model import (
     LabelRequirement,
     PlacementNode,
 )
-from gpuctl.core.units import CardMem
+from gpuctl.core.units import MemPerCard
 from gpuctl.errors import PlanError
 
 CAP = 1000
@@ -248,7 +248,7 @@ def test_a_node_out_of_cpu_gets_a_cpu_job_moved_off_so_its_free_card_becomes_usa
         slice_("x", "n2", 0, 1000, cpu_milli=0),
     ]
     state = fleet({"n1": 1, "n2": 1}, allocs, cpu={"n1": 8000, "n2": 16000})
-    needs_cpu = ((Demand(gpus=1, per_gpu=CAP, whole=True, cpu_milli=4000), 1.0),)
+    needs_cpu = ((Demand(gpus=1, mib_per_card=CAP, whole=True, cpu_milli=4000), 1.0),)
     p = plan(state, facts(allocs), workload=needs_cpu)
     assert [(m.job, m.to_node) for m in p.moves] == [("cpu-hog", "n2")]
     assert (p.before.stranded_mib, p.after.stranded_mib) == (CAP, 0)
@@ -356,7 +356,7 @@ def test_target_slice_moves_the_fewest_slices_largest_first() -> None:
     state = fleet({"n1": 1, "n2": 1}, allocs, labels=labels)
     target = JobRequest(
         "t",
-        JobShape(gpus=1, mem_per_gpu=CardMem(mib=450)),
+        JobShape(gpus=1, mem_per_card=MemPerCard(mib=450)),
         node_affinity=(LabelRequirement("pool", ("big",)),),
     )
     p = plan(state, facts(allocs), target=target)

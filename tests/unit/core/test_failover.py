@@ -30,7 +30,7 @@ from gpuctl.core.placement.model import (
     Settings,
     Tier,
 )
-from gpuctl.core.units import CardMem
+from gpuctl.core.units import MemPerCard
 
 GIB = 1024
 CAP = 80 * GIB
@@ -192,7 +192,7 @@ def spot(jid: str, node: str, card: int, mib: int = CAP, at: float | None = None
     return SpotVictim(jid, Allocation(jid, node, (card,), mib, whole, tier=Tier.SPOT), at)
 
 
-WHOLE_JOB = JobRequest("std", JobShape(1, CardMem(whole=True)))
+WHOLE_JOB = JobRequest("std", JobShape(1, MemPerCard(whole=True)))
 LOOSE = Settings(band_max=1.0, headroom=0.0)
 
 
@@ -207,7 +207,7 @@ def test_a_job_that_already_fits_preempts_nothing_and_an_impossible_one_gets_non
     victims = [spot("s1", "n1", 0, at=1.0)]
     state = fleet(("n1", 2), allocs=(victims[0].allocation,))
     assert choose_preemption(state, WHOLE_JOB, victims, LOOSE) == ()
-    big = JobRequest("big", JobShape(4, CardMem(whole=True)))
+    big = JobRequest("big", JobShape(4, MemPerCard(whole=True)))
     assert choose_preemption(state, big, victims, LOOSE) is None
 
 

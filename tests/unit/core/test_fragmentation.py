@@ -27,8 +27,8 @@ def card80(free: int, *, cpu: int | None = None, model: str | None = None) -> No
 
 
 def test_on_an_80gb_card_a_48gb_job_and_a_40gb_job_do_not_fit_together() -> None:
-    job_48 = Demand(gpus=1, per_gpu=48 * GIB)
-    job_40 = Demand(gpus=1, per_gpu=40 * GIB)
+    job_48 = Demand(gpus=1, mib_per_card=48 * GIB)
+    job_40 = Demand(gpus=1, mib_per_card=40 * GIB)
     after = take(card80(CARD_80), job_48, (0,))
     assert after.free == (32 * GIB,)
     assert not fits(after, job_40)
@@ -40,8 +40,8 @@ def test_on_an_80gb_card_a_48gb_job_and_a_40gb_job_do_not_fit_together() -> None
 
 def test_free_memory_on_cards_too_small_for_a_shape_is_stranded_the_rest_is_usable() -> None:
     node = NodeFree("n", (CARD_80, 30 * GIB), (CARD_80, CARD_80))
-    slice_20 = Demand(gpus=1, per_gpu=20 * GIB)
-    whole = Demand(gpus=1, per_gpu=CARD_80, whole=True)
+    slice_20 = Demand(gpus=1, mib_per_card=20 * GIB)
+    whole = Demand(gpus=1, mib_per_card=CARD_80, whole=True)
     # slice_20 fits both cards: nothing stranded. A whole card fits only card 0: 30 GiB stranded.
     assert node_stranded(node, ((slice_20, 1.0),)) == 0
     assert node_stranded(node, ((whole, 1.0),)) == 30 * GIB
@@ -49,30 +49,30 @@ def test_free_memory_on_cards_too_small_for_a_shape_is_stranded_the_rest_is_usab
 
 
 def test_a_shape_that_cannot_fit_the_node_strands_all_its_free_memory() -> None:
-    two_cards = Demand(gpus=2, per_gpu=CARD_80, whole=True)
+    two_cards = Demand(gpus=2, mib_per_card=CARD_80, whole=True)
     node = NodeFree("n", (CARD_80, 10 * GIB), (CARD_80, CARD_80))
     assert node_stranded(node, ((two_cards, 1.0),)) == 90 * GIB
 
 
 def test_cpu_only_shapes_strand_every_free_card_unit() -> None:
-    cpu_only = Demand(gpus=0, per_gpu=0, cpu_milli=8000)
+    cpu_only = Demand(gpus=0, mib_per_card=0, cpu_milli=8000)
     assert node_stranded(card80(CARD_80, cpu=64000), ((cpu_only, 1.0),)) == CARD_80
 
 
 def test_a_node_without_the_cpu_for_a_shape_strands_everything_for_it() -> None:
-    shape = Demand(gpus=1, per_gpu=10 * GIB, cpu_milli=8000)
+    shape = Demand(gpus=1, mib_per_card=10 * GIB, cpu_milli=8000)
     assert node_stranded(card80(CARD_80, cpu=8000), ((shape, 1.0),)) == 0
     assert node_stranded(card80(CARD_80, cpu=7999), ((shape, 1.0),)) == CARD_80
 
 
 def test_a_card_model_the_shape_does_not_accept_strands_everything_for_it() -> None:
-    shape = Demand(gpus=1, per_gpu=10 * GIB, gpu_models=("A100",))
+    shape = Demand(gpus=1, mib_per_card=10 * GIB, gpu_models=("A100",))
     assert node_stranded(card80(CARD_80, model="A100"), ((shape, 1.0),)) == 0
     assert node_stranded(card80(CARD_80, model="H100"), ((shape, 1.0),)) == CARD_80
 
 
 def test_fleet_fragmentation_sums_nodes_and_reports_shares_of_free_and_capacity() -> None:
-    workload = ((Demand(gpus=1, per_gpu=40 * GIB), 1.0),)
+    workload = ((Demand(gpus=1, mib_per_card=40 * GIB), 1.0),)
     nodes = [
         NodeFree("a", (32 * GIB, CARD_80), (CARD_80, CARD_80)),  # 32 GiB stranded
         NodeFree("b", (0,), (CARD_80,)),  # full: nothing free
@@ -93,9 +93,9 @@ def test_an_empty_fleet_reports_unknown_percentages() -> None:
 
 
 def test_the_workload_keeps_the_most_frequent_shapes_covering_95_percent() -> None:
-    big = Demand(gpus=1, per_gpu=1000, whole=True)
-    half = Demand(gpus=1, per_gpu=500)
-    rare = Demand(gpus=1, per_gpu=250)
+    big = Demand(gpus=1, mib_per_card=1000, whole=True)
+    half = Demand(gpus=1, mib_per_card=500)
+    rare = Demand(gpus=1, mib_per_card=250)
     counts = [(big, 60), (half, 35), (rare, 5)]
     workload = workload_from_counts(counts)
     assert [d for d, _ in workload] == [big, half]
@@ -104,9 +104,9 @@ def test_the_workload_keeps_the_most_frequent_shapes_covering_95_percent() -> No
 
 
 def test_equal_counts_are_ordered_by_cpu_then_size_then_cards_descending() -> None:
-    a = Demand(gpus=1, per_gpu=500, cpu_milli=2000)
-    b = Demand(gpus=1, per_gpu=500, cpu_milli=4000)
-    c = Demand(gpus=1, per_gpu=800, cpu_milli=2000)
+    a = Demand(gpus=1, mib_per_card=500, cpu_milli=2000)
+    b = Demand(gpus=1, mib_per_card=500, cpu_milli=4000)
+    c = Demand(gpus=1, mib_per_card=800, cpu_milli=2000)
     workload = workload_from_counts([(a, 3), (b, 3), (c, 3), (a, 0)], coverage_pct=100)
     assert [d for d, _ in workload] == [b, c, a]
 
@@ -128,9 +128,9 @@ def test_host_stranding_counts_the_cards_the_host_cannot_feed() -> None:
 
 def test_the_host_ratio_comes_from_the_card_using_shapes_only() -> None:
     workload = (
-        (Demand(gpus=1, per_gpu=1000, whole=True, cpu_milli=12_000, mem_mib=48_000), 0.5),
-        (Demand(gpus=1, per_gpu=500, cpu_milli=4_000, mem_mib=16_000), 0.25),
-        (Demand(gpus=0, per_gpu=0, cpu_milli=32_000), 0.25),  # CPU-only: feeds no card
+        (Demand(gpus=1, mib_per_card=1000, whole=True, cpu_milli=12_000, mem_mib=48_000), 0.5),
+        (Demand(gpus=1, mib_per_card=500, cpu_milli=4_000, mem_mib=16_000), 0.25),
+        (Demand(gpus=0, mib_per_card=0, cpu_milli=32_000), 0.25),  # CPU-only: feeds no card
     )
     ratio = host_ratio(workload)
     assert ratio.cpu_milli_per_unit == pytest.approx((6000 + 1000) / (500 + 125))
@@ -140,7 +140,7 @@ def test_the_host_ratio_comes_from_the_card_using_shapes_only() -> None:
 shapes = st.builds(
     Demand,
     gpus=st.integers(0, 3),
-    per_gpu=st.sampled_from([100, 250, 400, 500, 1000]),
+    mib_per_card=st.sampled_from([100, 250, 400, 500, 1000]),
     whole=st.booleans(),
     cpu_milli=st.sampled_from([0, 1000, 4000, 8000]),
     mem_mib=st.sampled_from([0, 1024, 8192]),

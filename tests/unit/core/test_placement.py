@@ -16,7 +16,7 @@ from gpuctl.core.placement import (
 )
 from gpuctl.core.placement.engine import plan
 from gpuctl.core.plan import Placed, Plan, Unplaced
-from gpuctl.core.units import CardMem, parse_mem_mib
+from gpuctl.core.units import MemPerCard, parse_mem_mib
 from gpuctl.errors import PlanError
 
 GIB = 1024
@@ -59,17 +59,17 @@ def fleet(*nodes: PlacementNode, allocations: tuple[Allocation, ...] = ()) -> Fl
 def job(
     name: str,
     gpus: int = 1,
-    mem: CardMem | str = "whole",
+    mem: MemPerCard | str = "whole",
     models: tuple[str, ...] = (),
     **kw: object,
 ) -> JobRequest:
     if isinstance(mem, str):
-        mem = CardMem.whole_card() if mem == "whole" else CardMem.of_mib(parse_mem_mib(mem))
+        mem = MemPerCard.whole_card() if mem == "whole" else MemPerCard.of_mib(parse_mem_mib(mem))
     return JobRequest(
         name=name,
         shape=JobShape(
             gpus=gpus,
-            mem_per_gpu=mem,
+            mem_per_card=mem,
             gpu_models=models,
             cpu_milli=int(kw.pop("cpu_milli", 0)),  # type: ignore[call-overload]
             host_mem_mib=int(kw.pop("host_mem_mib", 0)),  # type: ignore[call-overload]
@@ -188,7 +188,7 @@ def test_a_job_over_the_whole_card_threshold_gets_a_whole_card() -> None:
 
 def test_a_fraction_is_a_share_of_the_card_it_lands_on() -> None:
     state = fleet(node("gpu-1", cap=40 * GIB))
-    got = placed(plan(state, [job("half", mem=CardMem.of_fraction(0.5))]), "half")
+    got = placed(plan(state, [job("half", mem=MemPerCard.of_fraction(0.5))]), "half")
     assert got.allocation.mib_per_card == 20 * GIB
     assert "0.5 of a 40.0 GiB card" in got.shape
 
@@ -435,9 +435,9 @@ def test_an_empty_fleet_places_nothing_and_says_so() -> None:
 
 def test_a_fraction_at_the_threshold_stays_a_slice_despite_rounding_up() -> None:
     state = fleet(node("gpu-1", cap=81559))  # half is 40779.5 MiB, asked as 40780
-    got = placed(plan(state, [job("half", mem=CardMem.of_fraction(0.5))], OPEN), "half")
+    got = placed(plan(state, [job("half", mem=MemPerCard.of_fraction(0.5))], OPEN), "half")
     assert (got.allocation.whole, got.allocation.mib_per_card) == (False, 40780)
-    over = placed(plan(state, [job("more", mem=CardMem.of_fraction(0.6))], OPEN), "more")
+    over = placed(plan(state, [job("more", mem=MemPerCard.of_fraction(0.6))], OPEN), "more")
     assert over.allocation.whole
 
 

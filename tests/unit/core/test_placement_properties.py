@@ -20,7 +20,7 @@ from gpuctl.core.placement import (
 )
 from gpuctl.core.placement.engine import plan
 from gpuctl.core.plan import Placed, Plan, Unplaced, apply_plan, usage_of
-from gpuctl.core.units import CardMem
+from gpuctl.core.units import MemPerCard
 
 GIB = 1024
 MODELS = ("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-40GB", "NVIDIA L40S")
@@ -65,9 +65,9 @@ def states(draw: st.DrawFn) -> FleetState:
 
 
 mems = st.one_of(
-    st.sampled_from((4 * GIB, 10 * GIB, 24 * GIB, 48 * GIB)).map(CardMem.of_mib),
-    st.sampled_from((0.25, 0.5, 1.0)).map(CardMem.of_fraction),
-    st.just(CardMem.whole_card()),
+    st.sampled_from((4 * GIB, 10 * GIB, 24 * GIB, 48 * GIB)).map(MemPerCard.of_mib),
+    st.sampled_from((0.25, 0.5, 1.0)).map(MemPerCard.of_fraction),
+    st.just(MemPerCard.whole_card()),
 )
 
 
@@ -82,7 +82,7 @@ def jobs(draw: st.DrawFn) -> list[JobRequest]:
                 name=f"job-{i}",
                 shape=JobShape(
                     gpus=draw(st.integers(0, 3)),
-                    mem_per_gpu=draw(mems),
+                    mem_per_card=draw(mems),
                     gpu_models=draw(st.sampled_from(((), (), (), ("H100",), ("A100", "L40S")))),
                     cpu_milli=draw(st.sampled_from((0, 2000, 16000))),
                     host_mem_mib=draw(st.sampled_from((0, 32 * GIB))),

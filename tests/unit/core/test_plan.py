@@ -25,7 +25,7 @@ from gpuctl.core.plan import (
     render_plan_text,
 )
 from gpuctl.core.policies import DEFAULT_POLICY
-from gpuctl.core.units import CardMem
+from gpuctl.core.units import MemPerCard
 from gpuctl.errors import PlanError
 
 GIB = 1024
@@ -49,10 +49,10 @@ def state(version: str = "v1", cordon_b: bool = False) -> FleetState:
 
 
 JOBS = (
-    JobRequest("train", JobShape(2, CardMem.whole_card(), ("H100",)), priority=5),
-    JobRequest("infer", JobShape(1, CardMem.of_mib(24 * GIB))),
-    JobRequest("sweep", JobShape(1, CardMem.of_fraction(0.25)), tier=Tier.SPOT),
-    JobRequest("huge", JobShape(4, CardMem.whole_card())),
+    JobRequest("train", JobShape(2, MemPerCard.whole_card(), ("H100",)), priority=5),
+    JobRequest("infer", JobShape(1, MemPerCard.of_mib(24 * GIB))),
+    JobRequest("sweep", JobShape(1, MemPerCard.of_fraction(0.25)), tier=Tier.SPOT),
+    JobRequest("huge", JobShape(4, MemPerCard.whole_card())),
 )
 
 

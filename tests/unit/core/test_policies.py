@@ -12,7 +12,7 @@ from gpuctl.core import policies
 from gpuctl.core.fit import Demand, NodeFree, fits, fitting_cards
 from gpuctl.core.policies import BestFit, Fgd, FirstFit, Gpuctl, get_policy
 
-SLICE_500 = Demand(gpus=1, per_gpu=500)
+SLICE_500 = Demand(gpus=1, mib_per_card=500)
 
 
 def node(free: tuple[int, ...], cpu: int | None = None, name: str = "n") -> NodeFree:
@@ -65,7 +65,7 @@ def test_fgd_scores_are_the_truncated_sigmoid_of_the_fragmentation_gain() -> Non
 
 
 def test_whole_cards_are_the_lowest_indexed_free_ones_for_every_policy() -> None:
-    demand = Demand(gpus=2, per_gpu=1000, whole=True)
+    demand = Demand(gpus=2, mib_per_card=1000, whole=True)
     n = node((300, 1000, 1000, 1000))
     for policy in (FirstFit(), BestFit(), Fgd(), Gpuctl()):
         choice = policy.choose(n, demand, ((demand, 1.0),))
@@ -73,9 +73,9 @@ def test_whole_cards_are_the_lowest_indexed_free_ones_for_every_policy() -> None
 
 
 def test_gpuctl_sends_a_cpu_only_job_where_it_strands_no_card_and_fgd_cannot_tell() -> None:
-    gpu_job = Demand(gpus=1, per_gpu=1000, whole=True, cpu_milli=12_000)
-    workload = ((gpu_job, 0.9), (Demand(gpus=0, per_gpu=0, cpu_milli=32_000), 0.1))
-    cpu_job = Demand(gpus=0, per_gpu=0, cpu_milli=32_000)
+    gpu_job = Demand(gpus=1, mib_per_card=1000, whole=True, cpu_milli=12_000)
+    workload = ((gpu_job, 0.9), (Demand(gpus=0, mib_per_card=0, cpu_milli=32_000), 0.1))
+    cpu_job = Demand(gpus=0, mib_per_card=0, cpu_milli=32_000)
     eight_cards = node((1000,) * 8, cpu=96_000)  # 12 cores per card: 32 cores strand ~2.7 cards
     cpu_rich = node((1000,) * 2, cpu=104_000)  # 52 cores per card: nothing strands
     fgd = [Fgd().choose(n, cpu_job, workload) for n in (eight_cards, cpu_rich)]
@@ -99,7 +99,7 @@ def test_gpuctl_works_on_mib_cards_of_different_sizes() -> None:
 demands = st.builds(
     Demand,
     gpus=st.integers(0, 3),
-    per_gpu=st.sampled_from([100, 250, 500, 750, 1000]),
+    mib_per_card=st.sampled_from([100, 250, 500, 750, 1000]),
     whole=st.booleans(),
     cpu_milli=st.sampled_from([0, 2000, 8000]),
 )

@@ -3,12 +3,12 @@
 import pytest
 
 from gpuctl.core.units import (
-    CardMem,
+    MemPerCard,
     UnitError,
     format_mib,
-    parse_card_mem,
     parse_cpu_milli,
     parse_mem_mib,
+    parse_mem_per_card,
 )
 
 
@@ -54,37 +54,37 @@ def test_memory_sizes_without_a_clear_unit_are_refused(value: str | int, message
 
 
 def test_a_card_memory_request_is_a_size_a_fraction_or_whole() -> None:
-    assert parse_card_mem("24GiB") == CardMem.of_mib(24576)
-    assert parse_card_mem("0.5") == CardMem.of_fraction(0.5)
-    assert parse_card_mem(0.25) == CardMem.of_fraction(0.25)
-    assert parse_card_mem(1) == CardMem.of_fraction(1.0)
-    assert parse_card_mem("whole") == CardMem.whole_card()
-    assert parse_card_mem("WHOLE") == CardMem.whole_card()
+    assert parse_mem_per_card("24GiB") == MemPerCard.of_mib(24576)
+    assert parse_mem_per_card("0.5") == MemPerCard.of_fraction(0.5)
+    assert parse_mem_per_card(0.25) == MemPerCard.of_fraction(0.25)
+    assert parse_mem_per_card(1) == MemPerCard.of_fraction(1.0)
+    assert parse_mem_per_card("whole") == MemPerCard.whole_card()
+    assert parse_mem_per_card("WHOLE") == MemPerCard.whole_card()
 
 
 @pytest.mark.parametrize("value", ["1.5", 2, 0, "0", True, float("nan"), "half"])
 def test_a_card_memory_request_outside_a_card_is_refused(value: object) -> None:
     with pytest.raises(UnitError):
-        parse_card_mem(value)  # type: ignore[arg-type]
+        parse_mem_per_card(value)  # type: ignore[arg-type]
 
 
 def test_a_fraction_takes_its_share_of_the_card_rounded_up() -> None:
-    assert CardMem.of_fraction(0.5).mib_on(81559) == 40780
-    assert CardMem.of_fraction(0.1).mib_on(81920) == 8192  # the decimal 0.1, not its float
-    assert CardMem.whole_card().mib_on(46068) == 46068
-    assert CardMem.of_mib(1000).mib_on(46068) == 1000
+    assert MemPerCard.of_fraction(0.5).mib_on(81559) == 40780
+    assert MemPerCard.of_fraction(0.1).mib_on(81920) == 8192  # the decimal 0.1, not its float
+    assert MemPerCard.whole_card().mib_on(46068) == 46068
+    assert MemPerCard.of_mib(1000).mib_on(46068) == 1000
 
 
 def test_card_memory_spells_itself_back() -> None:
-    for mem in (CardMem.of_mib(24576), CardMem.of_fraction(0.5), CardMem.whole_card()):
-        assert parse_card_mem(mem.text()) == mem
+    for mem in (MemPerCard.of_mib(24576), MemPerCard.of_fraction(0.5), MemPerCard.whole_card()):
+        assert parse_mem_per_card(mem.text()) == mem
 
 
 def test_card_memory_takes_exactly_one_kind() -> None:
     with pytest.raises(ValueError, match="exactly one"):
-        CardMem(mib=10, whole=True)
+        MemPerCard(mib=10, whole=True)
     with pytest.raises(ValueError, match="exactly one"):
-        CardMem()
+        MemPerCard()
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ def by_hand(job_id: str, n: int) -> LaunchRequest:
         incarnation=n,
         argv=("sleep", "60"),
         cuda_visible_devices="1",
-        mem_limit_mib=1024,
+        mib_per_card=1024,
         checkpoint_dir="/elsewhere",
     )
 

@@ -295,7 +295,7 @@ def test_the_launch_request_carries_the_checkpoint_contract_and_hides_secrets(
     )
     assert req.argv == ("python", "train.py")
     assert (req.job_id, req.incarnation, req.cuda_visible_devices) == (job.id, 2, "0,3")
-    assert (req.mem_limit_mib, req.resume_from, req.workdir) == (
+    assert (req.mib_per_card, req.resume_from, req.workdir) == (
         40000,
         "/c/step-00000100",
         "/shared/w",

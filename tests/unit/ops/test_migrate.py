@@ -13,6 +13,7 @@ from gpuctl.adapters.store import open_store
 from gpuctl.core.jobs import EndReason, IncarnationState, JobState
 from gpuctl.core.migration import Phase
 from gpuctl.core.nodehealth import AutoDrainPolicy
+from gpuctl.core.placement.model import Allocation
 from gpuctl.ops import nodeops
 from gpuctl.ops.invariants import check_invariants
 from gpuctl.ops.migrate import MigrationResult, Target, migrate, reserve
@@ -90,7 +91,7 @@ def held_for(kit: Kit, job_id: str, node: str, card: int, reason: str = "test") 
         tick(kit.loop),
         job,
         source,
-        Target(node, (card,), (), source.mib_per_card, source.whole),
+        Target(Allocation(source.job_id, node, (card,), source.mib_per_card, source.whole)),
         {(node, card): 80 * 1024},
         reason=reason,
         source="operator",
@@ -151,7 +152,7 @@ def test_a_taken_target_is_refused_and_another_one_chosen(store: Store) -> None:
     kit = running(store, "a", "b", nodes=("n1", "n2"))
     a, b = store.jobs()
     taken = kit.inc(b.id)
-    result = move(kit, a.id, Target(taken.node, taken.cards, (), 80 * 1024, True))
+    result = move(kit, a.id, Target(Allocation(a.id, taken.node, taken.cards, 80 * 1024, True)))
     assert result.moved and (result.to_node, result.cards) != (taken.node, taken.cards)
 
 

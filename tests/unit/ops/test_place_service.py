@@ -14,7 +14,7 @@ from gpuctl.core.model import (
     Reach,
 )
 from gpuctl.core.placement import Allocation, JobRequest, JobShape, Settings
-from gpuctl.core.units import CardMem
+from gpuctl.core.units import MemPerCard
 from gpuctl.errors import ExitCode, UsageError
 from gpuctl.ops.place import fleet_state_from_snapshot, load_snapshot, place
 
@@ -85,7 +85,7 @@ def test_a_card_that_cannot_be_trusted_is_unhealthy(gpu: GpuSnapshot) -> None:
 
 
 def test_place_runs_the_engine_on_the_snapshot() -> None:
-    job = JobRequest("j", JobShape(4, CardMem.whole_card(), ("H100",)))
+    job = JobRequest("j", JobShape(4, MemPerCard.whole_card(), ("H100",)))
     p = place([job], Settings(), load_snapshot(SNAPSHOT))
     assert p.placed[0].node == "gpu-01"
 

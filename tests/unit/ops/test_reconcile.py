@@ -93,7 +93,7 @@ def test_a_queued_job_is_placed_and_launched_with_the_checkpoint_contract(store:
     assert inc.state is IncarnationState.RUNNING and inc.n == 1 and inc.pid is not None
     node, request = t.runner.launches[0]
     assert node == inc.node and request.incarnation == 1
-    assert request.mem_limit_mib == 20 * GIB and request.mps_limit_mib == 20 * GIB
+    assert request.mib_per_card == 20 * GIB and request.mps_limit_mib == 20 * GIB
     assert request.cuda_visible_devices == ",".join(str(c) for c in inc.cards)
     assert request.checkpoint_dir == f"{CKPT}/{job.id}" and request.resume_from == ""
     assert [a.kind for a in report.actions if a.job_id == job.id] == ["launch", "launched"]
