@@ -32,7 +32,6 @@ from gpuctl.adapters.ssh_connect import (
     open_client,
     open_socket,
 )
-from gpuctl.config import paths
 from gpuctl.core.model import NodeSpec
 from gpuctl.errors import TransportError
 
@@ -66,16 +65,15 @@ class SshTransport:
     def __init__(
         self,
         *,
-        own_known_hosts: Path | None = None,
-        system_known_hosts: Sequence[Path] | None = None,
+        own_known_hosts: Path,
+        system_known_hosts: Sequence[Path],
         per_host_limit: int = DEFAULT_PER_HOST_LIMIT,
     ) -> None:
-        self._own_known_hosts = own_known_hosts or paths.own_known_hosts()
-        self._system = (
-            tuple(system_known_hosts)
-            if system_known_hosts is not None
-            else paths.system_known_hosts()
-        )
+        """`own_known_hosts`: gpuctl's own file (`gpuctl hosts trust` records keys there);
+        `system_known_hosts`: the OpenSSH files the operator already trusts. The caller says
+        where they are (`gpuctl.config.paths`): an adapter does not read the environment."""
+        self._own_known_hosts = own_known_hosts
+        self._system = tuple(system_known_hosts)
         self._per_host_limit = per_host_limit
         self._known = kh.KnownHostsFiles()
         self._keys = ssh_keys.KeyCache()

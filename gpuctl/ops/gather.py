@@ -193,9 +193,13 @@ class Gatherer:
 
 
 def default_transport() -> Transport:
+    """SSH with gpuctl's own known_hosts and the operator's OpenSSH ones (`gpuctl.config.paths`)."""
     from gpuctl.adapters.ssh import SshTransport
+    from gpuctl.config import paths
 
-    return SshTransport()
+    return SshTransport(
+        own_known_hosts=paths.own_known_hosts(), system_known_hosts=paths.system_known_hosts()
+    )
 
 
 def gather_fleet(
