@@ -1,7 +1,8 @@
 # gpuctl: two commands do all the set-up on a fresh Debian machine.
 #   make demo   installs what is needed, then on a 3-node lab fleet: jobs, a node killed, the jobs
 #               resuming elsewhere from their checkpoints (examples/demo.sh, docs/demo.md)
-#   make test   installs what is needed, then lint, type-check and the whole test suite (what CI runs)
+#   make test   installs what is needed, then lint (ruff, import layers), type-check and the whole
+#               test suite (what CI runs)
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -30,9 +31,12 @@ venv: $(BIN)/python
 
 deps: sysdeps venv
 
+# ruff (its banned-api keeps paramiko, textual, typer and sqlite3 in their rooms), then the import
+# layers (import-linter's contracts in pyproject.toml: cli | tui > ops > config | adapters > core).
 lint: venv
 	$(BIN)/ruff check gpuctl tests benchmarks
 	$(BIN)/ruff format --check gpuctl tests benchmarks
+	$(BIN)/lint-imports --no-logo
 
 typecheck: venv
 	$(BIN)/mypy
