@@ -4,8 +4,10 @@
   components of more than one module), overall and inside `gpuctl.core`;
 - import levels inside a package: the longest chain of imports between its modules, loops
   collapsed (one level: nothing of the package imports anything else of it);
-- imports from a lower layer to a higher one (`cli | tui > ops > config | adapters > core >
-  errors`);
+- imports from a lower layer to a higher one, and between independent siblings of one layer
+  (`cli | tui | testing > ops | bench | lab > config | adapters > core > errors | checkpoint`, the
+  layers contract in pyproject.toml: config and adapters do not import each other, nor do cli and
+  tui), counted on the whole graph (the contract's commented ignore_imports count here);
 - packages with more than 25 modules of their own and no sub-package.
 
     python benchmarks/import_graph.py [--package gpuctl] [-o json]
@@ -22,7 +24,14 @@ from collections import defaultdict
 
 import grimp
 
-LAYERS = (("cli", "tui"), ("ops",), ("config", "adapters"), ("core",), ("errors",))
+# The layers contract of pyproject.toml, highest first; the packages of one layer are independent.
+LAYERS = (
+    ("cli", "tui", "testing"),
+    ("ops", "bench", "lab"),
+    ("config", "adapters"),
+    ("core",),
+    ("errors", "checkpoint"),
+)
 
 
 def sccs(nodes: set[str], edges: dict[str, set[str]]) -> list[list[str]]:
@@ -94,9 +103,13 @@ def levels(nodes: set[str], edges: dict[str, set[str]]) -> int:
     return max((walk(i) for i in range(len(comps))), default=0)
 
 
-def layer_of(module: str, package: str) -> int | None:
+def top_of(module: str) -> str:
     parts = module.split(".")
-    top = parts[1] if len(parts) > 1 else ""
+    return parts[1] if len(parts) > 1 else ""
+
+
+def layer_of(module: str, package: str) -> int | None:
+    top = top_of(module)
     for i, names in enumerate(LAYERS):
         if top in names:
             return i
@@ -111,12 +124,15 @@ def measure(package: str) -> dict[str, object]:
     core = f"{package}.core"
     core_loops = [c for c in loops if all(m == core or m.startswith(core + ".") for m in c)]
     upward = []
+    sideways = []
     for a, targets in sorted(edges.items()):
         la = layer_of(a, package)
         for b in sorted(targets):
             lb = layer_of(b, package)
             if la is not None and lb is not None and lb < la:
                 upward.append(f"{a} -> {b}")
+            elif la is not None and la == lb and top_of(a) != top_of(b):
+                sideways.append(f"{a} -> {b}")
     packages: dict[str, dict[str, object]] = {}
     for pkg in sorted(m for m in modules if graph.find_children(m)):
         children = graph.find_children(pkg)
@@ -135,6 +151,7 @@ def measure(package: str) -> dict[str, object]:
         "loop_members": loops,
         "loops_in_core": len(core_loops),
         "upward_imports": upward,
+        "sibling_imports": sideways,
         "packages": packages,
         "crowded_packages": crowded,
     }
@@ -156,6 +173,10 @@ def main() -> int:
     upward = m["upward_imports"]
     print(f"imports from a lower layer to a higher one: {len(upward)}")  # type: ignore[arg-type]
     for line in upward:  # type: ignore[attr-defined]
+        print(f"  {line}")
+    sideways = m["sibling_imports"]
+    print(f"imports between independent siblings of a layer: {len(sideways)}")  # type: ignore[arg-type]
+    for line in sideways:  # type: ignore[attr-defined]
         print(f"  {line}")
     print("package: own modules, sub-packages, import levels")
     for pkg, v in m["packages"].items():  # type: ignore[attr-defined]
