@@ -385,7 +385,7 @@ def banner(state: dict[str, Any], views: list[View], procs: list[Proc]) -> str:
 
 def garbage(state: dict[str, Any]) -> bytes:
     """Random-looking bytes: non-UTF-8, escape sequences, CSV-ish fragments. Seeded per node."""
-    rng = random.Random(f"{state.get('node')}:{int(time.time())}")  # noqa: S311 (not crypto)
+    rng = random.Random(f"{state.get('node')}")  # noqa: S311 (not crypto; the same bytes each call)
     pieces = [
         b"\x1b[2J\x1b[H", b"\x1b]0;owned\x07", b"\xff\xfe\xfd", b"\xc3\x28", b"\x00", b"\r",
         b"index, uuid, memory.used [MiB]\n", b"0, GPU-\x1b[31m", b"[N/A], ", b"\xe2\x80\xae",

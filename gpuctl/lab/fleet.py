@@ -265,7 +265,11 @@ def _node_pids(lab: Lab, node: LabNode, table: sshd_mod.ProcTable) -> set[int]:
 
 
 def _stop_nodes(lab: Lab, nodes: Iterable[LabNode]) -> int:
-    """SIGKILL the nodes' sshd and processes until none is left; how many were killed."""
+    """SIGKILL the nodes' sshd and processes until none is left; how many were killed.
+
+    A node dies at once: every process of it is stopped (SIGSTOP) before any is killed, so none
+    acts on another's death (a job's wrapper recording the exit status of its killed job, as no
+    wrapper on a node that lost power could)."""
     nodes = list(nodes)
     killed: set[int] = set()
     deadline = time.monotonic() + 5.0
@@ -275,8 +279,11 @@ def _stop_nodes(lab: Lab, nodes: Iterable[LabNode]) -> int:
         pids = {p for p in pids if sshd_mod.alive(p)}
         if not pids:
             break
+        sshd_mod.signal_all(pids, signal.SIGSTOP)
+        if pids - killed:  # newly found (forked meanwhile): look again before any dies
+            killed |= pids
+            continue
         sshd_mod.signal_all(pids, signal.SIGKILL)
-        killed |= pids
         time.sleep(0.01)
     return len(killed)
 
