@@ -126,7 +126,7 @@ def open_loop(
     from gpuctl.adapters.store import open_store
     from gpuctl.config.paths import state_dir
     from gpuctl.ops.gather import Gatherer, default_transport
-    from gpuctl.ops.health import HealthHistory
+    from gpuctl.ops.health import SampleHistory
     from gpuctl.ops.jobrunner import SshJobRunner
     from gpuctl.ops.reconcile import Reconciler, ReconcileSettings
 
@@ -153,7 +153,7 @@ def open_loop(
             environ=app_ctx.env,
             state_dir=str(folder),
             on_action=on_action,
-            health_history=HealthHistory(folder) if history_file else None,
+            health_history=SampleHistory.in_state_dir(folder) if history_file else None,
         )
     except BaseException:
         gatherer.close()

@@ -42,12 +42,12 @@ def health(
     from gpuctl.config import paths
     from gpuctl.config.health_rules import load_rules
     from gpuctl.ops.gather import Gatherer, default_transport
-    from gpuctl.ops.health import HealthHistory, check_health
+    from gpuctl.ops.health import SampleHistory, check_health
 
     rules = load_rules(rules_file)
     specs = fleet.select(fleet.load_inventory(ctx), nodes or [])
     app_ctx = context.get(ctx)
-    history = HealthHistory(paths.state_dir(app_ctx.env, app_ctx.state_dir))
+    history = SampleHistory.in_state_dir(paths.state_dir(app_ctx.env, app_ctx.state_dir))
     transport = app_ctx.transport_factory() if app_ctx.transport_factory else default_transport()
     with Gatherer(transport) as gatherer:
         verdicts = check_health(

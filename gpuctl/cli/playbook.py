@@ -146,7 +146,7 @@ def build_services(ctx: typer.Context, *, write: bool) -> tuple[Services, Callab
     the transport, as `gpuctl reconcile` has them; and what closes them."""
     from gpuctl.cli import fleet
     from gpuctl.config.health_rules import load_rules
-    from gpuctl.ops.health import HealthHistory
+    from gpuctl.ops.health import SampleHistory
     from gpuctl.ops.jobs import operator
     from gpuctl.ops.playbook import Services
 
@@ -157,7 +157,7 @@ def build_services(ctx: typer.Context, *, write: bool) -> tuple[Services, Callab
             loop=parts.loop,
             gatherer=parts.gatherer,
             transport=parts.transport,
-            history=HealthHistory(parts.state_dir),
+            history=SampleHistory.in_state_dir(parts.state_dir),
             rules=load_rules(None),
             operator=operator(app_ctx.env),
             env=app_ctx.env,

@@ -75,11 +75,11 @@ def report(
 def _history(ctx: typer.Context) -> History:
     """Earlier health samples `gpuctl health` recorded (read only; none when unreadable)."""
     from gpuctl.config import paths
-    from gpuctl.ops.health import HealthHistory
+    from gpuctl.ops.health import SampleHistory
 
     app_ctx = context.get(ctx)
     try:
-        return HealthHistory(paths.state_dir(app_ctx.env, app_ctx.state_dir)).load()
+        return SampleHistory.in_state_dir(paths.state_dir(app_ctx.env, app_ctx.state_dir)).load()
     except StateError as exc:
         sys.stderr.write(f"warning: health history ignored: {safe(exc.message)}\n")
         return {}

@@ -50,6 +50,7 @@ from gpuctl.core.health_model import (
 from gpuctl.core.health_reasons import (
     earlier_snapshots,
     gpu_reasons,
+    look_back_sample,
     make_reason,
     shorten,
     xid_reasons,
@@ -71,6 +72,7 @@ __all__ = [
     "XidClass",
     "evaluate",
     "evaluate_fleet",
+    "look_back_sample",
     "worst",
 ]
 

@@ -28,7 +28,7 @@ from gpuctl.core.health_model import (
     Rule,
     TemperatureThresholds,
 )
-from gpuctl.core.model import GpuSnapshot, NodeSnapshot, Reach, XidEvent
+from gpuctl.core.model import GpuSnapshot, NodeSnapshot, Observation, Reach, XidEvent
 
 
 def make_reason(rule: Rule, gpu: int | None, **fields: Any) -> Reason:
@@ -194,6 +194,29 @@ def earlier_snapshots(
         h for h in history if h.name == node.name and h.taken_at is not None and h.taken_at < now
     ]
     return tuple(sorted(kept, key=lambda h: -(h.taken_at or 0.0)))
+
+
+def look_back_sample(node: NodeSnapshot, hot_from_c: int | None = None) -> NodeSnapshot:
+    """What the look-back rule (sustained heat, `_hot_streak`) reads of an earlier sample, and
+    nothing more: the node's name, reach, state and time, whether its GPUs were readable, and
+    each GPU's index, UUID and temperature. With `hot_from_c`, only the GPUs at or above it: a
+    GPU left out ends a hot streak there, as a cool one does, so a node with no hot GPU keeps
+    none (the dashboard's memory, polled every second, stays small)."""
+    obs = node.observation
+    gpus: tuple[GpuSnapshot, ...] = ()
+    if obs is not None and obs.nvml_ok:
+        gpus = tuple(
+            GpuSnapshot(index=g.index, uuid=g.uuid, temp_c=g.temp_c)
+            for g in obs.gpus
+            if hot_from_c is None or (g.temp_c is not None and g.temp_c >= hot_from_c)
+        )
+    return NodeSnapshot(
+        name=node.name,
+        reach=node.reach,
+        state=node.state,
+        observation=None if obs is None else Observation(gpus=gpus, nvml_ok=obs.nvml_ok),
+        taken_at=node.taken_at,
+    )
 
 
 def _same_gpu(gpu: GpuSnapshot, other: NodeSnapshot) -> GpuSnapshot | None:

@@ -1,10 +1,12 @@
 """Health checks: poll, remember recent samples, judge each node with the pure core.
 
-`HealthHistory` keeps the last few samples of each node in the state folder
-(`health-history.json`, written atomically, mode 0600, folder 0700), only the facts the rules
-look back at (per GPU: index, UUID, temperature), so separate one-shot runs (cron, Nagios) can tell
-a temperature spike from sustained heat. `check_health` polls `samples` times, `interval_s` apart,
-and returns the verdicts of the last poll.
+`SampleHistory` is the one keeper of recent health samples per node: the last few, only what
+the rules look back at (`gpuctl.core.health.look_back_sample`), so a temperature spike is told
+from sustained heat. It keeps them in memory (the control loop, the dashboard, the metrics
+server) or in the state folder's `health-history.json` (`SampleHistory.in_state_dir`: written
+atomically, mode 0600, folder 0700, one writer at a time), so separate one-shot runs (cron,
+Nagios) share them. `check_health` polls `samples` times, `interval_s` apart, and returns the
+verdicts of the last poll.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from gpuctl.core.health import HealthRules, NodeVerdict, evaluate_fleet
+from gpuctl.adapters.files import write_atomic
+from gpuctl.core.health import HealthRules, NodeVerdict, evaluate_fleet, look_back_sample
 from gpuctl.core.model import (
     FleetSnapshot,
     GpuSnapshot,
@@ -52,15 +55,92 @@ class HistoryKeeper(Protocol):
         ...
 
 
-class HealthHistory:
-    """The last `keep` samples per node in `<state dir>/health-history.json`."""
+class SampleHistory:
+    """Recent samples per node: at most `keep`, none older than `max_age_s` before the newest
+    sample of the last poll, at most one per `spacing_s` (a dashboard polling every second
+    still keeps few), only the GPUs at or above `hot_from_c` when set. In memory, or in `file`.
+    """
 
     def __init__(
-        self, state_dir: Path, *, keep: int = DEFAULT_KEEP, max_age_s: float = DEFAULT_MAX_AGE_S
+        self,
+        *,
+        keep: int = DEFAULT_KEEP,
+        max_age_s: float = DEFAULT_MAX_AGE_S,
+        spacing_s: float = 0.0,
+        hot_from_c: int | None = None,
+        file: HistoryFile | None = None,
     ) -> None:
-        self.path = state_dir / HISTORY_FILE
         self.keep = keep
         self.max_age_s = max_age_s
+        self.spacing_s = spacing_s
+        self.hot_from_c = hot_from_c
+        self.backing: _Memory | HistoryFile = _Memory() if file is None else file
+
+    @classmethod
+    def in_state_dir(
+        cls, state_dir: Path, *, keep: int = DEFAULT_KEEP, max_age_s: float = DEFAULT_MAX_AGE_S
+    ) -> SampleHistory:
+        """The history that `gpuctl health`, report, reconcile and playbooks share, in the state
+        folder."""
+        return cls(keep=keep, max_age_s=max_age_s, file=HistoryFile(state_dir / HISTORY_FILE))
+
+    def load(self) -> History:
+        return self.backing.load()
+
+    def record(self, nodes: Sequence[NodeSnapshot]) -> History:
+        with self.backing.locked():
+            before = self.backing.load()
+            self.backing.save(self._add(before, nodes))
+        return before
+
+    def _add(self, history: History, nodes: Sequence[NodeSnapshot]) -> History:
+        after = dict(history)
+        newest = max((n.taken_at for n in nodes if n.taken_at is not None), default=None)
+        for node in nodes:
+            now = node.taken_at
+            if now is None:
+                continue
+            kept = after.get(node.name, ())
+            last = kept[-1].taken_at if kept else None
+            if last is not None and 0 <= now - last < self.spacing_s:
+                continue  # too soon after the last one kept (a clock stepped back keeps it)
+            after[node.name] = (*kept, look_back_sample(node, self.hot_from_c))[-self.keep :]
+        if newest is None:
+            return after
+        oldest = newest - self.max_age_s
+        for name, samples in list(after.items()):
+            if (samples[0].taken_at or 0.0) < oldest:  # kept in the order they came
+                kept = tuple(s for s in samples if (s.taken_at or 0.0) >= oldest)
+                if kept:
+                    after[name] = kept
+                else:
+                    del after[name]
+        return after
+
+
+class _Memory:
+    """A history kept only as long as its process runs."""
+
+    def __init__(self) -> None:
+        self.samples: History = {}
+
+    def load(self) -> History:
+        return self.samples
+
+    def save(self, history: History) -> None:
+        self.samples = history
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        yield
+
+
+class HistoryFile:
+    """A history in a JSON file (schema `SCHEMA`): read whole, replaced whole, one writer at a
+    time (a cron check and an operator's run may overlap)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
 
     def load(self) -> History:
         try:
@@ -88,24 +168,6 @@ class HealthHistory:
         except (KeyError, TypeError, ValueError, AttributeError):
             raise self._corrupt("a sample is malformed") from None
 
-    def record(self, nodes: Sequence[NodeSnapshot]) -> History:
-        with self._locked():
-            before = self.load()
-            after = dict(before)
-            newest = max((n.taken_at for n in nodes if n.taken_at is not None), default=None)
-            for node in nodes:
-                if node.taken_at is not None:
-                    after[node.name] = (*after.get(node.name, ()), _slim(node))[-self.keep :]
-            if newest is not None:
-                oldest = newest - self.max_age_s
-                after = {
-                    name: kept
-                    for name, samples in after.items()
-                    if (kept := tuple(s for s in samples if (s.taken_at or 0.0) >= oldest))
-                }
-            self._save(after)
-        return before
-
     def _corrupt(self, what: str) -> StateError:
         return StateError(
             f"{self.path}: the health history is unreadable ({what})",
@@ -113,8 +175,7 @@ class HealthHistory:
         )
 
     @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        """One writer at a time (a cron check and an operator's run may overlap)."""
+    def locked(self) -> Iterator[None]:
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         lock = self.path.with_name(self.path.name + ".lock")
         try:
@@ -127,7 +188,7 @@ class HealthHistory:
         finally:
             os.close(fd)
 
-    def _save(self, history: History) -> None:
+    def save(self, history: History) -> None:
         doc = {
             "schema": SCHEMA,
             "nodes": {
@@ -135,37 +196,12 @@ class HealthHistory:
             },
         }
         body = json.dumps(doc, separators=(",", ":"), sort_keys=True, allow_nan=False) + "\n"
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(body)
-                fh.flush()
-                os.fsync(fh.fileno())
-            tmp.replace(self.path)
+            write_atomic(self.path, body)
         except OSError as exc:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
             raise StateError(
                 f"{self.path}: cannot write the health history: {exc.strerror}"
             ) from None
-
-
-def _slim(node: NodeSnapshot) -> NodeSnapshot:
-    """Only what the rules look back at: reach, readability, and each GPU's identity and heat."""
-    obs = node.observation
-    gpus: tuple[GpuSnapshot, ...] = ()
-    if obs is not None and obs.nvml_ok:
-        gpus = tuple(GpuSnapshot(index=g.index, uuid=g.uuid, temp_c=g.temp_c) for g in obs.gpus)
-    return NodeSnapshot(
-        name=node.name,
-        reach=node.reach,
-        state=node.state,
-        observation=None if obs is None else Observation(gpus=gpus, nvml_ok=obs.nvml_ok),
-        taken_at=node.taken_at,
-    )
 
 
 def _sample_to_dict(node: NodeSnapshot) -> dict[str, Any]:

@@ -21,10 +21,10 @@ from prometheus_client.registry import CollectorRegistry
 
 from gpuctl.adapters.protocols import Clock, Store
 from gpuctl.core.health import HealthRules, NodeVerdict, evaluate_fleet
-from gpuctl.core.model import FleetSnapshot, Inventory, NodeSnapshot, Reach
+from gpuctl.core.model import FleetSnapshot, Inventory, Reach
 from gpuctl.errors import GpuctlError, StateError
 from gpuctl.ops import fleetstatus
-from gpuctl.ops.health import DEFAULT_KEEP, DEFAULT_MAX_AGE_S, FleetGatherer
+from gpuctl.ops.health import FleetGatherer, SampleHistory
 from gpuctl.ops.metrics_exposition import (
     COUNTED_EVENTS,
     GpuReading,
@@ -173,7 +173,7 @@ class Refresher:
         self._rules = rules
         self._inventory = inventory
         self._gatherer = gatherer
-        self._history: dict[str, tuple[NodeSnapshot, ...]] = {}
+        self._history = SampleHistory()  # in memory: the server never writes the CLI's file
         self._counters: Mapping[str, int] | None = None
 
     def refresh(self) -> Reading:
@@ -210,16 +210,8 @@ class Refresher:
     def _judge(self, snapshot: FleetSnapshot) -> tuple[NodeVerdict, ...]:
         assert self._inventory is not None
         expected = {s.name: s.expected_gpus for s in self._inventory.nodes}
-        verdicts = evaluate_fleet(
-            snapshot, self._history, expected_gpus=expected, rules=self._rules
-        )
-        for node in snapshot.nodes:
-            if node.taken_at is not None:
-                kept = (*self._history.get(node.name, ()), node)[-DEFAULT_KEEP:]
-                self._history[node.name] = tuple(
-                    s for s in kept if (s.taken_at or 0.0) >= node.taken_at - DEFAULT_MAX_AGE_S
-                )
-        return verdicts
+        earlier = self._history.record(snapshot.nodes)
+        return evaluate_fleet(snapshot, earlier, expected_gpus=expected, rules=self._rules)
 
     def run(
         self,

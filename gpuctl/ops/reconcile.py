@@ -35,7 +35,7 @@ from gpuctl.ops import (
     reconcile_launch,
     reconcile_nodes,
 )
-from gpuctl.ops.health import HistoryKeeper
+from gpuctl.ops.health import HistoryKeeper, SampleHistory
 from gpuctl.ops.reconcile_report import Action, NodeReport, PassReport, ReconcileSettings
 
 log = logging.getLogger(__name__)
@@ -43,6 +43,8 @@ log = logging.getLogger(__name__)
 ACTOR = "gpuctl"
 P = ParamSpec("P")
 ACTIVE = (IncarnationState.LAUNCHING, IncarnationState.RUNNING, IncarnationState.STOPPING)
+LOOP_SAMPLES = 400  # health samples a running loop keeps per node, at most ...
+LOOP_SAMPLES_S = 1800.0  # ... and none older than this
 
 __all__ = ["Action", "FleetSource", "PassReport", "ReconcileSettings", "Reconciler"]
 
@@ -83,8 +85,11 @@ class Reconciler:
         self.scanned_at: dict[str, float] = {}  # job id -> when its checkpoints were last read
         self.health_rules = health_rules  # None: the built-in rules, read at the first pass
         # the samples the health rules look back at (sustained heat): in memory for a loop that
-        # keeps running; a one-shot run passes the state dir's file (`ops.health.HealthHistory`)
-        self.health_history: HistoryKeeper = health_history or reconcile_health.SampleHistory()
+        # keeps running (half an hour of them); a one-shot run passes the state dir's file
+        # (`SampleHistory.in_state_dir`)
+        self.health_history: HistoryKeeper = health_history or SampleHistory(
+            keep=LOOP_SAMPLES, max_age_s=LOOP_SAMPLES_S
+        )
         self.health_suspect: bool | None = None  # most nodes looked unhealthy (None: not read)
 
     def run_once(self, stop: threading.Event | None = None) -> PassReport:

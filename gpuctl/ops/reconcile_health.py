@@ -14,13 +14,12 @@ each gets a target reserved here; the loop's migration step takes them further e
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from gpuctl.core.health import evaluate_fleet
 from gpuctl.core.health_model import Action, HealthRules
 from gpuctl.core.jobs import Cordon, Incarnation, IncarnationState, Job
-from gpuctl.core.model import GpuSnapshot, NodeSnapshot, Observation
 from gpuctl.core.nodehealth import (
     HEALTH_SOURCE,
     HealthPlan,
@@ -40,42 +39,6 @@ if TYPE_CHECKING:
 
 ACTOR = "gpuctl"
 HOUR_S = 3600.0
-
-
-class SampleHistory:
-    """Recent samples of each node, in memory: what the rules look back at (each GPU's identity
-    and temperature), so a heat spike is told from sustained heat across passes."""
-
-    def __init__(self, keep_s: float = 1800.0, max_samples: int = 400) -> None:
-        self.keep_s = keep_s
-        self.max_samples = max_samples
-        self._samples: dict[str, tuple[NodeSnapshot, ...]] = {}
-
-    def record(self, nodes: Sequence[NodeSnapshot]) -> dict[str, tuple[NodeSnapshot, ...]]:
-        """Add one poll; return each node's earlier samples (before this poll)."""
-        before = dict(self._samples)
-        for node in nodes:
-            if node.taken_at is None:
-                continue
-            oldest = node.taken_at - self.keep_s
-            kept = [s for s in self._samples.get(node.name, ()) if (s.taken_at or 0.0) >= oldest]
-            kept.append(_slim(node))
-            self._samples[node.name] = tuple(kept[-self.max_samples :])
-        return before
-
-
-def _slim(node: NodeSnapshot) -> NodeSnapshot:
-    obs = node.observation
-    gpus: tuple[GpuSnapshot, ...] = ()
-    if obs is not None and obs.nvml_ok:
-        gpus = tuple(GpuSnapshot(index=g.index, uuid=g.uuid, temp_c=g.temp_c) for g in obs.gpus)
-    return NodeSnapshot(
-        name=node.name,
-        reach=node.reach,
-        state=node.state,
-        observation=None if obs is None else Observation(gpus=gpus, nvml_ok=obs.nvml_ok),
-        taken_at=node.taken_at,
-    )
 
 
 def rules(p: Pass) -> HealthRules:

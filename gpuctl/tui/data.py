@@ -9,7 +9,6 @@ Nothing here decides anything of its own; it gathers what those say into one fro
 from __future__ import annotations
 
 import dataclasses
-from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -93,9 +92,9 @@ class HealthKeeper:
 
     def __init__(self, keep: int = HEALTH_KEEP) -> None:
         from gpuctl.core.health import VerdictMemo
+        from gpuctl.ops.health import SampleHistory
 
-        self.keep = keep
-        self._history: dict[str, deque[NodeSnapshot]] = {}
+        self.history = SampleHistory(keep=keep)  # in memory
         self.memo = VerdictMemo()  # nodes whose health fields did not move keep their verdict
 
     def judge(
@@ -104,45 +103,14 @@ class HealthKeeper:
         from gpuctl.core.health import evaluate_fleet
         from gpuctl.ops.health import default_interval_s
 
-        history = self._history  # read as it is (judged before any sample is added below)
+        t = rules.temperature
+        self.history.spacing_s = default_interval_s(rules, max(2, t.sustained_samples))
+        self.history.hot_from_c = t.limit_c  # only hot GPUs: all sustained heat reads
+        earlier = self.history.record(snapshot.nodes)
         verdicts = evaluate_fleet(
-            snapshot, history, expected_gpus=expected, rules=rules, memo=self.memo
+            snapshot, earlier, expected_gpus=expected, rules=rules, memo=self.memo
         )
-        spacing = default_interval_s(rules, max(2, rules.temperature.sustained_samples))
-        limit = rules.temperature.limit_c
-        for node in snapshot.nodes:
-            now = node.taken_at
-            if now is None:
-                continue
-            kept = history.get(node.name)
-            if kept is None:
-                kept = history[node.name] = deque(maxlen=self.keep)
-            last = kept[-1].taken_at if kept else None
-            if last is None or now - last >= spacing or now < last:
-                kept.append(_slim(node, limit))
-        names = {n.name for n in snapshot.nodes}
-        for gone in set(history) - names:
-            del history[gone]
         return {v.name: v for v in verdicts}
-
-
-def _slim(node: NodeSnapshot, limit_c: int) -> NodeSnapshot:
-    """Only what the look-back rule (sustained heat) reads: reach, readability, and the identity
-    and heat of each GPU at or above the limit. A GPU left out ends a hot streak there, as a cool
-    one does, so a node with no hot GPU keeps no GPU at all."""
-    from gpuctl.core.model import GpuSnapshot, Observation
-
-    obs = node.observation
-    if obs is None:
-        return dataclasses.replace(node, observation=None, labels={})
-    gpus = tuple(
-        GpuSnapshot(index=g.index, uuid=g.uuid, temp_c=g.temp_c)
-        for g in obs.gpus
-        if g.temp_c is not None and g.temp_c >= limit_c
-    )
-    return dataclasses.replace(
-        node, observation=Observation(gpus=gpus, nvml_ok=obs.nvml_ok), labels={}
-    )
 
 
 def collect(

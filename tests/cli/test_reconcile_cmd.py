@@ -152,9 +152,9 @@ def test_watch_stops_cleanly_on_ctrl_c_and_releases_the_lock(tmp_path: Path) -> 
 def hot_history(state: Path, node: str, *ago_s: float) -> None:
     """Earlier runs' samples of `node` with its GPU 0 at 95 C, `ago_s` seconds ago each."""
     from gpuctl.core.model import GpuSnapshot, NodeSnapshot, NodeState, Observation, Reach
-    from gpuctl.ops.health import HealthHistory
+    from gpuctl.ops.health import SampleHistory
 
-    history = HealthHistory(state)
+    history = SampleHistory.in_state_dir(state)
     for ago in ago_s:
         gpu = GpuSnapshot(index=0, uuid=nodestate.fake_uuid(node, 0), temp_c=95)
         sample = NodeSnapshot(

@@ -19,7 +19,7 @@ from gpuctl.core.model import (
     Reach,
 )
 from gpuctl.errors import StateError, UsageError
-from gpuctl.ops.health import HISTORY_FILE, HealthHistory, check_health, default_interval_s
+from gpuctl.ops.health import HISTORY_FILE, SampleHistory, check_health, default_interval_s
 
 SPECS = (
     NodeSpec(name="gpu01", host="10.0.0.1", expected_gpus=2),
@@ -68,7 +68,7 @@ def test_three_samples_tell_sustained_heat_from_a_spike(rules: HealthRules, tmp_
     verdicts = check_health(
         SPECS,
         ScriptedGatherer([95, 95, 95]),
-        HealthHistory(tmp_path),
+        SampleHistory.in_state_dir(tmp_path),
         rules,
         samples=3,
         sleep=sleeps.append,
@@ -84,7 +84,7 @@ def test_three_samples_tell_sustained_heat_from_a_spike(rules: HealthRules, tmp_
     spike = check_health(
         SPECS,
         ScriptedGatherer([40, 40, 95], start=1_800_000_000.0),
-        HealthHistory(tmp_path / "other"),
+        SampleHistory.in_state_dir(tmp_path / "other"),
         rules,
         samples=3,
         sleep=sleeps.append,
@@ -96,7 +96,10 @@ def test_one_shot_runs_remember_earlier_samples_through_the_history_file(
     rules: HealthRules, tmp_path: Path
 ) -> None:
     gatherer = ScriptedGatherer([95, 95, 95])
-    results = [check_health(SPECS, gatherer, HealthHistory(tmp_path), rules)[0] for _ in range(3)]
+    results = [
+        check_health(SPECS, gatherer, SampleHistory.in_state_dir(tmp_path), rules)[0]
+        for _ in range(3)
+    ]
     assert [v.action for v in results] == [Action.ALERT, Action.ALERT, Action.DRAIN]
 
 
@@ -104,7 +107,7 @@ def test_the_history_file_is_private_small_and_keeps_the_last_samples(
     rules: HealthRules, tmp_path: Path
 ) -> None:
     state = tmp_path / "state"
-    history = HealthHistory(state, keep=4)
+    history = SampleHistory.in_state_dir(state, keep=4)
     gatherer = ScriptedGatherer([50] * 6)
     for _ in range(6):
         check_health(SPECS, gatherer, history, rules)
@@ -125,7 +128,7 @@ def test_the_history_file_is_private_small_and_keeps_the_last_samples(
 
 
 def test_samples_older_than_the_age_limit_are_dropped(tmp_path: Path) -> None:
-    history = HealthHistory(tmp_path, max_age_s=3600)
+    history = SampleHistory.in_state_dir(tmp_path, max_age_s=3600)
     old = ScriptedGatherer([50], start=1_000.0).gather(SPECS)
     new = ScriptedGatherer([50], start=1_000.0 + 7200).gather(SPECS[:1])
     history.record(old.nodes)
@@ -142,7 +145,7 @@ def test_an_unreadable_history_is_refused_with_a_hint_not_silently_replaced(
 ) -> None:
     (tmp_path / HISTORY_FILE).write_bytes(body)
     with pytest.raises(StateError) as caught:
-        HealthHistory(tmp_path).load()
+        SampleHistory.in_state_dir(tmp_path).load()
     assert caught.value.message.startswith(f"{tmp_path / HISTORY_FILE}: the health history is")
     assert caught.value.hint == f"remove {tmp_path / HISTORY_FILE} to start a new history " + (
         "(it holds only recent samples)"
@@ -155,7 +158,7 @@ def test_an_unreadable_sample_breaks_a_hot_streak_in_the_history(
 ) -> None:
     actions = {}
     for case in ("seen", "blind"):
-        history = HealthHistory(tmp_path / case)
+        history = SampleHistory.in_state_dir(tmp_path / case)
         hot = ScriptedGatherer([95, 95, 95])
         for _ in range(2):  # hot at +30 s and +60 s
             history.record(hot.gather(SPECS).nodes)
@@ -172,12 +175,71 @@ def test_an_unreadable_sample_breaks_a_hot_streak_in_the_history(
     assert actions == {"seen": Action.DRAIN, "blind": Action.ALERT}
 
 
+def test_a_history_in_memory_judges_as_the_history_file_does(
+    rules: HealthRules, tmp_path: Path
+) -> None:
+    """The control loop keeps its samples in memory, one-shot runs in the file: one keeper."""
+    temps = [95, 95, 40, 95, 95, 95, 95]
+    actions = {}
+    for where, history in (
+        ("memory", SampleHistory()),
+        ("file", SampleHistory.in_state_dir(tmp_path)),
+    ):
+        gatherer = ScriptedGatherer(temps)
+        actions[where] = [check_health(SPECS, gatherer, history, rules)[0].action for _ in temps]
+    assert actions["memory"] == actions["file"]
+    assert actions["memory"][-1] is Action.DRAIN and actions["memory"][3] is Action.ALERT
+
+
+def test_a_dashboard_history_keeps_a_sample_per_spacing_and_only_hot_gpus(
+    rules: HealthRules,
+) -> None:
+    history = SampleHistory(keep=10, spacing_s=20.0, hot_from_c=85)
+    start = 1_000_000.0
+    for t in range(61):  # polled every second for a minute, gpu01's card 0 hot
+        nodes = [
+            NodeSnapshot(
+                name="gpu01",
+                reach=Reach.OK,
+                state=NodeState.READY,
+                observation=Observation(
+                    gpus=(
+                        GpuSnapshot(index=0, uuid="GPU-a", temp_c=92, power_w=300.0),
+                        GpuSnapshot(index=1, uuid="GPU-b", temp_c=40),
+                    )
+                ),
+                taken_at=start + t,
+                labels={"rack": "r1"},
+            )
+        ]
+        history.record(nodes)
+    kept = history.load()["gpu01"]
+    assert [s.taken_at - start for s in kept] == [0.0, 20.0, 40.0, 60.0]
+    assert {s.gpus for s in kept} == {(GpuSnapshot(index=0, uuid="GPU-a", temp_c=92),)}
+    assert all(s.labels == {} for s in kept)
+
+
+def test_a_node_gone_from_the_polls_ages_out_of_a_history_in_memory(tmp_path: Path) -> None:
+    history = SampleHistory(max_age_s=3600)
+    history.record(ScriptedGatherer([50], start=1_000.0).gather(SPECS).nodes)
+    history.record(ScriptedGatherer([50], start=1_000.0 + 7200).gather(SPECS[:1]).nodes)
+    assert {name: len(s) for name, s in history.load().items()} == {"gpu01": 1}
+
+
 def test_bad_sample_counts_and_intervals_are_usage_errors(
     rules: HealthRules, tmp_path: Path
 ) -> None:
     with pytest.raises(UsageError, match="--samples must be 1 to 100"):
-        check_health(SPECS, ScriptedGatherer([]), HealthHistory(tmp_path), rules, samples=0)
+        check_health(
+            SPECS, ScriptedGatherer([]), SampleHistory.in_state_dir(tmp_path), rules, samples=0
+        )
     with pytest.raises(UsageError, match="--interval must be 0 or more"):
-        check_health(SPECS, ScriptedGatherer([]), HealthHistory(tmp_path), rules, interval_s=-1.0)
+        check_health(
+            SPECS,
+            ScriptedGatherer([]),
+            SampleHistory.in_state_dir(tmp_path),
+            rules,
+            interval_s=-1.0,
+        )
     assert default_interval_s(rules, 1) == 0.0
     assert default_interval_s(rules, 4) == 20.0
