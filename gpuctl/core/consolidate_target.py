@@ -17,8 +17,9 @@ import itertools
 from collections.abc import Mapping
 
 from gpuctl.core.consolidate import JobFacts, Migration, Pinned, TargetOutcome
-from gpuctl.core.consolidate_work import WNode, Work, clash, model_ok, pin_reason
+from gpuctl.core.consolidate_work import WNode, Work, pin_reason
 from gpuctl.core.fragmentation import WorkloadIndex
+from gpuctl.core.placement.constraints import clash, model_ok
 from gpuctl.core.placement.model import Allocation, FleetState, JobRequest, Settings
 from gpuctl.core.placement.shape import demand_on, limit_mib, request_text
 

@@ -16,13 +16,8 @@ from gpuctl.core.consolidate import JobFacts
 from gpuctl.core.consolidate_doc import age_text
 from gpuctl.core.fit import NodeFree
 from gpuctl.core.fragmentation import WorkloadIndex
-from gpuctl.core.placement.model import (
-    Allocation,
-    FleetState,
-    LabelRequirement,
-    PlacementNode,
-    model_matches,
-)
+from gpuctl.core.placement.constraints import clash, model_ok
+from gpuctl.core.placement.model import Allocation, FleetState, LabelRequirement, PlacementNode
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -141,19 +136,6 @@ class WNode:
                 free[p] = min(self.caps[p] - self.ghost[p], free[p] + self.used_by(a, p))
                 free[p] = max(0, free[p])
         return free, -a.cpu_milli, -a.host_mem_mib
-
-
-def clash(a: Allocation, b: Allocation) -> bool:
-    """May `a` and `b` not share a node (job anti-affinity is symmetric)?"""
-    if a.job in b.avoid_jobs or b.job in a.avoid_jobs:
-        return True
-    if b.group is not None and b.group in a.avoid_groups:
-        return True
-    return a.group is not None and a.group in b.avoid_groups
-
-
-def model_ok(models: tuple[str, ...], card_model: str | None) -> bool:
-    return not models or any(model_matches(m, card_model) for m in models)
 
 
 class Work:

@@ -7,12 +7,11 @@ groups nodes failing for the same reason.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 from gpuctl.core.placement.model import (
     Allocation,
-    Card,
     JobRequest,
-    JobShape,
     PlacementNode,
     model_matches,
 )
@@ -36,7 +35,7 @@ def usable_cards(job: JobRequest, node: PlacementNode) -> list[int] | Reject:
         return Reject("gpu_count", "no healthy GPU" if node.cards else "no GPU")
     usable = healthy
     if shape.gpu_models:
-        usable = [i for i in healthy if model_ok(shape, node.cards[i])]
+        usable = [i for i in healthy if model_ok(shape.gpu_models, node.cards[i].model)]
         if not usable:
             return Reject("gpu_model", f"no card of model {' or '.join(shape.gpu_models)}")
     mib = shape.mem_per_card.mib
@@ -49,13 +48,16 @@ def usable_cards(job: JobRequest, node: PlacementNode) -> list[int] | Reject:
     return usable
 
 
-def model_ok(shape: JobShape, card: Card) -> bool:
-    return any(model_matches(m, card.model) for m in shape.gpu_models)
+def model_ok(models: Sequence[str], card_model: str | None) -> bool:
+    """May a card of `card_model` serve a job asking for one of `models` (any card: none asked)?"""
+    return not models or any(model_matches(m, card_model) for m in models)
 
 
-def clash(job: JobRequest, a: Allocation) -> str | None:
-    """Why `job` may not share a node with allocation `a` (anti-affinity is symmetric)."""
-    if a.job in job.avoid_jobs or job.name in a.avoid_jobs:
+def clash(job: JobRequest | Allocation, a: Allocation) -> str | None:
+    """Why `job` (a request, or a job placed already) may not share a node with allocation `a`,
+    or None: job anti-affinity is symmetric. Placement and consolidation both ask here."""
+    name = job.job if isinstance(job, Allocation) else job.name
+    if a.job in job.avoid_jobs or name in a.avoid_jobs:
         return f"runs job {a.job}"
     if a.group is not None and a.group in job.avoid_groups:
         return f"runs a job of group {a.group}"
