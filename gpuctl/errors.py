@@ -1,13 +1,22 @@
-"""The error family and the one table from error to exit code.
+"""The error family, the exit codes, and the one mapping from error or outcome to exit code.
 
 Every error gpuctl raises on purpose is a `GpuctlError`; the CLI's error boundary prints
 `error: <message>` (and `hint: <hint>`) on stderr and exits with the class's exit code.
-A traceback is shown only with `--debug`.
+A traceback is shown only with `--debug`. A command that ends without an error exits with the
+code of its outcome, from one function per kind of outcome below (`exit_for_poll`,
+`exit_for_plan`, `exit_for_apply`, `exit_for_db_check`, `exit_for_playbook`); `gpuctl health`
+alone exits with Nagios's codes (`core.health_model.Severity.nagios`), as monitoring expects.
+
+3 (PARTIAL) has one meaning per command, documented in the README: a poll or a check that some
+nodes did not answer; a plan (`place`, `consolidate --for`) that left work out; an apply
+(`drain`, `consolidate --apply`) that left moves undone. No command can end both ways (`place`
+with nodes down exits 0 when every job fits), so the code stays what scripts already rely on.
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 
 
 class ExitCode(enum.IntEnum):
@@ -21,6 +30,59 @@ class ExitCode(enum.IntEnum):
     HOST_KEY = 5  # host key unknown or changed: an operator must decide
     STATE = 6  # the state store refuses (corrupt, newer schema, locked)
     INTERRUPTED = 130
+
+
+def exit_for_poll(outcomes: Iterable[str]) -> ExitCode:
+    """A command that reached every node it names, from each node's outcome: `ok`; `failed`
+    (it answered, but what was asked failed or the operator declined it); `host_key`; any other
+    (a `Reach` such as `timeout`) is a node that did not answer.
+
+    5 when any host key is unknown or changed (an operator must decide: before 3 and 4); 4 when
+    no node answered; 3 when some did not; 1 when one that answered failed; else 0."""
+    seen = list(outcomes)
+    if "host_key" in seen:
+        return ExitCode.HOST_KEY
+    silent = sum(1 for o in seen if o not in ("ok", "failed"))
+    if silent:
+        return ExitCode.UNREACHABLE if silent == len(seen) else ExitCode.PARTIAL
+    return ExitCode.ERROR if "failed" in seen else ExitCode.OK
+
+
+def exit_for_plan(*, complete: bool) -> ExitCode:
+    """A plan (`place`, `consolidate --for`): 0 when it fits everything asked, 3 when it left
+    some of it out (each unplaced job or the target's shortfall is explained in the plan)."""
+    return ExitCode.OK if complete else ExitCode.PARTIAL
+
+
+def exit_for_apply(*, complete: bool) -> ExitCode:
+    """An applied plan (`drain`, `consolidate --apply`): 0 when every move was done, 3 when some
+    were left undone (the result says which and why)."""
+    return ExitCode.OK if complete else ExitCode.PARTIAL
+
+
+def exit_for_db_check(*, store_ok: bool, fleet_problems: int, unread_nodes: int) -> ExitCode:
+    """`gpuctl db check [--fleet]`: 6 when the store cannot be trusted; 1 when the fleet does
+    not match it (a job live twice, a stray run, a card over its capacity); 3 when some nodes
+    could not be read (the fleet check is partial); else 0."""
+    if not store_ok:
+        return ExitCode.STATE
+    if fleet_problems:
+        return ExitCode.ERROR
+    return ExitCode.PARTIAL if unread_nodes else ExitCode.OK
+
+
+_PLAYBOOK_EXITS = {
+    "ok": ExitCode.OK,
+    "outside_window": ExitCode.OK,  # nothing to do now: not a failure
+    "failed": ExitCode.ERROR,
+    "stopped": ExitCode.ERROR,
+    "declined": ExitCode.ERROR,
+}
+
+
+def exit_for_playbook(outcome: str) -> ExitCode:
+    """A playbook run's outcome: 0 done (or outside its window), 1 failed, stopped or declined."""
+    return _PLAYBOOK_EXITS[outcome]
 
 
 class GpuctlError(Exception):

@@ -11,7 +11,7 @@ import typer
 
 from gpuctl.cli import context
 from gpuctl.cli.render import OUTPUT_OPTION, Output, emit_document, safe
-from gpuctl.errors import ExitCode, UsageError
+from gpuctl.errors import ExitCode, UsageError, exit_for_apply, exit_for_plan
 
 if TYPE_CHECKING:
     from gpuctl.adapters.protocols import Store
@@ -20,8 +20,6 @@ if TYPE_CHECKING:
     from gpuctl.core.placement.model import JobRequest
     from gpuctl.ops.consolidate import ApplyResult, Window
     from gpuctl.ops.migrate import MigrationResult
-
-PARTIAL_EXIT = ExitCode.PARTIAL  # 3: --for cannot be made to fit; --apply left moves undone
 
 
 def consolidate(
@@ -146,8 +144,7 @@ def _apply(
         emit_document(result.to_dict(), output)
     else:
         sys.stdout.write(safe(render_result(result)))
-    if not result.complete:
-        raise typer.Exit(int(PARTIAL_EXIT))
+    raise typer.Exit(int(exit_for_apply(complete=result.complete)))
 
 
 def _show(plan: ConsolidationPlan, output: Output, stream: TextIO | None = None) -> None:
@@ -160,9 +157,7 @@ def _show(plan: ConsolidationPlan, output: Output, stream: TextIO | None = None)
 
 
 def _exit_for(plan: ConsolidationPlan) -> None:
-    if plan.target is not None and not plan.target.fits:
-        raise typer.Exit(int(PARTIAL_EXIT))
-    raise typer.Exit(int(ExitCode.OK))
+    raise typer.Exit(int(exit_for_plan(complete=plan.target is None or plan.target.fits)))
 
 
 def _ask(question: str) -> None:

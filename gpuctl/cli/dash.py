@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from gpuctl.cli import context, fleet
+from gpuctl.errors import exit_for_poll
 
 
 def dash(
@@ -67,7 +68,7 @@ def dash(
         finally:
             services.close()
         sys.stdout.write(once_text(data))
-        raise typer.Exit(int(fleet.exit_code_for(data.snapshot)))
+        raise typer.Exit(int(exit_for_poll(n.reach for n in data.snapshot.nodes)))
     from gpuctl.tui.app import DashApp
 
     DashApp(services, refresh_s=refresh, readonly=readonly).run()

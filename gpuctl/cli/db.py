@@ -10,7 +10,7 @@ import typer
 
 from gpuctl.cli import context
 from gpuctl.cli.render import OUTPUT_OPTION, Output, emit_document, safe
-from gpuctl.errors import ExitCode
+from gpuctl.errors import exit_for_db_check
 
 if TYPE_CHECKING:
     from gpuctl.ops.fleetcheck import FleetCheck
@@ -74,20 +74,20 @@ def check(
                 f"hint: the disk that holds {report.state_dir} is full (a full disk damages "
                 "nothing): free space there, then run gpuctl db check again\n"
             )
-            raise typer.Exit(int(ExitCode.STATE))
-        sys.stderr.write(
-            f"hint: gpuctl refuses to change state it cannot trust; restore {report.database} "
-            "from a backup, or move it (and store.id beside it) aside to start empty\n"
-        )
-        raise typer.Exit(int(ExitCode.STATE))
-    if found is not None and found.problems:
+        else:
+            sys.stderr.write(
+                f"hint: gpuctl refuses to change state it cannot trust; restore {report.database} "
+                "from a backup, or move it (and store.id beside it) aside to start empty\n"
+            )
+    elif found is not None and found.problems:
         sys.stderr.write(f"the fleet does not match the store: {len(found.problems)} problem(s)\n")
-        raise typer.Exit(int(ExitCode.ERROR))
-    if found is not None and found.unreadable:
+    elif found is not None and found.unreadable:
         sys.stderr.write(
             f"{len(found.unreadable)} node(s) could not be read: the check is partial\n"
         )
-        raise typer.Exit(int(ExitCode.PARTIAL))
+    problems, unread = (len(found.problems), len(found.unreadable)) if found else (0, 0)
+    code = exit_for_db_check(store_ok=report.healthy, fleet_problems=problems, unread_nodes=unread)
+    raise typer.Exit(int(code))
 
 
 def _check_fleet(ctx: typer.Context) -> FleetCheck:

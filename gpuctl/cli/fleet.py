@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 import typer
 
 from gpuctl.cli import context
-from gpuctl.core.model import FleetSnapshot, Inventory, NodeSpec, Reach
-from gpuctl.errors import ExitCode, UsageError
+from gpuctl.core.model import FleetSnapshot, Inventory, NodeSpec
+from gpuctl.errors import UsageError
 
 if TYPE_CHECKING:
     from gpuctl.adapters.protocols import Store, Transport
@@ -62,17 +62,6 @@ def gather(ctx: typer.Context, nodes: tuple[NodeSpec, ...]) -> FleetSnapshot:
         ) as bar:
             task = bar.add_task("gather", total=len(nodes))
             return gatherer.gather(nodes, progress=lambda *_: bar.advance(task))
-
-
-def exit_code_for(fleet: FleetSnapshot) -> ExitCode:
-    """0: every node answered; 3: some did not; 4: none did; 5 (before 3 and 4): some node's host
-    key is unknown or changed, which an operator must decide on (documented in the README)."""
-    if any(n.reach is Reach.HOST_KEY for n in fleet.nodes):
-        return ExitCode.HOST_KEY
-    answered = sum(1 for n in fleet.nodes if n.reach is Reach.OK)
-    if answered == len(fleet.nodes):
-        return ExitCode.OK
-    return ExitCode.PARTIAL if answered else ExitCode.UNREACHABLE
 
 
 @contextlib.contextmanager

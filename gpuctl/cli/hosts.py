@@ -11,7 +11,7 @@ import typer
 from gpuctl.cli import context
 from gpuctl.cli.render import OUTPUT_OPTION, Output, emit_document, safe
 from gpuctl.core.model import Inventory, NodeSpec
-from gpuctl.errors import ExitCode, UsageError
+from gpuctl.errors import ExitCode, UsageError, exit_for_poll
 
 if TYPE_CHECKING:
     from gpuctl.adapters.ssh import SshTransport
@@ -99,13 +99,13 @@ def trust(
         offered = fanout(
             nodes, lambda n: fetch_host_key(n, n.connect_timeout_s, prefer=recorded[n.name])
         )
-    codes: list[ExitCode] = []
+    outcomes: list[str] = []  # per node, for exit_for_poll
     for node in nodes:
         got = offered[node.name]
         where = kh.node_where(node)
         if isinstance(got, TransportError):
             _note(f"error: {got.message}")
-            codes.append(ExitCode.UNREACHABLE)
+            outcomes.append("unreachable")
             continue
         if isinstance(got, Exception):
             raise got
@@ -114,7 +114,7 @@ def trust(
         verdict = kh.verdict(recorded[node.name], key_type, key.asbytes())
         if verdict.trusted is not None:
             _note(f"{where}: already trusted ({verdict.trusted.where})")
-            codes.append(ExitCode.OK)
+            outcomes.append("ok")
             continue
         changed = bool(verdict.recorded)
         if changed:
@@ -125,29 +125,20 @@ def trust(
             )
             if not replace:
                 _note(f"refused: check the new key, then: gpuctl hosts trust --replace {node.name}")
-                codes.append(ExitCode.HOST_KEY)
+                outcomes.append("host_key")
                 continue
         question = f"{'Replace the key of' if changed else 'Trust'} {node.name} ({key_type} {fp})?"
         if not yes and not _confirm(question):
             _note(f"{where}: not recorded")
-            codes.append(ExitCode.ERROR)
+            outcomes.append("failed")  # declined: not recorded
             continue
         record_host_key(target, node, key, replace=changed)
         _note(f"{where}: recorded in {target}")
         stale = [k for k in verdict.recorded if k.path != str(target)]
         if stale:
             _note(f"note: {stale[0].where} still holds the old key; remove it there")
-        codes.append(ExitCode.OK)
-    raise typer.Exit(int(_overall(codes)))
-
-
-def _overall(codes: list[ExitCode]) -> ExitCode:
-    if ExitCode.HOST_KEY in codes:
-        return ExitCode.HOST_KEY
-    unreachable = codes.count(ExitCode.UNREACHABLE)
-    if unreachable:
-        return ExitCode.UNREACHABLE if unreachable == len(codes) else ExitCode.PARTIAL
-    return ExitCode.ERROR if ExitCode.ERROR in codes else ExitCode.OK
+        outcomes.append("ok")
+    raise typer.Exit(int(exit_for_poll(outcomes)))
 
 
 @app.command("list")

@@ -16,7 +16,7 @@ from gpuctl.cli import context
 from gpuctl.cli.fleet import open_state
 from gpuctl.cli.numbers_view import human_s
 from gpuctl.cli.render import OUTPUT_OPTION, Output, emit_document, safe
-from gpuctl.errors import UsageError
+from gpuctl.errors import ExitCode, UsageError
 
 if TYPE_CHECKING:
     from gpuctl.ops.jobs import JobDetail, JobView
@@ -182,7 +182,7 @@ def _confirm(job_id: str, question: str) -> None:
             f"not cancelling {job_id}: no terminal to confirm at", hint="pass --yes to cancel"
         )
     if not typer.confirm(question, default=False, err=True):
-        raise typer.Exit(1)
+        raise typer.Exit(int(ExitCode.ERROR))  # declined: nothing changed
 
 
 # --- rendering --------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ import typer
 
 from gpuctl.cli import context, fleet
 from gpuctl.cli.render import safe
-from gpuctl.errors import ExitCode, UsageError
+from gpuctl.errors import ExitCode, UsageError, exit_for_poll
 
 if TYPE_CHECKING:
     from gpuctl.ops.metrics import Reading, Refresher
@@ -88,11 +88,10 @@ def dump(ctx: typer.Context, from_store: bool = FROM_STORE, rules: Path | None =
     sys.stdout.write(exposition(reading).decode("utf-8"))
     sys.stdout.flush()
     _log_refresh(reading, None)
-    down = [n for n in reading.nodes if n.up is False]
-    if reading.source == "store" or not down:
+    if reading.source == "store":  # no poll: what the store says of the nodes is no answer
         raise typer.Exit(int(ExitCode.OK))
-    partial = len(down) < len(reading.nodes)
-    raise typer.Exit(int(ExitCode.PARTIAL if partial else ExitCode.UNREACHABLE))
+    answers = ("unreachable" if n.up is False else "ok" for n in reading.nodes)
+    raise typer.Exit(int(exit_for_poll(answers)))
 
 
 @contextmanager

@@ -20,7 +20,7 @@ import typer
 
 from gpuctl.cli import context
 from gpuctl.cli.render import OUTPUT_OPTION, Output, emit_document, safe
-from gpuctl.errors import ExitCode, UsageError
+from gpuctl.errors import ExitCode, UsageError, exit_for_apply
 
 if TYPE_CHECKING:
     from gpuctl.adapters.protocols import Clock, Store
@@ -134,8 +134,7 @@ def drain(
         emit_document(result.to_dict(), output)
     else:
         sys.stdout.write(render_result(result))
-    if not result.complete:
-        raise typer.Exit(int(ExitCode.PARTIAL))
+    raise typer.Exit(int(exit_for_apply(complete=result.complete)))
 
 
 # --- building blocks (tests replace `build_loop`) ------------------------------------------

@@ -8,6 +8,7 @@ from gpuctl.cli import fleet
 from gpuctl.cli.fleet_view import fleet_document, render_fleet, stdout_console
 from gpuctl.cli.node_view import node_detail
 from gpuctl.cli.render import OUTPUT_OPTION, Output, emit_document
+from gpuctl.errors import exit_for_poll
 
 app = typer.Typer(help="Nodes of the inventory, as they answer now.", no_args_is_help=True)
 
@@ -26,7 +27,7 @@ def list_nodes(
     snapshot = fleet.gather(ctx, fleet.select(inventory, names or []))
     specs = inventory.by_name()
     render_fleet(snapshot, specs, output)
-    raise typer.Exit(int(fleet.exit_code_for(snapshot)))
+    raise typer.Exit(int(exit_for_poll(n.reach for n in snapshot.nodes)))
 
 
 @app.command("show")
@@ -39,4 +40,4 @@ def show_node(ctx: typer.Context, name: str, output: Output = OUTPUT_OPTION) -> 
         emit_document(fleet_document(snapshot, inventory.by_name())["nodes"][0], output)
     else:
         node_detail(stdout_console(), snapshot.nodes[0], spec)
-    raise typer.Exit(int(fleet.exit_code_for(snapshot)))
+    raise typer.Exit(int(exit_for_poll(n.reach for n in snapshot.nodes)))

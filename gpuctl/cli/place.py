@@ -12,9 +12,7 @@ from gpuctl.cli.render import OUTPUT_OPTION, Output, emit_document, safe
 from gpuctl.core.model import FleetSnapshot
 from gpuctl.core.placement.model import Settings
 from gpuctl.core.policies import DEFAULT_POLICY, POLICIES
-from gpuctl.errors import ExitCode, UsageError
-
-UNPLACED_EXIT = ExitCode.PARTIAL  # 3: the plan left some jobs unplaced (documented in docs/jobs.md)
+from gpuctl.errors import UsageError, exit_for_plan
 
 
 def place(
@@ -66,7 +64,7 @@ def place(
     else:
         text = render_plan_text(result, explain, wide=output is Output.WIDE)
         sys.stdout.write(safe(text))
-    raise typer.Exit(int(ExitCode.OK if result.all_placed else UNPLACED_EXIT))
+    raise typer.Exit(int(exit_for_plan(complete=result.all_placed)))
 
 
 def _settings(

@@ -19,7 +19,7 @@ import typer
 
 from gpuctl.cli import context
 from gpuctl.cli.render import OUTPUT_OPTION, Output, emit_document, safe
-from gpuctl.errors import UsageError
+from gpuctl.errors import UsageError, exit_for_playbook
 
 if TYPE_CHECKING:
     from gpuctl.core.model import Inventory
@@ -29,7 +29,6 @@ if TYPE_CHECKING:
 
 app = typer.Typer(help="Scripted runbooks: check and run playbooks.", no_args_is_help=True)
 FILE = typer.Argument(..., metavar="FILE", help="A playbook file (YAML).")
-EXIT = {"ok": 0, "outside_window": 0, "failed": 1, "stopped": 1, "declined": 1}
 
 
 @app.command("check")
@@ -117,7 +116,7 @@ def run(
     finally:
         close()
     _show_report(report, output)
-    raise typer.Exit(EXIT[report.outcome])
+    raise typer.Exit(int(exit_for_playbook(report.outcome)))
 
 
 def _window(text: str | None) -> tuple[bool, TimeWindow | None]:

@@ -14,7 +14,7 @@ import typer
 
 from gpuctl.cli import context, fleet
 from gpuctl.cli.render import safe
-from gpuctl.errors import StateError
+from gpuctl.errors import StateError, exit_for_poll
 
 if TYPE_CHECKING:
     from gpuctl.adapters.protocols import Store
@@ -69,7 +69,7 @@ def report(
         sys.stdout.write(json.dumps(doc, indent=2, allow_nan=False) + "\n")
     else:
         sys.stdout.write(service.markdown(doc))
-    raise typer.Exit(int(fleet.exit_code_for(snapshot)))
+    raise typer.Exit(int(exit_for_poll(n.reach for n in snapshot.nodes)))
 
 
 def _history(ctx: typer.Context) -> History:

@@ -13,7 +13,7 @@ from gpuctl.cli.fleet_view import fleet_document, print_table, render_fleet
 from gpuctl.cli.numbers_view import fleet_line, numbers_line
 from gpuctl.cli.render import OUTPUT_OPTION, Output, emit_document, safe
 from gpuctl.core.model import FleetSnapshot
-from gpuctl.errors import StateError
+from gpuctl.errors import StateError, exit_for_poll
 
 
 def status(ctx: typer.Context, output: Output = OUTPUT_OPTION) -> None:
@@ -36,7 +36,7 @@ def status(ctx: typer.Context, output: Output = OUTPUT_OPTION) -> None:
         render_fleet(snapshot, specs, output)
         if figures is not None:
             sys.stdout.write("\n" + fleet_line(figures) + numbers_line(figures))
-    raise typer.Exit(int(fleet.exit_code_for(snapshot)))
+    raise typer.Exit(int(exit_for_poll(n.reach for n in snapshot.nodes)))
 
 
 def _numbers(ctx: typer.Context, snapshot: FleetSnapshot) -> dict[str, Any] | None:
