@@ -125,6 +125,7 @@ def test_list_json_is_one_document_of_every_resolved_field() -> None:
                 "host": "solo",
                 "port": 22,
                 "user": None,
+                "allow_root": False,
                 "key_file": None,
                 "known_hosts": [],
                 "labels": {},

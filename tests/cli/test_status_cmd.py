@@ -137,7 +137,7 @@ def test_a_key_file_with_a_passphrase_is_an_auth_failure_of_its_node(tmp_path: P
     key = write_key(tmp_path / "id_key", "openssh", b"correct horse")
     inventory = tmp_path / "fleet.yaml"
     inventory.write_text(
-        f"nodes:\n  - {{name: gpu01, host: 127.0.0.1, port: 1, key_file: {key}}}\n"
+        f"nodes:\n  - {{name: gpu01, host: 127.0.0.1, port: 1, user: ops, key_file: {key}}}\n"
     )
     state = tmp_path / "state"
     result = CliRunner().invoke(app, ["-i", str(inventory), "--state-dir", str(state), "status"])
