@@ -188,6 +188,6 @@ def _index(workload: Workload) -> WorkloadIndex:
 
 
 def _no_jobs() -> dict[str, Any]:
-    from gpuctl.core import numbers as core_numbers
+    from gpuctl.core import jobfigures
 
-    return core_numbers.fleet_numbers((), (), {}, 0.0).to_dict()
+    return jobfigures.job_figures((), (), {}, 0.0).to_dict()

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpuctl.adapters.protocols import Store
-from gpuctl.core import numbers as core_numbers
+from gpuctl.core import jobfigures as core_numbers
 from gpuctl.core.health import HealthRules, NodeVerdict, evaluate_fleet
 from gpuctl.core.jobs import Event
 from gpuctl.core.model import FleetSnapshot, Inventory, NodeSnapshot, Reach
@@ -76,7 +76,7 @@ def build_report(
     if store is not None:
         windowed = jobspecs.fleet_numbers(store, now, window_s=window_s)
     else:
-        windowed = core_numbers.fleet_numbers((), (), {}, now, window_s=window_s).to_dict()
+        windowed = core_numbers.job_figures((), (), {}, now, window_s=window_s).to_dict()
     avg_mib = None if store is None else _allocated_avg_mib(store, now, window_s)
     capacity = now_numbers["capacity_mib"]
     windowed["allocated_avg_mib"] = avg_mib

@@ -10,7 +10,7 @@ from typing import Any
 
 from gpuctl.adapters.protocols import Clock, Store
 from gpuctl.config.jobspec_files import LoadedSpec
-from gpuctl.core import numbers as core_numbers
+from gpuctl.core import jobfigures as core_numbers
 from gpuctl.core.jobs import Checkpoint, Event, Incarnation, Job, JobState
 from gpuctl.errors import GpuctlError, JobSpecError, StateError, StoreConflict
 from gpuctl.ops.jobs.spec import new_job_id, resolve_secrets, stored_spec
@@ -286,7 +286,7 @@ def fleet_numbers(
             found = store.checkpoints(j.id)
             if found:
                 newest[j.id] = found[0]
-    result = core_numbers.fleet_numbers(
+    result = core_numbers.job_figures(
         jobs, incs, newest, now, window_s=window_s, restart_budget_s=restart_budget_s
     )
     return result.to_dict()

@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpuctl.core.jobfigures import job_figures, percentile
 from gpuctl.core.jobs import (
     Checkpoint,
     EndReason,
@@ -15,7 +16,6 @@ from gpuctl.core.jobs import (
     Job,
     JobState,
 )
-from gpuctl.core.numbers import fleet_numbers, percentile
 
 NOW = 100_000.0
 HOUR = 3600.0
@@ -83,7 +83,7 @@ def test_nearest_rank_percentiles() -> None:
 
 
 def test_an_empty_store_has_every_number_undefined() -> None:
-    n = fleet_numbers([], [], {}, NOW)
+    n = job_figures([], [], {}, NOW)
     assert n.queue_wait_p50_s is None
     assert n.queue_oldest_wait_s is None
     assert n.checkpoint_age_max_s is None
@@ -105,7 +105,7 @@ def test_queue_wait_is_submit_to_first_start_within_the_window() -> None:
         # requeued after a failover: it has started before, so it is not "still waiting"
         job("requeued", JobState.QUEUED, submitted=NOW - 2e5, started=NOW - 1e5),
     ]
-    n = fleet_numbers(jobs, [], {}, NOW)
+    n = job_figures(jobs, [], {}, NOW)
     assert n.queue_started == 4
     assert n.queue_wait_p50_s == 30.0  # rank 2 of [10, 30, 60, 120]
     assert n.queue_wait_p95_s == 120.0  # rank 4
@@ -120,7 +120,7 @@ def test_checkpoint_age_is_max_and_p95_over_running_jobs() -> None:
         job("done", JobState.SUCCEEDED, started=NOW - 5000),
     ]
     newest = {"a": ckpt("a", NOW - 60), "b": ckpt("b", NOW - 300), "done": ckpt("done", 0.0)}
-    n = fleet_numbers(jobs, [], newest, NOW)
+    n = job_figures(jobs, [], newest, NOW)
     assert (n.checkpoint_running_jobs, n.checkpoint_missing) == (3, 1)
     assert n.checkpoint_age_max_s == 300.0
     assert n.checkpoint_oldest_job == "b"
@@ -150,7 +150,7 @@ def test_failover_success_counts_restarts_running_again_within_the_budget() -> N
         inc("g", 1, t - 100, ended=t, reason=EndReason.NODE_LOST, state=IncarnationState.KILLED),
     ]
     jobs = [job(j) for j in "abcdef"] + [job("g", JobState.CANCELLED, updated=t + 60)]
-    n = fleet_numbers(jobs, incs, {}, NOW)
+    n = job_figures(jobs, incs, {}, NOW)
     assert (n.failovers_attempted, n.failovers_succeeded, n.failovers_pending) == (4, 2, 1)
     assert n.failover_success_pct == 50.0
 
@@ -161,10 +161,10 @@ def test_the_restart_budget_and_window_are_parameters() -> None:
         inc("b", 1, t - 100, ended=t, reason=EndReason.PREEMPTED),
         inc("b", 2, t + 660),
     ]
-    assert fleet_numbers([job("b")], incs, {}, NOW, restart_budget_s=900).failover_success_pct == (
+    assert job_figures([job("b")], incs, {}, NOW, restart_budget_s=900).failover_success_pct == (
         100.0
     )
-    outside = fleet_numbers([job("b")], incs, {}, NOW, window_s=1000)
+    outside = job_figures([job("b")], incs, {}, NOW, window_s=1000)
     assert (outside.failovers_attempted, outside.failover_success_pct) == (0, None)
 
 
@@ -185,7 +185,7 @@ def test_preemption_rate_per_hour_and_share_of_spot_jobs() -> None:
         inc("s3", 1, NOW - 7000),
         inc("std", 1, NOW - 7000, ended=NOW - 10, reason=EndReason.PREEMPTED),  # not spot
     ]
-    n = fleet_numbers(jobs, incs, {}, NOW)
+    n = job_figures(jobs, incs, {}, NOW)
     # 3 spot preemptions over the 2 hours since the first submission (shorter than the window)
     assert n.preemptions == 3
     assert n.preemptions_per_hour == pytest.approx(1.5)
@@ -194,11 +194,11 @@ def test_preemption_rate_per_hour_and_share_of_spot_jobs() -> None:
 
 
 def test_numbers_serialise_with_units_in_their_names() -> None:
-    doc = fleet_numbers([job("a", started=NOW - 10)], [], {}, NOW).to_dict()
+    doc = job_figures([job("a", started=NOW - 10)], [], {}, NOW).to_dict()
     assert doc["checkpoint_age_max_s"] == 10.0
     assert doc["failover_success_pct"] is None
     assert all(isinstance(k, str) for k in doc)
-    assert dataclasses.is_dataclass(fleet_numbers([], [], {}, NOW))
+    assert dataclasses.is_dataclass(job_figures([], [], {}, NOW))
 
 
 @settings(max_examples=60, deadline=None)
@@ -225,7 +225,7 @@ def test_failover_and_preemption_figures_stay_in_range(rows: list[Any]) -> None:
             inc(jid, seen[jid], NOW - ago, ended=ended, reason=reason, pid=100 if pid else None)
         )
     jobs = [job(f"j{j}", tier="spot" if j % 2 else "standard") for j in range(4)]
-    n = fleet_numbers(jobs, incs, {}, NOW)
+    n = job_figures(jobs, incs, {}, NOW)
     assert 0 <= n.failovers_succeeded <= n.failovers_attempted
     assert (n.failover_success_pct is None) == (n.failovers_attempted == 0)
     if n.failover_success_pct is not None:

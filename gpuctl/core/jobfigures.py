@@ -1,6 +1,6 @@
-"""The fleet's job numbers, from the store's records: queue wait, checkpoint age, failover success
-and preemption rate. Pure: records and `now` in, one frozen value out; `None` where a number is
-undefined (nothing to measure), never 0 in its place.
+"""The fleet's job figures, four of the five numbers, from the store's records: queue wait,
+checkpoint age, failover success and preemption rate. Pure: records and `now` in, one frozen
+value out; `None` where a number is undefined (nothing to measure), never 0 in its place.
 
 Definitions (docs/design.md, in words and here in code):
 
@@ -37,7 +37,7 @@ FAILOVER_REASONS = frozenset({EndReason.NODE_LOST, EndReason.DRAINED, EndReason.
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class FleetNumbers:
+class JobFigures:
     now: float
     window_s: float
     restart_budget_s: float
@@ -69,6 +69,11 @@ class FleetNumbers:
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> JobFigures:
+        """Inverse of `to_dict` (keys it does not write are ignored)."""
+        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls)})
+
 
 def percentile(values: Sequence[float], p: float) -> float | None:
     """Nearest-rank percentile (p in (0, 100]); None for no values."""
@@ -79,7 +84,7 @@ def percentile(values: Sequence[float], p: float) -> float | None:
     return ordered[rank - 1]
 
 
-def fleet_numbers(
+def job_figures(
     jobs: Iterable[Job],
     incarnations: Iterable[Incarnation],
     newest_checkpoints: Mapping[str, Checkpoint],
@@ -87,7 +92,7 @@ def fleet_numbers(
     *,
     window_s: float = DEFAULT_WINDOW_S,
     restart_budget_s: float = DEFAULT_RESTART_BUDGET_S,
-) -> FleetNumbers:
+) -> JobFigures:
     """The numbers at `now`. `newest_checkpoints`: job id -> its newest committed checkpoint."""
     jobs = list(jobs)
     incs = list(incarnations)
@@ -98,7 +103,7 @@ def fleet_numbers(
     preempted, per_hour, spot, spot_preempted, spot_pct = _preemptions(
         jobs, incs, start, now, window_s
     )
-    return FleetNumbers(
+    return JobFigures(
         now=now,
         window_s=window_s,
         restart_budget_s=restart_budget_s,
