@@ -145,19 +145,22 @@ def fill_store(state_dir: Path, nodes: int, gpus: int, running: int, queued: int
     """`running` jobs with a 40 GiB slice each, spread over the fleet, and `queued` jobs asking
     for more than any node has (so each has a reason to wait)."""
     from gpuctl.adapters.store import open_store
+    from gpuctl.config.jobspec import spec_from_data
 
     now = time.time()
     store = open_store(state_dir, write=True)
     try:
         for j in range(running + queued):
             big = j >= running
-            spec = {
-                "name": f"job-{j}",
-                "command": ["python", "train.py"],
-                "resources": {"gpus": 16, "mem_per_gpu": "whole"}
-                if big
-                else {"mem_per_gpu": "40GiB"},
-            }
+            spec = spec_from_data(
+                {
+                    "name": f"job-{j}",
+                    "command": ["python", "train.py"],
+                    "resources": {"gpus": 16, "mem_per_gpu": "whole"}
+                    if big
+                    else {"mem_per_gpu": "40GiB"},
+                }
+            )
             job = Job(f"job-{j}", f"job-{j}", spec, JobState.QUEUED, 0, "standard", now - 600)
             store.add_job(job, Event(now - 600, "bench", "submit", f"submitted job-{j}", job.id))
             if big:

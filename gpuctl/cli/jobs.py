@@ -213,7 +213,7 @@ def render_list(views: list[JobView], now: float, *, wide: bool = False) -> str:
         row.append(human_s(now - job.submitted_at))
         if wide:
             row += [human_s(_waited(job)), str(job.restarts), job.reason or "-"]
-            row.append(" ".join(job.spec.get("command") or []))
+            row.append(" ".join(job.spec.command))
         else:
             row.append(job.reason or "-")
         rows.append(row)
@@ -257,7 +257,7 @@ def render_detail(detail: JobDetail, now: float) -> str:
             f"(incarnation {ckpt.incarnation}, {ckpt.path})",
         ),
         ("submitted", f"{_at(job.submitted_at)}  (waited {human_s(waited)})"),
-        ("command", " ".join(job.spec.get("command") or [])),
+        ("command", " ".join(job.spec.command)),
     ]
     out = "".join(f"{k:<12} {v}\n" for k, v in lines)
     if detail.incarnations:

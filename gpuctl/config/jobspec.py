@@ -33,20 +33,38 @@ min_runtime_between_moves: 30m   # consolidation leaves it alone this long after
 
 The models here check each field (a bad value is one `JobSpecError` naming its field, once read
 through `config.jobspec_files`, which also does the checks across fields and files and resolves
-paths); `to_request` turns a validated `JobSpec` into a placement request.
+paths); `to_spec` turns a validated `JobSpecModel` into the core's typed `JobSpec`, once, at submit
+(`spec_document` writes it back with a spec file's keys, for `gpuctl jobs show -o json`).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Annotated, Any, Literal
 
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
+from gpuctl.core.jobspec import (
+    DEFAULT_GRACE_S,
+    DEFAULT_MIN_RUNTIME_BETWEEN_MOVES_S,
+    DEFAULT_RESTART_BUDGET,
+    CheckpointPolicy,
+    CheckpointSync,
+    JobPolicy,
+    JobSpec,
+    SecretRef,
+    SliceEnforcement,
+)
 from gpuctl.core.placement.model import JobRequest, JobShape, LabelRequirement, Tier
-from gpuctl.core.units import UnitError, parse_cpu_milli, parse_mem_mib, parse_mem_per_card
+from gpuctl.core.units import (
+    MemPerCard,
+    UnitError,
+    parse_cpu_milli,
+    parse_mem_mib,
+    parse_mem_per_card,
+)
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
@@ -55,10 +73,6 @@ RESERVED_ENV_PREFIX = "GPUCTL_"
 RESERVED_ENV = frozenset(
     {"CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"}
 )
-JOB_ID_PLACEHOLDER = "{job_id}"
-DEFAULT_RESTART_BUDGET = 3
-DEFAULT_GRACE_S = 30.0
-DEFAULT_MIN_RUNTIME_BETWEEN_MOVES_S = 1800.0
 MAX_MIN_RUNTIME_BETWEEN_MOVES_S = 7 * 86400.0
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|min|h|d)?\s*$")
 _DURATION_UNIT_S = {"s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
@@ -147,7 +161,7 @@ def _env_value(value: Any) -> Any:
 
 def _secret_item(value: Any) -> Any:
     """A secret's name. `NAME: {file: PATH}` items were split off into `secret_files` before
-    this runs (`JobSpec._split_secret_files`); one still here is malformed: say how."""
+    this runs (`JobSpecModel._split_secret_files`); one still here is malformed: say how."""
     shape = "must be a NAME, or NAME: {file: PATH}"
     if isinstance(value, str):
         _check_env_name(value)
@@ -249,7 +263,7 @@ class CheckpointSpec(_Strict):
     sync: Literal["shared", "pull"] = "pull"
 
 
-class JobSpec(_Strict):
+class JobSpecModel(_Strict):
     name: Name
     command: Annotated[list[CommandArg], Field(min_length=1)] | None = None
     resources: Resources
@@ -295,7 +309,7 @@ class JobSpec(_Strict):
         return {**data, "secret_env": names, "secret_files": files}
 
     @pydantic.model_validator(mode="after")
-    def _files_are_of_listed_secrets(self) -> JobSpec:
+    def _files_are_of_listed_secrets(self) -> JobSpecModel:
         unlisted = sorted(set(self.secret_files) - set(self.secret_env))
         if unlisted:
             raise ValueError(f"secret_files names secrets not in secret_env: {unlisted}")
@@ -307,7 +321,7 @@ class JobSpec(_Strict):
 
 
 class JobListFile(_Strict):
-    jobs: Annotated[list[JobSpec], Field(min_length=1)]
+    jobs: Annotated[list[JobSpecModel], Field(min_length=1)]
 
 
 def _requirements(match: dict[str, str | list[str]]) -> tuple[LabelRequirement, ...]:
@@ -320,10 +334,11 @@ def _requirements(match: dict[str, str | list[str]]) -> tuple[LabelRequirement, 
     return tuple(out)
 
 
-def to_request(spec: JobSpec) -> JobRequest:
-    r = spec.resources
-    return JobRequest(
-        name=spec.name,
+def to_spec(model: JobSpecModel) -> JobSpec:
+    """The core's typed spec of a validated spec file: what gpuctl submits and stores."""
+    r = model.resources
+    request = JobRequest(
+        name=model.name,
         shape=JobShape(
             gpus=r.gpus,
             mem_per_card=parse_mem_per_card(r.mem_per_gpu),
@@ -331,13 +346,97 @@ def to_request(spec: JobSpec) -> JobRequest:
             cpu_milli=0 if r.cpu is None else parse_cpu_milli(r.cpu),
             host_mem_mib=0 if r.host_mem is None else parse_mem_mib(r.host_mem),
         ),
-        tier=Tier(spec.tier),
-        priority=spec.priority,
-        labels=dict(spec.labels),
-        node_affinity=_requirements(spec.affinity.nodes),
-        node_anti_affinity=_requirements(spec.affinity.avoid_nodes),
-        group=spec.group,
-        avoid_jobs=tuple(spec.affinity.avoid_jobs),
-        avoid_groups=tuple(spec.affinity.avoid_groups),
-        command=tuple(spec.command or ()),
+        tier=Tier(model.tier),
+        priority=model.priority,
+        labels=dict(model.labels),
+        node_affinity=_requirements(model.affinity.nodes),
+        node_anti_affinity=_requirements(model.affinity.avoid_nodes),
+        group=model.group,
+        avoid_jobs=tuple(model.affinity.avoid_jobs),
+        avoid_groups=tuple(model.affinity.avoid_groups),
     )
+    policy = JobPolicy(
+        grace_s=model.grace_s,
+        restart_budget=model.restart_budget,
+        checkpoint=CheckpointPolicy(model.checkpoint.dir, CheckpointSync(model.checkpoint.sync)),
+        slice_enforcement=SliceEnforcement(model.slice_enforcement),
+        disruptible=model.disruptible,
+        min_runtime_between_moves_s=model.min_runtime_between_moves,
+    )
+    return JobSpec(
+        request=request,
+        policy=policy,
+        command=tuple(model.command or ()),
+        workdir=model.workdir,
+        env=dict(model.env),
+        secrets=tuple(SecretRef(n, model.secret_files.get(n)) for n in model.secret_env),
+    )
+
+
+def spec_from_data(data: Mapping[str, Any]) -> JobSpec:
+    """A spec written as plain data (a spec file's keys), validated: for tests and benchmarks,
+    which build specs in code. A bad value raises pydantic's ValidationError."""
+    return to_spec(JobSpecModel.model_validate(dict(data)))
+
+
+def spec_document(spec: JobSpec) -> dict[str, Any]:
+    """The spec with a spec file's keys, every one (`gpuctl jobs show -o json` always showed the
+    stored spec so), sizes in GiB or MiB and CPU in cores or milli-cores as the typed spec holds
+    them. `spec_from_data` reads it back (a CPU-only spec without its card keys)."""
+    req, policy = spec.request, spec.policy
+    shape = req.shape
+    resources: dict[str, Any] = {
+        "gpus": shape.gpus,
+        "cpu": _cpu_text(shape.cpu_milli) if shape.cpu_milli else None,
+        "host_mem": _mib_text(shape.host_mem_mib) if shape.host_mem_mib else None,
+    }
+    if shape.gpus:  # CPU only: a spec file says nothing of cards
+        resources["mem_per_gpu"] = _mem_text(shape.mem_per_card)
+        resources["gpu_models"] = list(shape.gpu_models)
+    data: dict[str, Any] = {
+        "name": spec.name,
+        "command": list(spec.command) or None,
+        "resources": resources,
+        "tier": req.tier.value,
+        "priority": req.priority,
+        "group": req.group,
+        "labels": dict(req.labels),
+        "affinity": {
+            "nodes": _match(req.node_affinity),
+            "avoid_nodes": _match(req.node_anti_affinity),
+            "avoid_jobs": list(req.avoid_jobs),
+            "avoid_groups": list(req.avoid_groups),
+        },
+        "workdir": spec.workdir,
+        "env": dict(spec.env),
+        "secret_env": [s.name for s in spec.secrets],
+        "secret_files": {s.name: s.file for s in spec.secrets if s.file is not None},
+        "checkpoint": {"dir": policy.checkpoint.dir, "sync": policy.checkpoint.sync.value},
+        "restart_budget": policy.restart_budget,
+        "grace_s": policy.grace_s,
+        "slice_enforcement": policy.slice_enforcement.value,
+        "disruptible": policy.disruptible,
+        "min_runtime_between_moves": policy.min_runtime_between_moves_s,
+    }
+    return JobSpecModel.model_validate(data).model_dump(mode="json")
+
+
+def _mib_text(mib: int) -> str:
+    return f"{mib // 1024}GiB" if mib % 1024 == 0 else f"{mib}MiB"
+
+
+def _mem_text(mem: MemPerCard) -> str | float:
+    if mem.whole:
+        return "whole"
+    if mem.fraction is not None:
+        return mem.fraction
+    assert mem.mib is not None
+    return _mib_text(mem.mib)
+
+
+def _cpu_text(milli: int) -> str | int:
+    return milli // 1000 if milli % 1000 == 0 else f"{milli}m"
+
+
+def _match(reqs: tuple[LabelRequirement, ...]) -> dict[str, str | list[str]]:
+    return {r.key: list(r.values) if r.values else ANY_VALUE for r in reqs}

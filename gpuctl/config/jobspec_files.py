@@ -1,10 +1,10 @@
 """Reading job spec files (`config.jobspec` holds the schema) into `LoadedSpec`s or requests.
 
-Every problem is one `JobSpecError` naming the file, the line and the field. `load_specs` keeps
-the validated `JobSpec`s (with `workdir`, `checkpoint.dir` and secret files resolved against the
-spec file's folder), checks what one field's validator cannot see (names unique across all the
-files, a command for `gpuctl submit`, a secret listed twice or also in env, a launch command
-line too long for a node to start); `load_job_specs` gives the placement requests.
+Every problem is one `JobSpecError` naming the file, the line and the field. `load_specs` validates
+each spec (with `workdir`, `checkpoint.dir` and secret files resolved against the spec file's
+folder), checks what one field's validator cannot see (names unique across all the files, a command
+for `gpuctl submit`, a secret listed twice or also in env, a launch command line too long for a
+node to start) and gives the core's typed `JobSpec`s; `load_job_specs` gives placement requests.
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from gpuctl.config.document import Document
-from gpuctl.config.jobspec import JOB_ID_PLACEHOLDER, JobListFile, JobSpec, to_request
+from gpuctl.config.jobspec import JobListFile, JobSpecModel, to_spec
 from gpuctl.config.loader import load_document, validate_data
+from gpuctl.core.jobspec import JOB_ID_PLACEHOLDER, JobSpec
 from gpuctl.core.placement.model import JobRequest
 from gpuctl.errors import JobSpecError
 
@@ -38,7 +39,7 @@ _CHECKPOINT_NAME_MAX = 255  # GPUCTL_RESUME_FROM is the checkpoint dir and one f
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class LoadedSpec:
-    """A validated job spec and where it was written (`path:line`)."""
+    """A validated job spec, typed (built once, here), and where it was written (`path:line`)."""
 
     spec: JobSpec
     source: str
@@ -46,7 +47,7 @@ class LoadedSpec:
 
 def load_job_specs(paths: Sequence[Path]) -> tuple[JobRequest, ...]:
     """Read job spec files, in order, into placement requests (`gpuctl place`)."""
-    return tuple(to_request(loaded.spec) for loaded in load_specs(paths))
+    return tuple(loaded.spec.request for loaded in load_specs(paths))
 
 
 def load_specs(paths: Sequence[Path], *, require_command: bool = False) -> tuple[LoadedSpec, ...]:
@@ -72,7 +73,7 @@ def load_specs(paths: Sequence[Path], *, require_command: bool = False) -> tuple
             _check(doc, loc, spec, require_command)
             resolved = _resolved(spec, path)
             _check_launch_size(doc, loc, resolved)
-            out.append(LoadedSpec(resolved, doc.where(loc)))
+            out.append(LoadedSpec(to_spec(resolved), doc.where(loc)))
     return tuple(out)
 
 
@@ -82,7 +83,7 @@ def launch_bytes(text: str) -> int:
     return len(shlex.quote(shlex.quote(text)).encode("utf-8")) + 1
 
 
-def _launch_parts(spec: JobSpec) -> list[tuple[tuple[str | int, ...], int]]:
+def _launch_parts(spec: JobSpecModel) -> list[tuple[tuple[str | int, ...], int]]:
     """What the spec puts on the launch command line: (field, bytes), in the file's order."""
     parts: list[tuple[tuple[str | int, ...], int]] = [
         (("command", i), launch_bytes(arg)) for i, arg in enumerate(spec.command or ())
@@ -98,7 +99,7 @@ def _launch_parts(spec: JobSpec) -> list[tuple[tuple[str | int, ...], int]]:
     return parts
 
 
-def _check_launch_size(doc: Document, loc: tuple[str | int, ...], spec: JobSpec) -> None:
+def _check_launch_size(doc: Document, loc: tuple[str | int, ...], spec: JobSpecModel) -> None:
     """A job whose launch command line is too long for sshd and the node's shell never starts:
     refused here, naming the largest part, rather than failing every launch until it is held."""
     parts = _launch_parts(spec)
@@ -115,7 +116,9 @@ def _check_launch_size(doc: Document, loc: tuple[str | int, ...], spec: JobSpec)
     )
 
 
-def _check(doc: Document, loc: tuple[str | int, ...], spec: JobSpec, need_command: bool) -> None:
+def _check(
+    doc: Document, loc: tuple[str | int, ...], spec: JobSpecModel, need_command: bool
+) -> None:
     """What one field's validator cannot see: a command for submit, names given twice."""
     if need_command and spec.command is None:
         raise doc.error(
@@ -155,7 +158,7 @@ def _local(path: str, base: Path) -> str:
     return os.path.normpath(base.absolute() / path)
 
 
-def _resolved(spec: JobSpec, path: Path) -> JobSpec:
+def _resolved(spec: JobSpecModel, path: Path) -> JobSpecModel:
     base = path.parent
     changes: dict[str, Any] = {}
     if spec.workdir is not None:
@@ -168,11 +171,11 @@ def _resolved(spec: JobSpec, path: Path) -> JobSpec:
     return spec.model_copy(update=changes) if changes else spec
 
 
-def _specs(doc: Document) -> list[tuple[tuple[str | int, ...], JobSpec]]:
+def _specs(doc: Document) -> list[tuple[tuple[str | int, ...], JobSpecModel]]:
     if "jobs" in doc.data:
         listed = validate_data(
             doc.data, JobListFile, path=doc.path, lines=doc.lines, error=JobSpecError
         )
         return [(("jobs", i), spec) for i, spec in enumerate(listed.jobs)]
-    spec = validate_data(doc.data, JobSpec, path=doc.path, lines=doc.lines, error=JobSpecError)
+    spec = validate_data(doc.data, JobSpecModel, path=doc.path, lines=doc.lines, error=JobSpecError)
     return [((), spec)]

@@ -1,10 +1,11 @@
 """The job lifecycle vocabulary: jobs, incarnations, checkpoints, events, cordons.
 
 Frozen values shared by the state store (`gpuctl.adapters.store`), the control loop
-(`gpuctl.ops.reconcile`) and the CLI. A *job* is what an operator submitted (stable id, spec);
-an *incarnation* is one run of it on one node (`GPUCTL_INCARNATION`, +1 at every (re)start). Cards
-are held by incarnations that are launching, running, or lost-but-not-yet-fenced, so a node that
-comes back is never double-booked before its stale copy is killed.
+(`gpuctl.ops.reconcile`) and the CLI. A *job* is what an operator submitted (stable id, its
+`gpuctl.core.jobspec.JobSpec`); an *incarnation* is one run of it on one node
+(`GPUCTL_INCARNATION`, +1 at every (re)start). Cards are held by incarnations that are launching,
+running, or lost-but-not-yet-fenced, so a node that comes back is never double-booked before its
+stale copy is killed.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import dataclasses
 import enum
 from collections.abc import Mapping
 from typing import Any
+
+from gpuctl.core.jobspec import JobSpec
 
 
 class JobState(enum.StrEnum):
@@ -57,23 +60,13 @@ class EndReason(enum.StrEnum):
     LAUNCH_FAILED = "launch_failed"
 
 
-class CheckpointSync(enum.StrEnum):
-    SHARED = "shared"  # the checkpoint dir is on storage every node sees
-    PULL = "pull"  # gpuctl copies committed checkpoints to its own store and ships them
-
-
-class SliceEnforcement(enum.StrEnum):
-    OBSERVE = "observe"  # over-slice jobs raise an event
-    STOP = "stop"  # ... and are stopped with a checkpoint request
-
-
 @dataclasses.dataclass(frozen=True, slots=True)
 class Job:
-    """A submitted job. `spec` is the validated job spec as plain data (secret *names* only)."""
+    """A submitted job: its spec as submitted (typed, secret *names* only), its state."""
 
     id: str
     name: str
-    spec: Mapping[str, Any]
+    spec: JobSpec
     state: JobState
     priority: int
     tier: str

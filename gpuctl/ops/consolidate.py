@@ -118,8 +118,6 @@ def workload_key(state: FleetState, jobs: Iterable[Job], now: float) -> Hashable
 
 def facts_for(store: Store, now: float, jobs: Iterable[Job] | None = None) -> list[JobFacts]:
     """One `JobFacts` per job running on cards; a job moving already is held where it is."""
-    from gpuctl.ops import jobs as jobspecs
-
     moving = {r.job_id: r.node for r in store.reservations()}
     out = []
     for job in jobs if jobs is not None else store.jobs([JobState.RUNNING]):
@@ -128,12 +126,7 @@ def facts_for(store: Store, now: float, jobs: Iterable[Job] | None = None) -> li
         inc = next((i for i in store.incarnations(job.id) if i.n == job.incarnation), None)
         if inc is None or not inc.state.holds_cards:
             continue
-        try:
-            spec = jobspecs.job_spec(job)
-            request = jobspecs.job_request(job)
-        except StateError as exc:
-            out.append(JobFacts(job.id, hold=f"its stored spec cannot be read ({exc.message})"))
-            continue
+        policy, request = job.spec.policy, job.spec.request
         committed = [c.committed_at for c in store.checkpoints(job.id)]
         hold = None
         if job.id in moving:
@@ -143,9 +136,9 @@ def facts_for(store: Store, now: float, jobs: Iterable[Job] | None = None) -> li
         out.append(
             JobFacts(
                 job=job.id,
-                disruptible=spec.disruptible,
+                disruptible=policy.disruptible,
                 last_moved_at=inc.started_at,
-                min_runtime_between_moves_s=spec.min_runtime_between_moves,
+                min_runtime_between_moves_s=policy.min_runtime_between_moves_s,
                 checkpoint_age_s=max(0.0, now - max(committed)) if committed else None,
                 gpu_models=request.shape.gpu_models,
                 node_affinity=request.node_affinity,

@@ -24,7 +24,6 @@ from gpuctl.core.placement.engine import plan
 from gpuctl.core.placement.model import Allocation, FleetState
 from gpuctl.errors import GpuctlError, StoreConflict, TransportError
 from gpuctl.ops import reconcile_checkpoints, reconcile_jobs, reconcile_launch
-from gpuctl.ops import reconcile_spec as specs
 from gpuctl.ops.reconcile_launch import Target
 
 if TYPE_CHECKING:
@@ -87,7 +86,7 @@ def reserve(
     timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> Reservation:
     """Hold `target` for the job's next incarnation (StoreConflict when the store refuses)."""
-    grace = specs.grace_s(job) if grace_s is None else grace_s
+    grace = job.spec.policy.grace_s if grace_s is None else grace_s
     res = Reservation(
         job_id=job.id,
         from_incarnation=inc.n,

@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from gpuctl.core import playbook as core
+from gpuctl.core.placement.model import JobRequest
 from gpuctl.core.playbook import Unit
 from gpuctl.core.playbook_expr import Expr
 from gpuctl.errors import GpuctlError
@@ -112,9 +113,13 @@ def _p_submit(s: Services, unit: Unit, nodes: tuple[str, ...], view: View) -> Se
     return [
         f"{x.spec.name}: active already as {active[x.spec.name].id} (left as it is)"
         if x.spec.name in active
-        else f"would submit {x.spec.name} ({x.spec.tier}, priority {x.spec.priority})"
+        else f"would submit {x.spec.name} ({_tier_priority(x.spec.request)})"
         for x in specs
     ]
+
+
+def _tier_priority(request: JobRequest) -> str:
+    return f"{request.tier.value}, priority {request.priority}"
 
 
 def _p_cancel(s: Services, unit: Unit, nodes: tuple[str, ...], view: View) -> Sequence[str]:

@@ -11,17 +11,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpuctl.core.checkpoints import choose_resume, clock_correction_s, unusable_committed
-from gpuctl.core.jobs import (
-    Checkpoint,
-    CheckpointMarker,
-    CheckpointSync,
-    Incarnation,
-    IncarnationState,
-    Job,
-)
+from gpuctl.core.jobs import Checkpoint, CheckpointMarker, Incarnation, IncarnationState, Job
+from gpuctl.core.jobspec import CheckpointSync
 from gpuctl.errors import ConfigError
-from gpuctl.ops import jobs as jobspecs
-from gpuctl.ops import reconcile_spec as specs
 
 if TYPE_CHECKING:
     from gpuctl.ops.reconcile import Pass
@@ -45,7 +37,7 @@ def sync_checkpoints(p: Pass) -> None:
 def sync_one(p: Pass, job: Job, inc: Incarnation) -> None:
     """Record the newest committed checkpoint of `inc` on its node (pulled first for `sync:
     pull`), if it is newer than the newest recorded."""
-    folder = jobspecs.checkpoint_dir(job)
+    folder = job.spec.policy.checkpoint.dir_for(job.id)
     markers = p.runner.checkpoints(p.spec(inc.node), folder)
     if not p.dry:
         p.loop.scanned_at[job.id] = p.now
@@ -62,7 +54,7 @@ def sync_one(p: Pass, job: Job, inc: Incarnation) -> None:
         return
     step = newest.step or 0
     committed_at = (newest.committed_at or 0.0) - clock_correction_s(inc)  # gpuctl's clock
-    if specs.checkpoint_sync(job) is CheckpointSync.PULL:
+    if job.spec.policy.checkpoint.sync is CheckpointSync.PULL:
         if p.loop.state_dir is None:
             raise ConfigError(f"job {job.id}: checkpoint.sync is pull but gpuctl has no state dir")
         local = str(
@@ -120,9 +112,9 @@ def resume_point(p: Pass, job: Job, n: int, node: str) -> Resume:
     if n == 1:
         return Resume()
     history = p.store.incarnations(job.id)
-    sync = specs.checkpoint_sync(job)
+    sync = job.spec.policy.checkpoint.sync
     if sync is CheckpointSync.SHARED:
-        markers = p.runner.checkpoints(p.spec(node), jobspecs.checkpoint_dir(job))
+        markers = p.runner.checkpoints(p.spec(node), job.spec.policy.checkpoint.dir_for(job.id))
     else:
         markers = [  # gpuctl's own copies, verified again: a damaged one is skipped loudly
             _local_marker(c) for c in p.store.checkpoints(job.id) if c.location == "store"
@@ -157,7 +149,7 @@ def resume_point(p: Pass, job: Job, n: int, node: str) -> Resume:
     if chosen is None:
         return Resume(held=held_reason([str(r) for r in refused])) if refused else Resume()
     if sync is CheckpointSync.PULL:
-        remote = f"{jobspecs.checkpoint_dir(job)}/{posixpath.basename(chosen.path)}"
+        remote = f"{job.spec.policy.checkpoint.dir_for(job.id)}/{posixpath.basename(chosen.path)}"
         if not p.dry:
             p.runner.push_checkpoint(p.spec(node), chosen.path, remote)
         return Resume(remote, chosen.step)

@@ -7,11 +7,10 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from gpuctl.config.jobspec import DEFAULT_GRACE_S
 from gpuctl.core.failover import Verdict, restart_decision, run_ends
 from gpuctl.core.jobs import EndReason, Fenced, Incarnation, IncarnationState, Job, JobState
+from gpuctl.core.jobspec import DEFAULT_GRACE_S
 from gpuctl.errors import TransportError
-from gpuctl.ops import reconcile_spec as specs
 from gpuctl.ops.jobs import cancel_is_forced
 
 if TYPE_CHECKING:
@@ -127,7 +126,7 @@ def settle_job(p: Pass, inc: Incarnation) -> None:
 def restart(p: Pass, job: Job, inc: Incarnation) -> None:
     """After a failure of the job itself: restart within the budget, else hold (or fail, with a
     budget of 0)."""
-    budget = specs.restart_budget(job)
+    budget = job.spec.policy.restart_budget
     policy = dataclasses.replace(p.settings.restarts, budget=budget)
     history = p.store.incarnations(job.id)
     if p.dry:
@@ -287,7 +286,7 @@ def repair(p: Pass) -> None:
 
 def _grace(p: Pass, job_id: str) -> float:
     job = p.store.job(job_id)
-    return specs.grace_s(job) if job is not None else DEFAULT_GRACE_S
+    return job.spec.policy.grace_s if job is not None else DEFAULT_GRACE_S
 
 
 def _stop_requested_at(p: Pass, inc: Incarnation) -> float:

@@ -22,15 +22,14 @@ from gpuctl.core.jobs import (
     IncarnationState,
     Job,
     JobState,
-    SliceEnforcement,
 )
+from gpuctl.core.jobspec import SliceEnforcement
 from gpuctl.core.placement.engine import plan
 from gpuctl.core.placement.model import Allocation, FleetState, JobRequest, Settings, Tier
 from gpuctl.core.plan import Placed, apply_plan
 from gpuctl.errors import ConfigError, GpuctlError, StateError, StoreConflict, TransportError
 from gpuctl.ops import fleetstatus, reconcile_checkpoints, reconcile_jobs
 from gpuctl.ops import jobs as jobspecs
-from gpuctl.ops import reconcile_spec as specs
 from gpuctl.ops.jobrunner import LaunchFailed, LaunchRefused
 
 if TYPE_CHECKING:
@@ -71,7 +70,7 @@ def _over_slice(p: Pass, inc: Incarnation, use: SliceUse) -> None:
     job = p.store.job(inc.job_id)
     if job is None:
         return
-    policy = specs.slice_enforcement(job)
+    policy = job.spec.policy.slice_enforcement
     message = (
         f"{job.id} uses {use.used_mib} MiB on {use.gpu_uuid} of {inc.node}, over its slice of "
         f"{use.slice_mib} MiB by {use.over_mib} MiB"
@@ -129,6 +128,12 @@ def place_and_launch(p: Pass) -> None:
                 p.note("launch", f"{job.id}: {exc}", job=job.id, outcome="failed")
 
 
+CPU_ONLY = (
+    "a CPU-only job (gpus: 0) is not started by the control loop: `gpuctl place` plans such "
+    "jobs, `gpuctl submit` cannot run them yet"
+)
+
+
 def _hold(p: Pass, job: Job, why: str) -> None:
     p.update_job(job, "hold", f"{job.id} held: {why}", state=JobState.HELD, reason=why)
 
@@ -147,6 +152,9 @@ def _place_one(
     p: Pass, job: Job, state: FleetState, jobs: dict[str, Job], releasing: set[str]
 ) -> FleetState:
     req = placement_request(job, jobs)
+    if not req.shape.gpus:  # an incarnation is granted cards; the store has none to give it
+        _hold(p, job, CPU_ONLY)
+        return state
     settings = p.settings.placement
     failover = _is_failover(p, job)
     if failover:  # the headroom is kept for exactly this

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from typing import Any, ClassVar, Generic, TypeVar
 
 from gpuctl.adapters.protocols import Store
-from gpuctl.config.jobspec import JobSpec
+from gpuctl.config.jobspec import spec_from_data
 from gpuctl.core.failover import RestartPolicy
 from gpuctl.core.jobs import Event, Incarnation, Job, JobState, LaunchRequest, RunStatus
 from gpuctl.core.model import FleetSnapshot, Inventory, NodeSnapshot, NodeSpec, XidEvent
@@ -137,7 +137,7 @@ class LoopKit(Generic[R, F]):
         job = Job(
             id=f"{name}-{self.n:06x}",
             name=name,
-            spec=JobSpec.model_validate(body).model_dump(mode="json"),
+            spec=spec_from_data(body),
             state=JobState.QUEUED,
             priority=int(body.get("priority", 0)),
             tier=str(body.get("tier", "standard")),

@@ -22,6 +22,7 @@ from gpuctl.core.jobs import (
     JobState,
     NodeLiveness,
 )
+from gpuctl.core.jobspec import JobSpec
 from gpuctl.core.migration import Phase, Reservation, check_changes
 from gpuctl.core.nodehealth import NodeHealth
 from gpuctl.errors import StoreConflict
@@ -59,6 +60,8 @@ class MemoryStore:
     # --- jobs --------------------------------------------------------------------------------
 
     def add_job(self, job: Job, event: Event) -> None:
+        # kept as the SQLite store keeps it: through its plain data, read back strictly
+        job = dataclasses.replace(job, spec=JobSpec.from_dict(job.spec.to_dict()))
         with self._lock:
             if job.id in self._jobs:
                 raise StoreConflict(f"job {job.id} exists already")

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from gpuctl.adapters.store import open_store
 from gpuctl.cli.context import AppContext
 from gpuctl.cli.main import app
-from gpuctl.config.jobspec import JobSpec
+from gpuctl.config.jobspec import spec_from_data
 from gpuctl.core.jobs import Cordon, Event, Incarnation, IncarnationState, Job, JobState
 from gpuctl.core.model import (
     FleetSnapshot,
@@ -59,7 +59,7 @@ def _run_job(store: Any, name: str, node: str, card: int, *, started: float, **s
     job = Job(
         id=f"{name}-000001",
         name=name,
-        spec=JobSpec.model_validate(body).model_dump(mode="json"),
+        spec=spec_from_data(body),
         state=JobState.QUEUED,
         priority=0,
         tier="standard",

@@ -11,6 +11,8 @@ from typer.testing import CliRunner, Result
 from gpuctl.adapters.store import SCHEMA_VERSION, open_store
 from gpuctl.cli.main import app
 from gpuctl.core.jobs import Event, Incarnation, IncarnationState, Job, JobState
+from gpuctl.core.jobspec import JobSpec
+from gpuctl.core.placement.model import JobRequest
 from gpuctl.errors import ExitCode
 
 
@@ -23,7 +25,7 @@ def state_dir(tmp_path: Path) -> Path:
     d = tmp_path / "state"
     with open_store(d, write=True) as store:
         store.add_job(
-            Job("a-000001", "a", {}, JobState.QUEUED, 0, "standard", 1.0),
+            Job("a-000001", "a", JobSpec(JobRequest("a")), JobState.QUEUED, 0, "standard", 1.0),
             Event(1.0, "alice", "submit", "submitted", "a-000001"),
         )
         store.begin_launch(
@@ -105,7 +107,8 @@ def test_a_double_booked_card_exits_6_with_the_capacity_it_was_granted_under(
     with raw:  # a second holder forced in behind the store's back: 100 + 950 > 1000 MiB
         raw.execute(
             "INSERT INTO jobs (id, name, spec, state, priority, tier, submitted_at, "
-            "incarnation) VALUES ('b-000002', 'b', '{}', 'running', 0, 'spot', 3.0, 1)"
+            "incarnation) VALUES ('b-000002', 'b', ?, 'running', 0, 'spot', 3.0, 1)",
+            (json.dumps(JobSpec(JobRequest("b")).to_dict()),),
         )
         raw.execute(
             "INSERT INTO incarnations (job_id, n, node, cards, gpu_uuids, mib_per_card, "

@@ -23,6 +23,7 @@ from typer.testing import CliRunner
 from gpuctl.adapters.store import open_store
 from gpuctl.cli.context import AppContext
 from gpuctl.cli.main import app
+from gpuctl.config.jobspec import spec_from_data
 from gpuctl.core.jobs import (
     Checkpoint,
     EndReason,
@@ -46,6 +47,7 @@ CHILD = """
 import json, sys
 from gpuctl.cli.context import AppContext
 from gpuctl.cli.main import app
+from gpuctl.config.jobspec import spec_from_data
 from gpuctl.errors import ConnectRefused
 from gpuctl.testing.fakes import FakeTransport, ShellTransport
 envs = json.loads(sys.argv[1])
@@ -106,7 +108,9 @@ def record_history(state: Path, now: float) -> None:
         return Event(now - 60, "gpuctl", kind, kind, jid, "gpu01")
 
     def add(jid: str, submitted: float, tier: str = "standard") -> None:
-        spec = {"name": jid, "command": ["sleep", "1"], "resources": {"mem_per_gpu": "8GiB"}}
+        spec = spec_from_data(
+            {"name": jid, "command": ["sleep", "1"], "resources": {"mem_per_gpu": "8GiB"}}
+        )
         store.add_job(
             Job(jid, jid, spec, JobState.QUEUED, 0, tier, submitted, updated_at=submitted),
             ev("submit", jid),

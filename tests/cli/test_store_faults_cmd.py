@@ -17,6 +17,8 @@ from gpuctl.adapters.store import failures, open_store, opening
 from gpuctl.cli.context import AppContext
 from gpuctl.cli.main import app
 from gpuctl.core.jobs import Event, Job, JobState
+from gpuctl.core.jobspec import JobSpec
+from gpuctl.core.placement.model import JobRequest
 
 CLI = [sys.executable, "-c", "from gpuctl.cli.main import run; run()"]
 
@@ -24,7 +26,15 @@ CLI = [sys.executable, "-c", "from gpuctl.cli.main import run; run()"]
 def filled(state: Path, jobs: int = 30) -> None:
     with open_store(state, write=True) as store:
         for i in range(jobs):
-            j = Job(f"job-{i:06d}", "job", {"pad": "x" * 200}, JobState.HELD, 0, "spot", 1.0)
+            j = Job(
+                f"job-{i:06d}",
+                "job",
+                JobSpec(JobRequest("job"), env={"PAD": "x" * 200}),
+                JobState.HELD,
+                0,
+                "spot",
+                1.0,
+            )
             store.add_job(j, Event(1.0, "alice", "submit", "submitted", j.id))
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from gpuctl.adapters.protocols import Store
 from gpuctl.config.health_rules import load_rules
-from gpuctl.config.jobspec import JobSpec
+from gpuctl.config.jobspec import spec_from_data
 from gpuctl.config.jobspec_files import LoadedSpec
 from gpuctl.core.jobs import (
     Checkpoint,
@@ -244,9 +244,7 @@ def screen_text(app: DashApp) -> list[str]:
 
 
 def submit(store: Store, clock: ManualClock, name: str, resources: dict[str, object]) -> Job:
-    spec = JobSpec.model_validate(
-        {"name": name, "command": ["python", "train.py"], "resources": resources}
-    )
+    spec = spec_from_data({"name": name, "command": ["python", "train.py"], "resources": resources})
     return jobs.submit(store, [LoadedSpec(spec, f"{name}.yaml:1")], actor="alice", clock=clock)[0]
 
 

@@ -1,12 +1,15 @@
-"""Rows <-> the frozen job vocabulary, and the checks on what may be written."""
+"""Rows <-> the frozen job vocabulary, and the checks on what may be written.
+
+A job's spec is the JSON of `JobSpec.to_dict` (schema v4); a row still in the pre-v4 form (the
+spec file's keys: a store opened read-only before it is migrated) is read by `legacy_spec`."""
 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 from typing import Any
 
+from gpuctl.adapters.store import legacy_spec
 from gpuctl.core.health_model import Action
 from gpuctl.core.jobs import (
     Checkpoint,
@@ -19,8 +22,10 @@ from gpuctl.core.jobs import (
     JobState,
     NodeLiveness,
 )
+from gpuctl.core.jobspec import JobSpec, SpecDataError
 from gpuctl.core.migration import Phase, Reservation
 from gpuctl.core.nodehealth import NodeHealth
+from gpuctl.errors import StateError
 
 JOB_COLS = (
     "id, name, spec, state, priority, tier, submitted_at, reason, incarnation, restarts, "
@@ -73,8 +78,6 @@ INC_FIXED = frozenset(
     | {"host_mem_mib", "clock_offset_s"}
 )
 
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
 
 def dumps(value: Any, what: str) -> str:
     try:
@@ -83,39 +86,34 @@ def dumps(value: Any, what: str) -> str:
         raise ValueError(f"{what}: not plain JSON data: {exc}") from exc
 
 
-def check_spec(spec: Mapping[str, Any], job_id: str) -> None:
-    """Secrets never reach the store: every `secret_env` in the spec is a list of names."""
-    for path, value in _find_key(spec, "secret_env", "spec"):
-        if value is None:
-            continue
-        if not isinstance(value, list | tuple) or not all(
-            isinstance(v, str) and _ENV_NAME.match(v) for v in value
-        ):
-            raise ValueError(
-                f"job {job_id}: {path}: must be a list of variable names; "
-                "secret values are never stored"
-            )
+def spec_text(job: Job) -> str:
+    """What the jobs table keeps: the typed spec's plain data (secret names and files, never a
+    value: `SecretRef` has no room for one)."""
+    return dumps(job.spec.to_dict(), f"job {job.id}: spec")
 
 
-def _find_key(value: Any, key: str, path: str) -> list[tuple[str, Any]]:
-    found: list[tuple[str, Any]] = []
-    if isinstance(value, Mapping):
-        for k, v in value.items():
-            here = f"{path}.{k}"
-            if k == key:
-                found.append((here, v))
-            found.extend(_find_key(v, key, here))
-    elif isinstance(value, list | tuple):
-        for i, v in enumerate(value):
-            found.extend(_find_key(v, key, f"{path}[{i}]"))
-    return found
+def spec_from(text: str, job_id: str) -> JobSpec:
+    """A stored spec, read strictly: StateError naming the job and the field otherwise."""
+    try:
+        data = json.loads(text)
+        if legacy_spec.is_legacy(data):
+            return legacy_spec.spec_from_legacy(data)
+        return JobSpec.from_dict(data)
+    except SpecDataError as exc:
+        where, problem = exc.field, exc.problem
+    except ValueError as exc:  # not JSON
+        where, problem = "spec", str(exc)
+    raise StateError(
+        f"job {job_id}: its stored spec is not valid at {where}: {problem}",
+        hint="run `gpuctl db check`",
+    )
 
 
 def job_values(job: Job) -> tuple[Any, ...]:
     return (
         job.id,
         job.name,
-        dumps(dict(job.spec), f"job {job.id}: spec"),
+        spec_text(job),
         JobState(job.state).value,
         job.priority,
         job.tier,
@@ -133,7 +131,7 @@ def job_from(row: tuple[Any, ...]) -> Job:
     return Job(
         id=row[0],
         name=row[1],
-        spec=json.loads(row[2]),
+        spec=spec_from(row[2], row[0]),
         state=JobState(row[3]),
         priority=row[4],
         tier=row[5],

@@ -11,6 +11,9 @@ import dataclasses
 import sqlite3
 from collections.abc import Callable
 
+from gpuctl.adapters.store import rows
+from gpuctl.errors import StateError
+
 V1 = """
 CREATE TABLE meta (
     key TEXT PRIMARY KEY,
@@ -209,10 +212,29 @@ def _v3(conn: sqlite3.Connection) -> None:
         conn.execute(statement)
 
 
+def _v4(conn: sqlite3.Connection) -> None:
+    """Each job's spec rewritten from the spec file's keys (`mem_per_gpu: 24GiB`, ...) to the
+    typed spec's plain data (`JobSpec.to_dict`), so no reader validates a spec file again. A row
+    that cannot be read stops the migration (the store stays as it was, at its old version)."""
+    for job_id, text in conn.execute("SELECT id, spec FROM jobs").fetchall():
+        try:
+            spec = rows.spec_from(text, job_id)
+        except StateError as exc:
+            raise StateError(
+                f"cannot migrate the store to schema v4: {exc.message}",
+                hint="the store was left as it was; use the gpuctl that wrote it to cancel and "
+                "remove that job, or restore a backup",
+            ) from None
+        new = rows.dumps(spec.to_dict(), f"job {job_id}: spec")
+        if new != text:
+            conn.execute("UPDATE jobs SET spec = ? WHERE id = ?", (new, job_id))
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "jobs, incarnations, cards, events, cordons", _v1),
     Migration(2, "reservations (migration targets), node health", _v2),
     Migration(3, "the node clock offset of each incarnation", _v3),
+    Migration(4, "job specs stored typed (JobSpec.to_dict), no longer as spec file keys", _v4),
 )
 
 

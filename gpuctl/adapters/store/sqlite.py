@@ -142,7 +142,6 @@ class SqliteStore:
     # --- jobs --------------------------------------------------------------------------------
 
     def add_job(self, job: Job, event: Event) -> None:
-        rows.check_spec(job.spec, job.id)
         values = rows.job_values(job)
         with self._tx() as c:
             if self._job_row(c, job.id) is not None:

@@ -272,7 +272,6 @@ class JobRequest:
     group: str | None = None
     avoid_jobs: tuple[str, ...] = ()  # never share a node with these jobs (symmetric)
     avoid_groups: tuple[str, ...] = ()  # ... nor with jobs of these groups
-    command: tuple[str, ...] = ()  # argv; placement ignores it
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

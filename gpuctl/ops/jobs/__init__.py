@@ -1,10 +1,10 @@
 """Job services shared by the CLI and the control loop: submit, list, show, cancel, logs; the
 conversions from a stored job to a placement request and a launch request; the fleet numbers.
 
-A job's spec is stored as the validated `JobSpec`'s plain data (secret *names*, and the files some
-of them are read from; never a value). Secret values are read when they are needed — checked at
-submit, read again at every launch — from the environment or the file, and only ever travel in a
-`LaunchRequest` (whose repr hides them).
+A job's spec is a typed `gpuctl.core.jobspec.JobSpec`, built once from its spec file at submit and
+stored as plain data (secret *names*, and the files some of them are read from; never a value).
+Secret values are read when they are needed — checked at submit, read again at every launch — from
+the environment or the file, and only ever travel in a `LaunchRequest` (whose repr hides them).
 """
 
 from gpuctl.ops.jobs.logs import LogChunk, read_logs
@@ -26,21 +26,16 @@ from gpuctl.ops.jobs.service import (
     submit,
 )
 from gpuctl.ops.jobs.spec import (
-    DEFAULT_CHECKPOINT_DIR,
     allocation,
-    checkpoint_dir,
     ids_by_name,
     job_request,
-    job_spec,
     launch_request,
     new_job_id,
     resolve_secrets,
-    stored_spec,
 )
 
 __all__ = [
     "ACTIVE",
-    "DEFAULT_CHECKPOINT_DIR",
     "JobDetail",
     "JobNotFound",
     "JobView",
@@ -48,13 +43,11 @@ __all__ = [
     "allocation",
     "cancel",
     "cancel_is_forced",
-    "checkpoint_dir",
     "find_job",
     "fleet_numbers",
     "ids_by_name",
     "job_document",
     "job_request",
-    "job_spec",
     "job_summary",
     "launch_request",
     "list_jobs",
@@ -64,6 +57,5 @@ __all__ = [
     "read_logs",
     "resolve_secrets",
     "show_job",
-    "stored_spec",
     "submit",
 ]

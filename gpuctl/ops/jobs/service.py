@@ -9,11 +9,12 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from gpuctl.adapters.protocols import Clock, Store
+from gpuctl.config.jobspec import spec_document
 from gpuctl.config.jobspec_files import LoadedSpec
 from gpuctl.core import jobfigures as core_numbers
 from gpuctl.core.jobs import Checkpoint, Event, Incarnation, Job, JobState
 from gpuctl.errors import GpuctlError, JobSpecError, StateError, StoreConflict
-from gpuctl.ops.jobs.spec import new_job_id, resolve_secrets, stored_spec
+from gpuctl.ops.jobs.spec import new_job_id, resolve_secrets
 
 ACTIVE = (JobState.QUEUED, JobState.RUNNING, JobState.HELD)
 RECENT_EVENTS = 20
@@ -40,7 +41,7 @@ def submit(
     secrets (read from `env`, default this process's environment, and dropped), and no active
     job of the same name (with `replace`, that job is cancelled first)."""
     for loaded in specs:
-        if loaded.spec.command is None:
+        if not loaded.spec.command:
             raise JobSpecError(
                 "missing required key 'command'", path=loaded.source, field=loaded.spec.name
             )
@@ -66,10 +67,10 @@ def _add(
         job = Job(
             id=new_job_id(spec.name, token),
             name=spec.name,
-            spec=stored_spec(spec),
+            spec=spec,
             state=JobState.QUEUED,
-            priority=spec.priority,
-            tier=spec.tier,
+            priority=spec.request.priority,
+            tier=spec.request.tier.value,
             submitted_at=now,
             updated_at=now,
         )
@@ -77,7 +78,7 @@ def _add(
             at=now,
             actor=actor,
             kind="submit",
-            message=f"submitted {job.id} ({spec.tier}, priority {spec.priority})",
+            message=f"submitted {job.id} ({job.tier}, priority {job.priority})",
             job_id=job.id,
             outcome="ok",
             data={"source": loaded.source},
@@ -180,14 +181,14 @@ def job_summary(view: JobView, now: float) -> dict[str, Any]:
             "path": ckpt.path,
             "location": ckpt.location,
         },
-        "command": list(job.spec.get("command") or []),
+        "command": list(job.spec.command),
     }
 
 
 def job_document(detail: JobDetail, now: float) -> dict[str, Any]:
     """One job in full (`jobs show -o json`): the summary, its spec, incarnations, events."""
     doc = job_summary(detail.view, now)
-    doc["spec"] = dict(detail.view.job.spec)
+    doc["spec"] = spec_document(detail.view.job.spec)
     doc["incarnations"] = [_inc_dict(i) for i in detail.incarnations]
     doc["events"] = [_event_dict(e) for e in detail.events]
     return doc

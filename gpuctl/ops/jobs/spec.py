@@ -1,6 +1,7 @@
-"""A stored job's spec: what the store keeps, and what the control loop makes of it — the
-placement request, the allocation of a running incarnation, the launch request and the secret
-values (read from the environment or a file at every launch, never stored).
+"""What the control loop makes of a stored job's spec (a typed `gpuctl.core.jobspec.JobSpec`,
+built once at submit): the placement request, the allocation of a running incarnation, the launch
+request, and the secret values (read from the environment or a file at every launch, never
+stored).
 """
 
 from __future__ import annotations
@@ -9,63 +10,14 @@ import dataclasses
 import secrets as _random
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
-import pydantic
-
-from gpuctl.config.jobspec import JOB_ID_PLACEHOLDER, JobSpec, to_request
 from gpuctl.core.jobs import Incarnation, Job, LaunchRequest
+from gpuctl.core.jobspec import JobSpec
 from gpuctl.core.placement.model import Allocation, JobRequest
 from gpuctl.errors import JobSpecError, StateError
 
-DEFAULT_CHECKPOINT_DIR = "~/.gpuctl/checkpoints/" + JOB_ID_PLACEHOLDER
 MAX_SECRET_BYTES = 64 << 10
 ID_MAX = 64
-
-
-# --- the stored spec --------------------------------------------------------------------------
-
-
-def stored_spec(spec: JobSpec) -> dict[str, Any]:
-    """What the store keeps: plain JSON data, secret names only."""
-    return spec.model_dump(mode="json")
-
-
-_SPECS: dict[tuple[str, str], JobSpec] = {}
-_REQUESTS: dict[tuple[str, str], JobRequest] = {}  # the same keys: to_request of that spec
-_SPECS_MAX = 4096
-
-
-def job_spec(job: Job) -> JobSpec:
-    """The job's stored spec, validated again (a spec another gpuctl wrote fails loudly).
-
-    Validated once per spec: the control loop and the dashboard ask for every job's spec at every
-    pass, and a stored spec never changes."""
-    return _spec(job, (job.id, repr(job.spec)))
-
-
-def _spec(job: Job, key: tuple[str, str]) -> JobSpec:
-    found = _SPECS.get(key)
-    if found is not None:
-        return found
-    spec = _validate(job)
-    if len(_SPECS) >= _SPECS_MAX:
-        _SPECS.clear()
-        _REQUESTS.clear()
-    _SPECS[key] = spec
-    return spec
-
-
-def _validate(job: Job) -> JobSpec:
-    try:
-        return JobSpec.model_validate(dict(job.spec))
-    except pydantic.ValidationError as exc:
-        first = exc.errors(include_url=False)[0]
-        where = ".".join(str(p) for p in first.get("loc", ())) or "spec"
-        raise StateError(
-            f"job {job.id}: its stored spec is not valid at {where}: {first.get('msg')}",
-            hint="run `gpuctl db check`",
-        ) from None
 
 
 def new_job_id(name: str, token: Callable[[], str] | None = None) -> str:
@@ -83,10 +35,10 @@ def resolve_secrets(spec: JobSpec | Job, env: Mapping[str, str]) -> dict[str, st
     Raises `JobSpecError` naming every missing secret (never a value). A file's value loses one
     trailing newline; `~` in a file path is the operator's home (`HOME` in `env`).
     """
-    spec = job_spec(spec) if isinstance(spec, Job) else spec
+    spec = spec.spec if isinstance(spec, Job) else spec
     values: dict[str, str] = {}
     problems: list[str] = []
-    for name, file in spec.secret_sources().items():
+    for name, file in ((s.name, s.file) for s in spec.secrets):
         if file is None:
             value = env.get(name)
             if value is None:
@@ -126,7 +78,7 @@ def _read_secret_file(name: str, file: str, env: Mapping[str, str]) -> tuple[str
 
 
 def _secret_hint(spec: JobSpec) -> str:
-    from_env = [n for n, f in spec.secret_sources().items() if f is None]
+    from_env = [s.name for s in spec.secrets if s.file is None]
     if from_env:
         return (
             f"export {from_env[0]} in the shell that runs gpuctl (submit checks it; "
@@ -156,14 +108,10 @@ def _avoid(names: Sequence[str], ids: Mapping[str, Sequence[str]] | None) -> tup
 def job_request(job: Job, ids: Mapping[str, Sequence[str]] | None = None) -> JobRequest:
     """The placement request, named by the job's id (names repeat over time, ids never).
     With `ids` (from `ids_by_name`), `avoid_jobs` names become the ids of those jobs."""
-    key = (job.id, repr(job.spec))
-    req = _REQUESTS.get(key)
-    if req is None:
-        req = to_request(_spec(job, key))
-        req = _REQUESTS[key] = dataclasses.replace(req, name=job.id)
+    req = job.spec.request
     if not req.avoid_jobs:
-        return req
-    return dataclasses.replace(req, avoid_jobs=_avoid(req.avoid_jobs, ids))
+        return dataclasses.replace(req, name=job.id)
+    return dataclasses.replace(req, name=job.id, avoid_jobs=_avoid(req.avoid_jobs, ids))
 
 
 def allocation(
@@ -186,12 +134,6 @@ def allocation(
     )
 
 
-def checkpoint_dir(job: Job) -> str:
-    """`checkpoint.dir` ({job_id} filled in), else ~/.gpuctl/checkpoints/<job id> on the node."""
-    spec = job_spec(job)
-    return (spec.checkpoint.dir or DEFAULT_CHECKPOINT_DIR).replace(JOB_ID_PLACEHOLDER, job.id)
-
-
 def launch_request(
     job: Job,
     incarnation: int,
@@ -206,17 +148,17 @@ def launch_request(
     """One incarnation's launch: argv, workdir, env and the checkpoint contract's variables.
     `CUDA_VISIBLE_DEVICES` lists card indexes, in PCI bus order (`CUDA_DEVICE_ORDER`), which is
     nvidia-smi's order; `gpu_uuids` are kept for the record."""
-    spec = job_spec(job)
+    spec = job.spec
     if not spec.command:
         raise StateError(f"job {job.id} has no command to run", hint="run `gpuctl db check`")
     del gpu_uuids  # the indexes name the cards; the UUIDs are in the incarnation
     return LaunchRequest(
         job_id=job.id,
         incarnation=incarnation,
-        argv=tuple(spec.command),
+        argv=spec.command,
         cuda_visible_devices=",".join(str(c) for c in cards),
         mib_per_card=mib_per_card,
-        checkpoint_dir=checkpoint_dir(job),
+        checkpoint_dir=spec.policy.checkpoint.dir_for(job.id),
         resume_from=resume_from,
         workdir=spec.workdir,
         env={**spec.env, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"},

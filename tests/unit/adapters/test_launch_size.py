@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 
 from gpuctl.adapters.job_launch import MAX_COMMAND_LINE_BYTES, command_line_bytes, launch_command
-from gpuctl.config.jobspec import JobSpec
 from gpuctl.config.jobspec_files import MAX_LAUNCH_BYTES, launch_bytes, load_specs
 from gpuctl.core.jobs import LaunchRequest
+from gpuctl.core.jobspec import JobSpec
+from gpuctl.core.placement.model import JobRequest
 from gpuctl.errors import UsageError
 
 JOB_ID = "j" * 57 + "-0a1b2c"  # 64 characters: the longest id gpuctl gives
@@ -58,7 +59,7 @@ def test_the_largest_spec_allowed_launches_within_the_node_shell_limit_with_room
 
 
 def test_a_launch_command_too_long_for_the_node_shell_is_refused_before_it_is_sent() -> None:
-    spec = JobSpec(name="j", command=["python", "x" * 70_000], resources={})  # type: ignore[arg-type]
+    spec = JobSpec(JobRequest("j"), command=("python", "x" * 70_000))
     with pytest.raises(UsageError) as err:
         launch_command(worst_request(spec))
     assert str(err.value) == (

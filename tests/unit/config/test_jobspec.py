@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuctl.config.jobspec import JobSpec
+from gpuctl.config.jobspec import JobSpecModel, spec_document, spec_from_data
 from gpuctl.config.jobspec_files import load_job_specs, load_specs
+from gpuctl.core.jobspec import CheckpointSync, JobSpec, SecretRef, SliceEnforcement
 from gpuctl.core.placement import LabelRequirement, Tier
 from gpuctl.core.units import MemPerCard
 from gpuctl.errors import ExitCode, JobSpecError
@@ -20,9 +21,10 @@ NAME_RULE = "must match ^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 
 
 def test_a_slice_job_reads_memory_cpu_host_memory_and_command() -> None:
-    (req,) = load_job_specs([GOOD / "slice.yaml"])
+    (loaded,) = load_specs([GOOD / "slice.yaml"])
+    req = loaded.spec.request
     assert req.name == "infer-small"
-    assert req.command == ("python", "-m", "server", "--port", "8000")
+    assert loaded.spec.command == ("python", "-m", "server", "--port", "8000")
     assert req.shape.gpus == 1
     assert req.shape.mem_per_card == MemPerCard.of_mib(24 * 1024)
     assert (req.shape.cpu_milli, req.shape.host_mem_mib) == (4000, 32 * 1024)
@@ -30,9 +32,10 @@ def test_a_slice_job_reads_memory_cpu_host_memory_and_command() -> None:
 
 
 def test_a_fraction_job_defaults_to_one_gpu() -> None:
-    (req,) = load_job_specs([GOOD / "fraction.yaml"])
+    (loaded,) = load_specs([GOOD / "fraction.yaml"])
+    req = loaded.spec.request
     assert (req.shape.gpus, req.shape.mem_per_card) == (1, MemPerCard.of_fraction(0.5))
-    assert req.command == ()
+    assert loaded.spec.command == ()
 
 
 def test_a_whole_card_job_reads_models_priority_group_and_labels() -> None:
@@ -250,17 +253,21 @@ def test_running_keys_are_read_and_relative_paths_resolve_against_the_spec_folde
     (loaded,) = load_specs([GOOD / "run.yaml"], require_command=True)
     spec = loaded.spec
     assert loaded.source == f"{GOOD / 'run.yaml'}:2"
-    assert spec.command == ["python", "train.py", "--steps", "1000"]
+    assert spec.command == ("python", "train.py", "--steps", "1000")
     assert spec.workdir == str((GOOD.parent / "work").absolute())
     assert spec.env == {"EPOCHS": "3", "LR": "0.001", "MODE": "fast"}
-    assert spec.secret_env == ["WANDB_API_KEY", "HF_TOKEN"]  # names only: what the store keeps
-    assert spec.secret_sources() == {
-        "WANDB_API_KEY": None,
-        "HF_TOKEN": str((GOOD / "secrets" / "hf.token").absolute()),
-    }
-    assert spec.checkpoint.dir == str(GOOD / "ckpt" / "{job_id}")
-    assert spec.checkpoint.sync == "shared"
-    assert (spec.restart_budget, spec.grace_s, spec.slice_enforcement) == (5, 45.0, "stop")
+    assert spec.secrets == (  # names and where to read them: what the store keeps
+        SecretRef("WANDB_API_KEY"),
+        SecretRef("HF_TOKEN", str((GOOD / "secrets" / "hf.token").absolute())),
+    )
+    policy = spec.policy
+    assert policy.checkpoint.dir == str(GOOD / "ckpt" / "{job_id}")
+    assert policy.checkpoint.sync is CheckpointSync.SHARED
+    assert (policy.restart_budget, policy.grace_s, policy.slice_enforcement) == (
+        5,
+        45.0,
+        SliceEnforcement.STOP,
+    )
 
 
 def test_running_keys_have_documented_defaults(tmp_path: Path) -> None:
@@ -269,15 +276,20 @@ def test_running_keys_have_documented_defaults(tmp_path: Path) -> None:
     (loaded,) = load_specs([path], require_command=True)
     spec = loaded.spec
     assert spec.workdir == "~/work"  # the node's home: left for the node to expand
-    assert (spec.env, spec.secret_env) == ({}, [])
-    assert (spec.checkpoint.dir, spec.checkpoint.sync) == (None, "pull")
-    assert (spec.restart_budget, spec.grace_s, spec.slice_enforcement) == (3, 30.0, "observe")
+    assert (spec.env, spec.secrets) == ({}, ())
+    policy = spec.policy
+    assert (policy.checkpoint.dir, policy.checkpoint.sync) == (None, CheckpointSync.PULL)
+    assert (policy.restart_budget, policy.grace_s, policy.slice_enforcement) == (
+        3,
+        30.0,
+        SliceEnforcement.OBSERVE,
+    )
 
 
 def test_a_loaded_spec_round_trips_through_plain_data() -> None:
     (loaded,) = load_specs([GOOD / "run.yaml"])
-    data = loaded.spec.model_dump(mode="json")
-    assert JobSpec.model_validate(json.loads(json.dumps(data))) == loaded.spec
+    data = loaded.spec.to_dict()
+    assert JobSpec.from_dict(json.loads(json.dumps(data))) == loaded.spec
 
 
 def test_a_secret_value_never_enters_the_loaded_spec(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -285,5 +297,33 @@ def test_a_secret_value_never_enters_the_loaded_spec(monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("WANDB_API_KEY", value)
     (loaded,) = load_specs([GOOD / "run.yaml"])
     assert value not in repr(loaded)
-    assert value not in loaded.spec.model_dump_json()
-    assert "WANDB_API_KEY" in loaded.spec.model_dump_json()  # the name is kept, not the value
+    assert value not in json.dumps(loaded.spec.to_dict())
+    assert "WANDB_API_KEY" in json.dumps(loaded.spec.to_dict())  # the name is kept, not the value
+
+
+@pytest.mark.parametrize("path", sorted(GOOD.glob("*.yaml")), ids=lambda p: p.name)
+def test_a_spec_shows_with_a_spec_files_keys_and_reads_back_to_the_same_spec(path: Path) -> None:
+    for loaded in load_specs([path]):
+        doc = spec_document(loaded.spec)  # `gpuctl jobs show -o json`: the keys it always had
+        assert list(doc) == list(JobSpecModel.model_fields)
+        assert list(doc["resources"]) == ["gpus", "mem_per_gpu", "gpu_models", "cpu", "host_mem"]
+        assert json.loads(json.dumps(doc)) == doc
+        if not doc["resources"]["gpus"]:  # CPU only: a spec file gives no card keys
+            del doc["resources"]["mem_per_gpu"], doc["resources"]["gpu_models"]
+        assert spec_from_data(doc) == loaded.spec
+
+
+def test_a_spec_shows_sizes_in_gib_or_mib_and_cpu_in_cores_or_milli_cores() -> None:
+    (slice_,) = load_specs([GOOD / "slice.yaml"])
+    (spot,) = load_specs([GOOD / "spot.yaml"])
+    (affinity,) = load_specs([GOOD / "affinity.yaml"])
+    assert spec_document(slice_.spec)["resources"] | {"gpu_models": []} == {
+        "gpus": 1,
+        "mem_per_gpu": "24GiB",
+        "gpu_models": [],
+        "cpu": 4,
+        "host_mem": "32GiB",
+    }
+    assert spec_document(spot.spec)["resources"]["cpu"] == "500m"
+    assert spec_document(affinity.spec)["resources"]["mem_per_gpu"] == "38147MiB"  # 40GB
+    assert spec_document(affinity.spec)["affinity"]["avoid_nodes"] == {"maintenance": "*"}

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuctl.config.jobspec import JobSpec
 from gpuctl.config.jobspec_files import load_specs
+from gpuctl.core.jobspec import JobSpec
 from gpuctl.errors import JobSpecError
 
 
@@ -18,7 +18,7 @@ def _spec(tmp_path: Path, extra: str) -> JobSpec:
 
 def test_jobs_are_disruptible_and_wait_30_minutes_between_moves_by_default(tmp_path: Path) -> None:
     spec = _spec(tmp_path, "")
-    assert (spec.disruptible, spec.min_runtime_between_moves) == (True, 1800.0)
+    assert (spec.policy.disruptible, spec.policy.min_runtime_between_moves_s) == (True, 1800.0)
 
 
 @pytest.mark.parametrize(
@@ -37,13 +37,13 @@ def test_the_minimum_runtime_reads_seconds_or_a_unit(
     tmp_path: Path, text: str, seconds: float
 ) -> None:
     spec = _spec(tmp_path, f"disruptible: false\nmin_runtime_between_moves: {text}\n")
-    assert (spec.disruptible, spec.min_runtime_between_moves) == (False, seconds)
+    assert (spec.policy.disruptible, spec.policy.min_runtime_between_moves_s) == (False, seconds)
 
 
 def test_the_keys_survive_the_stores_round_trip(tmp_path: Path) -> None:
     spec = _spec(tmp_path, "disruptible: false\nmin_runtime_between_moves: 2h\n")
-    again = JobSpec.model_validate(spec.model_dump(mode="json"))
-    assert (again.disruptible, again.min_runtime_between_moves) == (False, 7200.0)
+    again = JobSpec.from_dict(spec.to_dict())
+    assert (again.policy.disruptible, again.policy.min_runtime_between_moves_s) == (False, 7200.0)
 
 
 @pytest.mark.parametrize(

@@ -11,13 +11,15 @@ from hypothesis import strategies as st
 
 from gpuctl.core.health_model import Action, NodeVerdict, Reason, Severity
 from gpuctl.core.jobs import Cordon, Incarnation, IncarnationState, Job, JobState
+from gpuctl.core.jobspec import JobSpec
 from gpuctl.core.migration import Phase, Reservation, StepKind, next_step
 from gpuctl.core.nodehealth import AutoDrainPolicy, NodeHealth, NodeStep, decide, flapping, track
+from gpuctl.core.placement.model import JobRequest
 
 RES = Reservation(
     "a-1", 1, "n1", "n2", (0,), 1024, False, (4096,), 100.0, 700.0, 30.0, 20.0, "r", "op"
 )
-JOB = Job("a-1", "a", {}, JobState.RUNNING, 0, "standard", 1.0, incarnation=1)
+JOB = Job("a-1", "a", JobSpec(JobRequest("a")), JobState.RUNNING, 0, "standard", 1.0, incarnation=1)
 SRC = Incarnation("a-1", 1, "n1", (0,), (), 1024, False, IncarnationState.RUNNING, 50.0, "/r")
 
 

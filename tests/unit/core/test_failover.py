@@ -19,6 +19,7 @@ from gpuctl.core.failover import (
     without,
 )
 from gpuctl.core.jobs import EndReason, Incarnation, IncarnationState, Job, JobState, NodeLiveness
+from gpuctl.core.jobspec import JobSpec
 from gpuctl.core.model import GpuProcess
 from gpuctl.core.placement.model import (
     Allocation,
@@ -154,7 +155,7 @@ def test_launch_failures_count_as_the_job_failing() -> None:
 
 
 def job(jid: str, priority: int = 0, at: float = 0.0, tier: str = "standard") -> Job:
-    return Job(jid, jid, {}, JobState.QUEUED, priority, tier, at)
+    return Job(jid, jid, JobSpec(JobRequest(jid)), JobState.QUEUED, priority, tier, at)
 
 
 def test_the_queue_is_ordered_by_priority_then_age_then_id() -> None:

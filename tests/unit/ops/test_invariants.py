@@ -16,7 +16,9 @@ from gpuctl.core.jobs import (
     Job,
     JobState,
 )
+from gpuctl.core.jobspec import JobSpec
 from gpuctl.core.migration import Reservation
+from gpuctl.core.placement.model import JobRequest
 from gpuctl.ops.invariants import check_invariants
 
 R, L, X = IncarnationState.RUNNING, IncarnationState.LOST, IncarnationState.EXITED
@@ -24,7 +26,7 @@ CAP = {("n1", 0): 40_000, ("n2", 0): 40_000}
 
 
 def job(job_id: str = "a-000001", state: JobState = JobState.RUNNING, n: int = 1) -> Job:
-    return Job(job_id, "a", {}, state, 0, "standard", 1.0, incarnation=n)
+    return Job(job_id, "a", JobSpec(JobRequest("a")), state, 0, "standard", 1.0, incarnation=n)
 
 
 def inc(

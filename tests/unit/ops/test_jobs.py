@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from gpuctl.config.jobspec import JobSpec
+from gpuctl.config.jobspec import JobSpecModel, spec_from_data
 from gpuctl.config.jobspec_files import LoadedSpec
 from gpuctl.core.jobs import (
     Checkpoint,
@@ -33,7 +33,7 @@ ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 def spec(name: str = "train", **extra: Any) -> LoadedSpec:
     data = {"name": name, "command": ["python", "train.py"], "resources": {"mem_per_gpu": 0.5}}
-    return LoadedSpec(JobSpec.model_validate({**data, **extra}), f"{name}.yaml:1")
+    return LoadedSpec(spec_from_data({**data, **extra}), f"{name}.yaml:1")
 
 
 def tokens(*values: str) -> Any:
@@ -109,7 +109,7 @@ def test_the_stored_spec_holds_secret_names_and_never_a_value(
     loaded = spec("s", secret_env=["API_KEY", {"HF_TOKEN": {"file": str(token_file)}}])
     env = {"API_KEY": SECRET}
     (job,) = jobs.submit(store, [loaded], actor="al", clock=clock, env=env)
-    stored = json.dumps(dict(store.job(job.id).spec))  # type: ignore[union-attr]
+    stored = json.dumps(store.job(job.id).spec.to_dict())  # type: ignore[union-attr]
     assert SECRET not in stored
     assert "API_KEY" in stored and str(token_file) in stored
     assert SECRET not in json.dumps([dataclasses.asdict(e) for e in store.events()])
@@ -311,15 +311,7 @@ def test_a_checkpoint_dir_takes_the_job_id_for_its_placeholder(
 ) -> None:
     loaded = spec("a", checkpoint={"dir": "/shared/ckpt/{job_id}", "sync": "shared"})
     (job,) = jobs.submit(store, [loaded], actor="al", clock=clock)
-    assert jobs.checkpoint_dir(job) == f"/shared/ckpt/{job.id}"
-
-
-def test_a_stored_spec_that_no_longer_validates_fails_closed(clock: ManualClock) -> None:
-    job = Job("x-1", "x", {"name": "x", "resources": {}, "bogus": 1}, JobState.QUEUED, 0, "s", 0.0)
-    with pytest.raises(GpuctlError) as err:
-        jobs.job_request(job)
-    assert err.value.exit_code is ExitCode.STATE
-    assert "job x-1: its stored spec is not valid at bogus" in str(err.value)
+    assert job.spec.policy.checkpoint.dir_for(job.id) == f"/shared/ckpt/{job.id}"
 
 
 # --- logs -------------------------------------------------------------------------------------
@@ -422,3 +414,35 @@ def test_fleet_numbers_come_from_the_store(store: MemoryStore, clock: ManualCloc
     assert numbers["checkpoint_age_max_s"] == 100.0
     assert numbers["failover_success_pct"] is None
     json.dumps(numbers, allow_nan=False)
+
+
+def test_a_control_loop_pass_reads_typed_specs_and_validates_no_spec_file(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from gpuctl.testing.drainkit import Kit
+
+    kit = Kit.make(MemoryStore(), ("n1", "n2"))
+    submitted = [kit.submit(name, priority=i) for i, name in enumerate(("a", "b", "c"))]
+
+    def validated(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a job spec was validated again")
+
+    monkeypatch.setattr(JobSpecModel, "model_validate", classmethod(validated))
+    monkeypatch.setattr(JobSpecModel, "__init__", validated)
+    kit.step()
+    kit.step()
+    assert [kit.job(j.id).state for j in submitted] == [JobState.RUNNING] * 3
+
+
+def test_a_cpu_only_job_is_held_saying_so_and_the_pass_goes_on(tmp_path: Path) -> None:
+    from gpuctl.adapters.store import open_store
+    from gpuctl.ops.reconcile_launch import CPU_ONLY
+    from gpuctl.testing.drainkit import Kit
+
+    with open_store(tmp_path / "state", write=True) as store:
+        kit = Kit.make(store, ("n1", "n2"))
+        etl = kit.submit("etl", resources={"gpus": 0, "cpu": 2})
+        train = kit.submit("train")
+        kit.step()
+        assert (kit.job(etl.id).state, kit.job(etl.id).reason) == (JobState.HELD, CPU_ONLY)
+        assert kit.job(train.id).state is JobState.RUNNING

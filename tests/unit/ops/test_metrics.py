@@ -11,6 +11,7 @@ from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuctl.config.health_rules import load_rules
+from gpuctl.config.jobspec import spec_from_data
 from gpuctl.core.jobs import (
     Checkpoint,
     EndReason,
@@ -85,7 +86,9 @@ INVENTORY = Inventory(
 
 
 def job(jid: str, *, submitted: float, tier: str = "standard") -> Job:
-    spec = {"name": jid, "command": ["sleep", "1"], "resources": {"mem_per_gpu": "8GiB"}}
+    spec = spec_from_data(
+        {"name": jid, "command": ["sleep", "1"], "resources": {"mem_per_gpu": "8GiB"}}
+    )
     return Job(jid, jid, spec, JobState.QUEUED, 0, tier, submitted, updated_at=submitted)
 
 

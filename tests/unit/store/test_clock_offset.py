@@ -15,6 +15,8 @@ from gpuctl.adapters.store.opening import open_connection
 from gpuctl.adapters.store.schema import MIGRATIONS
 from gpuctl.adapters.store.sqlite import SqliteStore
 from gpuctl.core.jobs import Event, Incarnation, IncarnationState, Job, JobState
+from gpuctl.core.jobspec import JobSpec
+from gpuctl.core.placement.model import JobRequest
 from gpuctl.testing.memstore import MemoryStore
 
 CAP = {("n1", 0): 80_000}
@@ -28,7 +30,7 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
 
 
 def job(job_id: str = "a-1") -> Job:
-    return Job(job_id, "a", {}, JobState.QUEUED, 0, "standard", 1.0)
+    return Job(job_id, "a", JobSpec(JobRequest("a")), JobState.QUEUED, 0, "standard", 1.0)
 
 
 def inc(offset: float | None) -> Incarnation:

@@ -11,6 +11,8 @@ from gpuctl.adapters.store.opening import open_connection
 from gpuctl.adapters.store.schema import MIGRATIONS, Migration
 from gpuctl.adapters.store.sqlite import SqliteStore
 from gpuctl.core.jobs import Event, Job, JobState
+from gpuctl.core.jobspec import JobSpec
+from gpuctl.core.placement.model import JobRequest
 from gpuctl.errors import ExitCode, StateError
 
 
@@ -18,7 +20,15 @@ def filled(state_dir: Path, jobs: int = 30) -> None:
     """A store with some jobs, closed (its WAL folded into the database file)."""
     with open_store(state_dir, write=True) as s:
         for i in range(jobs):
-            j = Job(f"job-{i:06d}", "job", {"pad": "x" * 200}, JobState.QUEUED, 0, "spot", 1.0)
+            j = Job(
+                f"job-{i:06d}",
+                "job",
+                JobSpec(JobRequest("job"), env={"PAD": "x" * 200}),
+                JobState.QUEUED,
+                0,
+                "spot",
+                1.0,
+            )
             s.add_job(j, Event(1.0, "alice", "submit", "submitted", j.id))
 
 

@@ -5,6 +5,8 @@ from pathlib import Path
 
 from gpuctl.adapters.store import open_store
 from gpuctl.core.jobs import Cordon, Event, Job, JobState
+from gpuctl.core.jobspec import JobSpec
+from gpuctl.core.placement.model import JobRequest
 from gpuctl.tui.services import KeptStore
 
 
@@ -13,7 +15,15 @@ def ev(kind: str, job_id: str | None = None) -> Event:
 
 
 def submit(state_dir: Path, job_id: str) -> None:
-    job = Job(job_id, job_id, {"command": ["true"]}, JobState.QUEUED, 0, "standard", 10.0)
+    job = Job(
+        job_id,
+        job_id,
+        JobSpec(JobRequest(job_id), command=("true",)),
+        JobState.QUEUED,
+        0,
+        "standard",
+        10.0,
+    )
     with open_store(state_dir, write=True) as store:
         store.add_job(job, ev("submit", job_id))
 

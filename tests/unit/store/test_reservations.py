@@ -16,8 +16,10 @@ from gpuctl.adapters.store.schema import MIGRATIONS
 from gpuctl.adapters.store.sqlite import SqliteStore
 from gpuctl.core.health_model import Action
 from gpuctl.core.jobs import Cordon, Event, Incarnation, IncarnationState, Job, JobState
+from gpuctl.core.jobspec import JobSpec
 from gpuctl.core.migration import Phase, Reservation
 from gpuctl.core.nodehealth import NodeHealth
+from gpuctl.core.placement.model import JobRequest
 from gpuctl.errors import StoreConflict
 from gpuctl.ops.invariants import check_invariants
 from gpuctl.testing.memstore import MemoryStore
@@ -52,7 +54,15 @@ def inc(job_id: str, n: int = 1, node: str = "n1", card: int = 0, mib: int = 20_
 
 
 def running(store: Store, job_id: str, node: str = "n1", card: int = 0, mib: int = 20_000) -> None:
-    job = Job(job_id, job_id.split("-")[0], {}, JobState.QUEUED, 0, "standard", 1.0)
+    job = Job(
+        job_id,
+        job_id.split("-")[0],
+        JobSpec(JobRequest(job_id.split("-")[0])),
+        JobState.QUEUED,
+        0,
+        "standard",
+        1.0,
+    )
     store.add_job(job, ev("submit"))
     store.begin_launch(inc(job_id, 1, node, card, mib), capacity_mib=CAP, event=ev("launch"))
     store.update_incarnation(job_id, 1, state=IncarnationState.RUNNING, pid=7)
@@ -68,7 +78,7 @@ def test_reserved_cards_are_held_against_other_launches_and_reservations(store: 
     running(store, "a-1")
     running(store, "b-1", card=1)
     store.reserve(res("a-1", mib=30_000), event=ev("reserve"))
-    queued = Job("c-1", "c", {}, JobState.QUEUED, 0, "standard", 1.0)
+    queued = Job("c-1", "c", JobSpec(JobRequest("c")), JobState.QUEUED, 0, "standard", 1.0)
     store.add_job(queued, ev("submit"))
     with pytest.raises(StoreConflict):
         store.begin_launch(inc("c-1", 1, "n2", 0, 20_000), capacity_mib=CAP, event=ev("launch"))
@@ -125,7 +135,9 @@ def test_a_cordoned_node_is_granted_nothing_new(store: Store) -> None:
     store.cordon(Cordon("n2", "bad fan", "alice", "operator", 90.0), ev("cordon"))
     with pytest.raises(StoreConflict, match="cordoned"):
         store.reserve(res("a-1"), event=ev("reserve"))
-    store.add_job(Job("c-1", "c", {}, JobState.QUEUED, 0, "standard", 1.0), ev("submit"))
+    store.add_job(
+        Job("c-1", "c", JobSpec(JobRequest("c")), JobState.QUEUED, 0, "standard", 1.0), ev("submit")
+    )
     with pytest.raises(StoreConflict, match="cordoned"):
         store.begin_launch(inc("c-1", 1, "n2", 0), capacity_mib=CAP, event=ev("launch"))
     assert store.incarnations("c-1") == []
@@ -160,7 +172,10 @@ def test_a_v1_store_is_migrated_forward_keeping_its_rows_and_is_read_as_v1_befor
 ) -> None:
     d = tmp_path / "state"
     with SqliteStore(open_connection(d, write=True, migrations=MIGRATIONS[:1])) as v1:
-        v1.add_job(Job("a-1", "a", {}, JobState.QUEUED, 0, "standard", 1.0), ev("submit"))
+        v1.add_job(
+            Job("a-1", "a", JobSpec(JobRequest("a")), JobState.QUEUED, 0, "standard", 1.0),
+            ev("submit"),
+        )
     with open_store(d, write=False) as ro:  # a read never migrates, and reads as empty
         assert (ro.schema_version, ro.reservations(), ro.node_health()) == (1, [], {})
         assert "reservations" not in ro.counts()

@@ -1,5 +1,6 @@
 """The SQLite state store: every method, compare-and-set, card booking, the loop lock, modes."""
 
+import json
 import os
 import sqlite3
 import stat
@@ -24,9 +25,45 @@ from gpuctl.core.jobs import (
     JobState,
     NodeLiveness,
 )
-from gpuctl.errors import StateError, StoreConflict
+from gpuctl.core.jobspec import (
+    CheckpointPolicy,
+    CheckpointSync,
+    JobPolicy,
+    JobSpec,
+    SecretRef,
+    SliceEnforcement,
+)
+from gpuctl.core.placement.model import JobRequest, JobShape, LabelRequirement, Tier
+from gpuctl.core.units import MemPerCard
+from gpuctl.errors import ExitCode, GpuctlError, StateError, StoreConflict
 
 CAP = {("n1", 0): 40_000, ("n1", 1): 40_000, ("n2", 0): 80_000}
+SPEC = JobSpec(  # every field away from its default
+    request=JobRequest(
+        "train",
+        shape=JobShape(2, MemPerCard(whole=True), ("H100",), cpu_milli=500, host_mem_mib=1536),
+        tier=Tier.SPOT,
+        priority=-7,
+        labels={"team": "nlp"},
+        node_affinity=(LabelRequirement("zone", ("eu-1", "eu-2")),),
+        node_anti_affinity=(LabelRequirement("maintenance"),),
+        group="llama",
+        avoid_jobs=("eval",),
+        avoid_groups=("serving",),
+    ),
+    policy=JobPolicy(
+        grace_s=45.5,
+        restart_budget=0,
+        checkpoint=CheckpointPolicy("/shared/ckpt/{job_id}", CheckpointSync.SHARED),
+        slice_enforcement=SliceEnforcement.STOP,
+        disruptible=False,
+        min_runtime_between_moves_s=0.0,
+    ),
+    command=("python", "train.py"),
+    workdir="/shared/work",
+    env={"EPOCHS": "3"},
+    secrets=(SecretRef("HF_TOKEN"), SecretRef("WANDB_API_KEY", "/home/al/.wandb")),
+)
 
 
 def ev(kind: str, at: float = 100.0, job_id: str | None = None) -> Event:
@@ -35,7 +72,7 @@ def ev(kind: str, at: float = 100.0, job_id: str | None = None) -> Event:
 
 def job(job_id: str = "train-a1b2c3", name: str = "train", at: float = 10.0, **kw: object) -> Job:
     fields: dict[str, object] = {
-        "spec": {"command": ["python", "train.py"], "secret_env": ["HF_TOKEN"]},
+        "spec": SPEC,
         "state": JobState.QUEUED,
         "priority": 0,
         "tier": "standard",
@@ -174,17 +211,46 @@ def test_a_job_id_is_never_reused(store: SqliteStore) -> None:
     assert len(store.events()) == 1  # the refused submit left no event
 
 
+def test_a_stored_spec_keeps_secret_names_and_files_and_no_value(store: SqliteStore) -> None:
+    submitted(store)
+    (text,) = sqlite3.connect(store.path).execute("SELECT spec FROM jobs").fetchone()
+    assert json.loads(text)["secrets"] == [
+        {"name": "HF_TOKEN", "file": None},
+        {"name": "WANDB_API_KEY", "file": "/home/al/.wandb"},
+    ]
+
+
 @pytest.mark.parametrize(
-    "secret_env",
-    [{"HF_TOKEN": "hf_live_value"}, ["HF_TOKEN", "sk-not a name"], "HF_TOKEN=hf_live_value"],
+    ("secrets", "where"),
+    [
+        (
+            [{"name": "HF_TOKEN", "file": None, "value": "hf_live_value"}],
+            "secrets[0].value: unknown key",
+        ),
+        ({"HF_TOKEN": "hf_live_value"}, "secrets: must be a list, got dict"),
+        (["HF_TOKEN=hf_live_value"], "secrets[0]: must be a mapping, got str"),
+    ],
 )
-def test_a_spec_carrying_secret_values_is_refused(store: SqliteStore, secret_env: object) -> None:
-    spec = {"command": ["x"], "nested": {"secret_env": secret_env}}
-    with pytest.raises(ValueError, match="secret values are never stored"):
-        store.add_job(job(spec=spec), ev("submit"))
-    assert store.jobs() == []
-    raw = store.path.read_bytes() + store.path.with_name("state.db-wal").read_bytes()
-    assert b"hf_live_value" not in raw
+def test_a_stored_spec_carrying_a_secret_value_is_refused_naming_the_field(
+    store: SqliteStore, secrets: object, where: str
+) -> None:
+    submitted(store)
+    data = {**SPEC.to_dict(), "secrets": secrets}
+    with sqlite3.connect(store.path) as conn:  # written by something that is not this gpuctl
+        conn.execute("UPDATE jobs SET spec = ?", (json.dumps(data),))
+    with pytest.raises(StateError) as err:
+        store.job("train-a1b2c3")
+    assert err.value.message == f"job train-a1b2c3: its stored spec is not valid at {where}"
+
+
+def test_a_stored_spec_that_no_longer_validates_fails_closed(store: SqliteStore) -> None:
+    submitted(store)
+    with sqlite3.connect(store.path) as conn:  # another gpuctl's spec
+        conn.execute("UPDATE jobs SET spec = ?", ('{"name": "x", "resources": {}, "bogus": 1}',))
+    with pytest.raises(GpuctlError) as err:
+        store.jobs()
+    assert err.value.exit_code is ExitCode.STATE
+    assert "job train-a1b2c3: its stored spec is not valid at bogus" in str(err.value)
 
 
 def test_update_job_is_a_compare_and_set(store: SqliteStore) -> None:

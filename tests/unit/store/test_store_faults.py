@@ -13,11 +13,17 @@ from gpuctl.adapters.store import open_store
 from gpuctl.adapters.store.failures import state_error
 from gpuctl.adapters.store.sqlite import SqliteStore
 from gpuctl.core.jobs import Checkpoint, Event, Job, JobState, NodeLiveness
+from gpuctl.core.jobspec import JobSpec
+from gpuctl.core.placement.model import JobRequest
 from gpuctl.errors import ExitCode, StateError, StoreConflict, StoreCorrupt, StoreFull
 
 
+def padded(pad: int) -> JobSpec:
+    return JobSpec(JobRequest("job"), env={"PAD": "x" * pad})
+
+
 def job(i: int, pad: int = 200) -> Job:
-    return Job(f"job-{i:06d}", "job", {"pad": "x" * pad}, JobState.QUEUED, 0, "spot", 1.0)
+    return Job(f"job-{i:06d}", "job", padded(pad), JobState.QUEUED, 0, "spot", 1.0)
 
 
 def submit(store: SqliteStore, i: int, pad: int = 200) -> None:
