@@ -99,18 +99,15 @@ class JobSpec:
 
     @classmethod
     def from_dict(cls, data: Any) -> JobSpec:
-        """The inverse of `to_dict`; `SpecDataError` naming the field for anything else."""
-        d = _Fields(data, "")
-        return _build(
-            d,
-            cls,
-            request=_request(d.sub("request"), d.take("name", str)),
-            policy=_policy(d.sub("policy")),
-            command=tuple(d.take_list("command", str)),
-            workdir=d.take_opt("workdir", str),
-            env=d.take_map("env"),
-            secrets=tuple(_secret(s) for s in d.items("secrets")),
-        )
+        """The inverse of `to_dict`; `SpecDataError` naming the field for anything else.
+
+        The store reads every job's spec at every read of its jobs (a pass reads them several
+        times), so what `to_dict` wrote is read in one straight pass over the data; only
+        something else is walked key by key to say where it is wrong."""
+        try:
+            return _read_fast(data)
+        except (_NotAsWritten, KeyError, TypeError, ValueError):
+            return _read_slow(data)
 
 
 class SpecDataError(ValueError):
@@ -169,7 +166,158 @@ def _policy_dict(p: JobPolicy) -> dict[str, Any]:
     }
 
 
-# --- from plain data ----------------------------------------------------------------------------
+# --- from plain data: what to_dict wrote ---------------------------------------------------------
+
+
+class _NotAsWritten(Exception):
+    """Not `to_dict`'s output: read it again slowly, to name the field."""
+
+
+_TOP_KEYS = frozenset(("name", "request", "policy", "command", "workdir", "env", "secrets"))
+_REQUEST_KEYS = frozenset(
+    (
+        "shape",
+        "tier",
+        "priority",
+        "labels",
+        "node_affinity",
+        "node_anti_affinity",
+        "group",
+        "avoid_jobs",
+        "avoid_groups",
+    )
+)
+_SHAPE_KEYS = frozenset(("gpus", "mem_per_card", "gpu_models", "cpu_milli", "host_mem_mib"))
+_POLICY_KEYS = frozenset(
+    (
+        "grace_s",
+        "restart_budget",
+        "checkpoint",
+        "slice_enforcement",
+        "disruptible",
+        "min_runtime_between_moves_s",
+    )
+)
+_CHECKPOINT_KEYS = frozenset(("dir", "sync"))
+_REQUIREMENT_KEYS = frozenset(("key", "values"))
+_SECRET_KEYS = frozenset(("name", "file"))
+_TIERS = {t.value: t for t in Tier}
+_SYNCS = {s.value: s for s in CheckpointSync}
+_ENFORCEMENTS = {e.value: e for e in SliceEnforcement}
+
+
+def _m(value: Any, keys: frozenset[str]) -> dict[str, Any]:
+    if type(value) is not dict or value.keys() != keys:
+        raise _NotAsWritten
+    return value
+
+
+def _i(value: Any) -> int:
+    if type(value) is not int:
+        raise _NotAsWritten
+    return value
+
+
+def _f(value: Any) -> float:
+    if type(value) is float:
+        return value
+    return float(_i(value))
+
+
+def _s(value: Any) -> str:
+    if type(value) is not str:
+        raise _NotAsWritten
+    return value
+
+
+def _so(value: Any) -> str | None:
+    return None if value is None else _s(value)
+
+
+def _ss(value: Any) -> tuple[str, ...]:
+    if type(value) is not list or any(type(v) is not str for v in value):
+        raise _NotAsWritten
+    return tuple(value)
+
+
+def _sm(value: Any) -> dict[str, str]:
+    if type(value) is not dict or any(
+        type(k) is not str or type(v) is not str for k, v in value.items()
+    ):
+        raise _NotAsWritten
+    return value
+
+
+def _mem_fast(value: Any) -> MemPerCard:
+    if type(value) is not dict or len(value) != 1:
+        raise _NotAsWritten
+    if value.get("whole") is True:
+        return MemPerCard(whole=True)
+    if "fraction" in value:
+        return MemPerCard(fraction=_f(value["fraction"]))
+    return MemPerCard(mib=_i(value["mib"]))
+
+
+def _reqs_fast(value: Any) -> tuple[LabelRequirement, ...]:
+    if type(value) is not list:
+        raise _NotAsWritten
+    out = []
+    for item in value:
+        r = _m(item, _REQUIREMENT_KEYS)
+        out.append(LabelRequirement(_s(r["key"]), _ss(r["values"])))
+    return tuple(out)
+
+
+def _read_fast(data: Any) -> JobSpec:
+    d = _m(data, _TOP_KEYS)
+    r = _m(d["request"], _REQUEST_KEYS)
+    s = _m(r["shape"], _SHAPE_KEYS)
+    p = _m(d["policy"], _POLICY_KEYS)
+    c = _m(p["checkpoint"], _CHECKPOINT_KEYS)
+    disruptible = p["disruptible"]
+    if type(disruptible) is not bool or type(d["secrets"]) is not list:
+        raise _NotAsWritten
+    request = JobRequest(
+        name=_s(d["name"]),
+        shape=JobShape(
+            _i(s["gpus"]),
+            _mem_fast(s["mem_per_card"]),
+            _ss(s["gpu_models"]),
+            _i(s["cpu_milli"]),
+            _i(s["host_mem_mib"]),
+        ),
+        tier=_TIERS[r["tier"]],
+        priority=_i(r["priority"]),
+        labels=dict(_sm(r["labels"])),
+        node_affinity=_reqs_fast(r["node_affinity"]),
+        node_anti_affinity=_reqs_fast(r["node_anti_affinity"]),
+        group=_so(r["group"]),
+        avoid_jobs=_ss(r["avoid_jobs"]),
+        avoid_groups=_ss(r["avoid_groups"]),
+    )
+    policy = JobPolicy(
+        _f(p["grace_s"]),
+        _i(p["restart_budget"]),
+        CheckpointPolicy(_so(c["dir"]), _SYNCS[c["sync"]]),
+        _ENFORCEMENTS[p["slice_enforcement"]],
+        disruptible,
+        _f(p["min_runtime_between_moves_s"]),
+    )
+    secrets = []
+    for item in d["secrets"]:
+        sec = _m(item, _SECRET_KEYS)
+        secrets.append(SecretRef(_s(sec["name"]), _so(sec["file"])))
+    return JobSpec(
+        request,
+        policy,
+        _ss(d["command"]),
+        _so(d["workdir"]),
+        dict(_sm(d["env"])),
+        tuple(secrets),
+    )
+
+
+# --- from plain data: anything else, key by key ---------------------------------------------------
 
 T = TypeVar("T")
 E = TypeVar("E", bound=enum.Enum)
@@ -328,6 +476,20 @@ def _policy(d: _Fields) -> JobPolicy:
         slice_enforcement=d.take_enum("slice_enforcement", SliceEnforcement),
         disruptible=d.take("disruptible", bool),
         min_runtime_between_moves_s=d.take("min_runtime_between_moves_s", float),
+    )
+
+
+def _read_slow(data: Any) -> JobSpec:
+    d = _Fields(data, "")
+    return _build(
+        d,
+        JobSpec,
+        request=_request(d.sub("request"), d.take("name", str)),
+        policy=_policy(d.sub("policy")),
+        command=tuple(d.take_list("command", str)),
+        workdir=d.take_opt("workdir", str),
+        env=d.take_map("env"),
+        secrets=tuple(_secret(s) for s in d.items("secrets")),
     )
 
 

@@ -6,7 +6,7 @@ spec file's keys: a store opened read-only before it is migrated) is read by `le
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from gpuctl.adapters.store import legacy_spec
@@ -127,11 +127,32 @@ def job_values(job: Job) -> tuple[Any, ...]:
     )
 
 
-def job_from(row: tuple[Any, ...]) -> Job:
+class SpecMemo:
+    """Each job's spec as decoded from its row, known again by the row's text. A spec is written
+    once, at submit, and never changed (`JOB_FIXED`), while the control loop reads every job
+    several times a pass: decoding it each time cost the pass more than the rest of the read."""
+
+    LIMIT = 16384  # jobs remembered at most (then all are forgotten and decoded again)
+
+    def __init__(self) -> None:
+        self._seen: dict[str, tuple[str, JobSpec]] = {}
+
+    def __call__(self, text: str, job_id: str) -> JobSpec:
+        found = self._seen.get(job_id)
+        if found is not None and found[0] == text:
+            return found[1]
+        spec = spec_from(text, job_id)
+        if len(self._seen) >= self.LIMIT:
+            self._seen.clear()
+        self._seen[job_id] = (text, spec)
+        return spec
+
+
+def job_from(row: tuple[Any, ...], read_spec: Callable[[str, str], JobSpec] = spec_from) -> Job:
     return Job(
         id=row[0],
         name=row[1],
-        spec=spec_from(row[2], row[0]),
+        spec=read_spec(row[2], row[0]),
         state=JobState(row[3]),
         priority=row[4],
         tier=row[5],

@@ -59,6 +59,7 @@ class SqliteStore:
             else rows.INC_COLS.replace("clock_offset_s", "NULL")
         )
         self._lock = threading.RLock()
+        self._specs = rows.SpecMemo()  # a job's spec, decoded once: the loop reads jobs often
         # the loop's long-lived connection would go on past a truncated or replaced file
         self._file = (
             failures.DatabaseFile(self.path) if self.writable and not self.ephemeral else None
@@ -128,10 +129,9 @@ class SqliteStore:
         )
         return int(cur.lastrowid or 0)
 
-    @staticmethod
-    def _job_row(conn: sqlite3.Connection, job_id: str) -> Job | None:
+    def _job_row(self, conn: sqlite3.Connection, job_id: str) -> Job | None:
         row = conn.execute(f"SELECT {rows.JOB_COLS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
-        return None if row is None else rows.job_from(row)
+        return None if row is None else rows.job_from(row, self._specs)
 
     def _inc_row(self, conn: sqlite3.Connection, job_id: str, n: int) -> Incarnation | None:
         row = conn.execute(
@@ -158,7 +158,7 @@ class SqliteStore:
                 "ORDER BY submitted_at DESC, rowid DESC LIMIT 1",
                 (ref,),
             )
-        return rows.job_from(found[0]) if found else None
+        return rows.job_from(found[0], self._specs) if found else None
 
     def jobs(self, states: Iterable[JobState] | None = None) -> list[Job]:
         """Oldest submission first."""
@@ -167,7 +167,8 @@ class SqliteStore:
         if states is not None:
             params = [JobState(s).value for s in states]
             sql += f" WHERE state IN ({_marks(len(params))})"
-        return [rows.job_from(r) for r in self._read(sql + " ORDER BY submitted_at, id", params)]
+        found = self._read(sql + " ORDER BY submitted_at, id", params)
+        return [rows.job_from(r, self._specs) for r in found]
 
     def update_job(
         self,

@@ -16,6 +16,8 @@ from gpuctl.core.jobspec import (
     SecretRef,
     SliceEnforcement,
     SpecDataError,
+    _read_fast,
+    _read_slow,
 )
 from gpuctl.core.placement.model import JobRequest, JobShape, LabelRequirement, Tier
 from gpuctl.core.units import MemPerCard
@@ -72,6 +74,7 @@ specs = st.builds(
 def test_a_spec_round_trips_through_json(spec: JobSpec) -> None:
     data = json.loads(json.dumps(spec.to_dict(), allow_nan=False))
     assert JobSpec.from_dict(data) == spec
+    assert _read_fast(data) == _read_slow(data) == spec  # the quick read and the careful one
 
 
 SPEC = JobSpec(

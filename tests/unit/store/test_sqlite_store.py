@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuctl.adapters.store import SCHEMA_VERSION, open_store
+from gpuctl.adapters.store import SCHEMA_VERSION, open_store, rows
 from gpuctl.adapters.store.sqlite import SqliteStore
 from gpuctl.core.jobs import (
     Checkpoint,
@@ -251,6 +251,21 @@ def test_a_stored_spec_that_no_longer_validates_fails_closed(store: SqliteStore)
         store.jobs()
     assert err.value.exit_code is ExitCode.STATE
     assert "job train-a1b2c3: its stored spec is not valid at bogus" in str(err.value)
+
+
+def test_a_jobs_spec_is_decoded_once_however_often_it_is_read(
+    store: SqliteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    submitted(store)
+    decoded: list[str] = []
+    decode = rows.spec_from
+    monkeypatch.setattr(
+        rows, "spec_from", lambda text, job_id: decoded.append(job_id) or decode(text, job_id)
+    )
+    for _ in range(3):
+        assert [j.spec for j in store.jobs()] == [SPEC]
+        assert store.job("train-a1b2c3").spec == SPEC  # type: ignore[union-attr]
+    assert decoded == ["train-a1b2c3"]
 
 
 def test_update_job_is_a_compare_and_set(store: SqliteStore) -> None:
