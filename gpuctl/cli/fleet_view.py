@@ -1,9 +1,11 @@
-"""Rendering of fleet snapshots: tables for people, documents for scripts. No business rules."""
+"""Rendering of fleet snapshots: tables for people, documents for scripts. No business rules:
+each node's state comes from `core.nodestate` (`ops.fleetstatus.node_states` with the store)."""
 
 from __future__ import annotations
 
 import io
 import sys
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -13,6 +15,10 @@ from rich.table import Table
 from gpuctl.cli.render import Output, emit_document, safe
 from gpuctl.core.hints import gpu_hints, node_hints
 from gpuctl.core.model import FleetSnapshot, NodeSnapshot, NodeSpec, Reach, fleet_to_dict
+from gpuctl.core.nodestate import NodeStatus, node_status
+from gpuctl.core.units import human_s
+
+States = Mapping[str, NodeStatus]  # node name -> its state (`ops.fleetstatus.node_states`)
 
 
 def stdout_console() -> Console:
@@ -38,13 +44,18 @@ def _na(value: object, suffix: str = "") -> str:
     return "-" if value is None else f"{value}{suffix}"
 
 
-def render_fleet(fleet: FleetSnapshot, specs: Mapping[str, NodeSpec], output: Output) -> None:
+def render_fleet(
+    fleet: FleetSnapshot,
+    specs: Mapping[str, NodeSpec],
+    output: Output,
+    states: States | None = None,
+) -> None:
     """The fleet on stdout: one document for json/yaml, the node table (and for wide the GPU
-    table) otherwise."""
+    table) otherwise. `states`: each node's state with the store's cordons (None: no store)."""
     if output in (Output.JSON, Output.YAML):
-        emit_document(fleet_document(fleet, specs), output)
+        emit_document(fleet_document(fleet, specs, states), output)
         return
-    print_table(fleet_table(fleet, specs))
+    print_table(fleet_table(fleet, specs, states))
     if output is Output.WIDE:
         sys.stdout.write("\n")
         print_table(gpu_table(fleet))
@@ -64,9 +75,19 @@ def summary(fleet: FleetSnapshot) -> dict[str, Any]:
     }
 
 
-def fleet_document(fleet: FleetSnapshot, specs: Mapping[str, NodeSpec]) -> dict[str, Any]:
+def status_of(node: NodeSnapshot, states: States | None) -> NodeStatus:
+    found = states.get(node.name) if states is not None else None
+    return found if found is not None else node_status(node)
+
+
+def fleet_document(
+    fleet: FleetSnapshot, specs: Mapping[str, NodeSpec], states: States | None = None
+) -> dict[str, Any]:
+    """`fleet_to_dict` with each node's address, expected GPUs, hints, and its state (`state`,
+    with `state_reason`, `state_by`, `state_source`, `state_since`)."""
     doc = fleet_to_dict(fleet)
     for node, data in zip(fleet.nodes, doc["nodes"], strict=True):
+        data.update(status_of(node, states).to_dict())
         spec = specs.get(node.name)
         data["host"] = spec.host if spec else None
         data["port"] = spec.port if spec else None
@@ -76,13 +97,29 @@ def fleet_document(fleet: FleetSnapshot, specs: Mapping[str, NodeSpec]) -> dict[
     return doc
 
 
-def _state_cell(node: NodeSnapshot) -> str:
+def state_cell(node: NodeSnapshot, status: NodeStatus) -> str:
     if node.reach is Reach.OK:
-        return node.state.value
-    return f"{node.state.value} ({node.reach.value})"
+        return status.state.value
+    return f"{status.state.value} ({node.reach.value})"
 
 
-def fleet_table(fleet: FleetSnapshot, specs: Mapping[str, NodeSpec]) -> Table:
+def cordon_note(status: NodeStatus, now: float | None = None) -> str | None:
+    """`cordoned by bob 5m00s ago: maintenance` for a node a cordon keeps from new work."""
+    if not status.cordoned:
+        return None
+    by = status.by or "-"
+    if status.source == "health":
+        by += " (health)"
+    ago = ""
+    if status.since is not None:
+        ago = f" {human_s(max(0.0, (time.time() if now is None else now) - status.since))} ago"
+    return f"cordoned by {by}{ago}: {status.reason or '-'}"
+
+
+def fleet_table(
+    fleet: FleetSnapshot, specs: Mapping[str, NodeSpec], states: States | None = None
+) -> Table:
+    now = time.time()
     table = Table(box=None, header_style="bold", pad_edge=False)
     for col in ("NODE", "STATE", "GPUS", "MODEL", "MEM GiB", "UTIL", "TEMP", "NOTES"):
         table.add_column(col, no_wrap=col != "NOTES")
@@ -98,10 +135,13 @@ def fleet_table(fleet: FleetSnapshot, specs: Mapping[str, NodeSpec]) -> Table:
         count = "-" if node.observation is None else str(len(gpus))
         if expected is not None and node.observation is not None:
             count = f"{len(gpus)}/{expected}"
-        notes = node.error if node.error else "; ".join(node_hints(node, expected))
+        status = status_of(node, states)
+        cordon = cordon_note(status, now)
+        hints = node_hints(node, expected)
+        notes = node.error or "; ".join([cordon, *hints] if cordon else hints)
         table.add_row(
             safe(node.name),
-            _state_cell(node),
+            state_cell(node, status),
             count,
             safe(", ".join(models)) or "-",
             f"{_mib_gib(sum(used))}/{_mib_gib(sum(total))}" if total else "-",

@@ -157,7 +157,7 @@ def _log_refresh(reading: Reading | None, error: str | None) -> None:
         line = f"refresh (store): {len(reading.nodes)} node(s) known; events: {counts}"
     else:
         up = sum(1 for n in reading.nodes if n.up)
-        util = reading.numbers.get("utilization_pct")
+        util = None if reading.numbers is None else reading.numbers.utilization_pct
         util_text = "N/A" if util is None else f"{util:g}%"
         line = (
             f"refresh: {up}/{len(reading.nodes)} node(s) up, {len(reading.gpus)} GPU(s), "

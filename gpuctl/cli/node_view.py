@@ -2,21 +2,29 @@
 
 from __future__ import annotations
 
+import time
+
 from rich.console import Console
 from rich.table import Table
 
 from gpuctl.cli.fleet_view import gpu_table
 from gpuctl.cli.render import safe
 from gpuctl.core.hints import node_hints
-from gpuctl.core.model import FleetSnapshot, NodeSnapshot, NodeSpec
+from gpuctl.core.model import FleetSnapshot, NodeSnapshot, NodeSpec, NodeState
+from gpuctl.core.nodestate import NodeStatus, node_status
+from gpuctl.core.units import human_s
 
 
-def node_detail(console: Console, node: NodeSnapshot, spec: NodeSpec) -> None:
+def node_detail(
+    console: Console, node: NodeSnapshot, spec: NodeSpec, status: NodeStatus | None = None
+) -> None:
+    status = status or node_status(node)
     facts = node.observation.facts if node.observation else None
     rows = [
         ("node", node.name),
         ("address", f"{spec.user + '@' if spec.user else ''}{spec.address}"),
-        ("state", f"{node.state.value} ({node.reach.value})"),
+        ("state", f"{status.state.value} ({node.reach.value})"),
+        *_state_rows(status),
         ("labels", ", ".join(f"{k}={v}" for k, v in sorted(spec.labels.items())) or "-"),
         ("latency", "-" if node.latency_s is None else f"{node.latency_s * 1000:.0f} ms"),
     ]
@@ -66,3 +74,22 @@ def node_detail(console: Console, node: NodeSnapshot, spec: NodeSpec) -> None:
             console.print(safe(f"XID {x.xid} {x.pci_bus_id or ''} {x.at or ''} {x.message}"))
     for note in obs.notes:
         console.print(safe(f"note: {note}"))
+
+
+def _state_rows(status: NodeStatus) -> list[tuple[str, str]]:
+    """Why a node is cordoned, draining or unknown, by whom and since when (a down node's reason
+    is its error row)."""
+    if status.state is NodeState.UNKNOWN:
+        return [("reason", status.reason or "-")]
+    if not status.cordoned:
+        return []
+    by = status.by or "-"
+    when = "-"
+    if status.since is not None:
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(status.since))
+        when = f"{stamp} ({human_s(max(0.0, time.time() - status.since))} ago)"
+    return [
+        ("reason", status.reason or "-"),
+        ("by", f"{by} ({status.source})" if status.source else by),
+        ("since", when),
+    ]

@@ -2,24 +2,29 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
+from gpuctl.core.band import TARGET_BAND, BandName
+from gpuctl.core.fleetnumbers import FleetNumbers
+from gpuctl.core.jobfigures import JobFigures
 from gpuctl.core.units import human_s as human_s  # re-exported for callers of this module
 
 
-def numbers_line(numbers: dict[str, Any]) -> str:
-    """The fleet numbers in one line, for `gpuctl status`."""
-    n = numbers
-    pct = "N/A" if n["failover_success_pct"] is None else f"{n['failover_success_pct']:.0f}%"
-    rate = "N/A" if n["preemptions_per_hour"] is None else f"{n['preemptions_per_hour']:.2f}/h"
-    spot = "" if n["spot_preempted_pct"] is None else f", {n['spot_preempted_pct']:.0f}% of spot"
+def numbers_line(figures: JobFigures | Mapping[str, Any]) -> str:
+    """The job figures in one line, for `gpuctl status` (a mapping: `JobFigures.to_dict`'s, as
+    `ops.jobs.fleet_numbers` returns it)."""
+    n = figures if isinstance(figures, JobFigures) else JobFigures.from_dict(figures)
+    pct = "N/A" if n.failover_success_pct is None else f"{n.failover_success_pct:.0f}%"
+    rate = "N/A" if n.preemptions_per_hour is None else f"{n.preemptions_per_hour:.2f}/h"
+    spot = "" if n.spot_preempted_pct is None else f", {n.spot_preempted_pct:.0f}% of spot"
     return (
-        f"jobs: queue wait p50 {human_s(n['queue_wait_p50_s'])}"
-        f" p95 {human_s(n['queue_wait_p95_s'])}"
-        f", {n['queue_waiting']} waiting (oldest {human_s(n['queue_oldest_wait_s'])})"
-        f" · checkpoint age max {human_s(n['checkpoint_age_max_s'])}"
-        f" p95 {human_s(n['checkpoint_age_p95_s'])}"
-        f" · failover {pct} ({n['failovers_succeeded']} of {n['failovers_attempted']})"
+        f"jobs: queue wait p50 {human_s(n.queue_wait_p50_s)}"
+        f" p95 {human_s(n.queue_wait_p95_s)}"
+        f", {n.queue_waiting} waiting (oldest {human_s(n.queue_oldest_wait_s)})"
+        f" · checkpoint age max {human_s(n.checkpoint_age_max_s)}"
+        f" p95 {human_s(n.checkpoint_age_p95_s)}"
+        f" · failover {pct} ({n.failovers_succeeded} of {n.failovers_attempted})"
         f" · preemptions {rate}{spot}\n"
     )
 
@@ -28,20 +33,16 @@ def _pct(value: float | None) -> str:
     return "N/A" if value is None else f"{value:.0f}%"
 
 
-BAND_TEXT = {
-    "idle": "idle silicon, < 50%",
-    "low": "below the 60-80% band",
-    "target": "in the 60-80% band",
-    "over": "over-committed, > 80%: failover cannot land",
-}
+BAND_TEXT = {b.value: TARGET_BAND.words(b) for b in BandName}
+BAND_TEXT[BandName.OVER.value] += ": failover cannot land"
 
 
-def fleet_line(n: dict[str, Any]) -> str:
+def fleet_line(n: FleetNumbers) -> str:
     """Utilization (with its band), fragmentation and observed SM use in one line."""
-    band = BAND_TEXT.get(n.get("band") or "", "")
-    util = _pct(n["utilization_pct"]) + (f" ({band})" if band else "")
-    stranded = "" if n["stranded_gib"] is None else f", {n['stranded_gib']:.1f} GiB stranded"
+    band = BAND_TEXT.get(n.band or "", "")
+    util = _pct(n.utilization_pct) + (f" ({band})" if band else "")
+    stranded = "" if n.stranded_gib is None else f", {n.stranded_gib:.1f} GiB stranded"
     return (
-        f"fleet: utilization {util} · fragmentation {_pct(n['fragmentation_pct'])}{stranded}"
-        f" · observed SM {_pct(n['observed_util_pct'])}\n"
+        f"fleet: utilization {util} · fragmentation {_pct(n.fragmentation_pct)}{stranded}"
+        f" · observed SM {_pct(n.observed_util_pct)}\n"
     )

@@ -1,10 +1,9 @@
-"""`gpuctl status`: the fleet at a glance, and the five numbers."""
+"""`gpuctl status`: the fleet at a glance, each node's state, and the five numbers."""
 
 from __future__ import annotations
 
 import sys
 import time
-from typing import Any
 
 import typer
 
@@ -12,13 +11,16 @@ from gpuctl.cli import fleet
 from gpuctl.cli.fleet_view import fleet_document, print_table, render_fleet
 from gpuctl.cli.numbers_view import fleet_line, numbers_line
 from gpuctl.cli.render import OUTPUT_OPTION, Output, emit_document, safe
+from gpuctl.core.fleetnumbers import FleetNumbers
 from gpuctl.core.model import FleetSnapshot
+from gpuctl.core.nodestate import NodeStatus
 from gpuctl.errors import StateError, exit_for_poll
 
 
 def status(ctx: typer.Context, output: Output = OUTPUT_OPTION) -> None:
-    """Poll every node: reachability, GPUs, memory used/total, utilization, temperature, hints;
-    then the fleet's numbers: utilization % (band), fragmentation %, queue wait, checkpoint age,
+    """Poll every node: state (ready, cordoned, draining, down, unknown, with the cordon's reason,
+    who and when), reachability, GPUs, memory used/total, utilization, temperature, hints; then
+    the fleet's numbers: utilization % (band), fragmentation %, queue wait, checkpoint age,
     failover success %, preemption rate.
 
     Exit 0 when every node answered, 3 when some did not, 4 when none did, 5 when a host key is
@@ -27,33 +29,40 @@ def status(ctx: typer.Context, output: Output = OUTPUT_OPTION) -> None:
     inventory = fleet.load_inventory(ctx)
     snapshot = fleet.gather(ctx, inventory.nodes)
     specs = inventory.by_name()
-    figures = _numbers(ctx, snapshot)
+    states, figures = store_view(ctx, snapshot, numbers=True)
     if output in (Output.JSON, Output.YAML):
-        doc = fleet_document(snapshot, specs)
-        doc["numbers"] = figures
+        doc = fleet_document(snapshot, specs, states)
+        doc["numbers"] = None if figures is None else figures.to_dict()
         emit_document(doc, output)
     else:
-        render_fleet(snapshot, specs, output)
+        render_fleet(snapshot, specs, output, states)
         if figures is not None:
-            sys.stdout.write("\n" + fleet_line(figures) + numbers_line(figures))
+            sys.stdout.write("\n" + fleet_line(figures) + numbers_line(figures.jobs))
     raise typer.Exit(int(exit_for_poll(n.reach for n in snapshot.nodes)))
 
 
-def _numbers(ctx: typer.Context, snapshot: FleetSnapshot) -> dict[str, Any] | None:
-    """The numbers from the snapshot and the store; a store that cannot be read leaves the fleet
-    table intact and says why on stderr."""
-    from gpuctl.ops.fleetstatus import numbers
+def store_view(
+    ctx: typer.Context, snapshot: FleetSnapshot, *, numbers: bool
+) -> tuple[dict[str, NodeStatus], FleetNumbers | None]:
+    """Each node's state (the store's cordons, drains and moves) and, with `numbers`, the five
+    numbers, from the snapshot and the store read-only (none there: no cordons, no job figures).
+    A store that cannot be read leaves the fleet view intact and says why on stderr."""
+    from gpuctl.ops import fleetstatus
 
+    now = time.time()
     try:
         with fleet.open_state(ctx, write=False) as store:
-            return numbers(snapshot, store, time.time())
+            states = fleetstatus.node_states(snapshot, store)
+            return states, fleetstatus.numbers(snapshot, store, now) if numbers else None
     except StateError as exc:
-        sys.stderr.write(f"warning: job figures unavailable: {safe(exc.message)}\n")
-        return numbers(snapshot, None, time.time())
+        lost = "cordons and job figures" if numbers else "cordons"
+        sys.stderr.write(f"warning: {lost} unavailable: {safe(exc.message)}\n")
+    states = fleetstatus.node_states(snapshot, None)
+    return states, fleetstatus.numbers(snapshot, None, now) if numbers else None
 
 
 def register(app: typer.Typer) -> None:
     app.command("status")(status)
 
 
-__all__ = ["print_table", "register", "status"]
+__all__ = ["print_table", "register", "status", "store_view"]

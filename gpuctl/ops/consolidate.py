@@ -4,7 +4,7 @@ applying it through the migration primitive (`gpuctl.ops.migrate`).
 * `gather_inputs`: the fleet state placement reads (with the cards migrations hold), one
   `JobFacts` per running job (its spec's `disruptible` and `min_runtime_between_moves`, when its
   current incarnation started, the age of its newest committed checkpoint, its model and label
-  constraints), and the target workload (`workload_for`).
+  constraints), and the target workload (`core.workload.workload_for`).
 * `apply`: refuses a plan whose version is not the fleet's now ("stale plan: recompute") and, with
   a maintenance window, any time outside it; then runs the moves in order, in waves of at most
   `parallel` moves that do not depend on each other (a move depends on an earlier one that leaves
@@ -16,8 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections import Counter
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from gpuctl.adapters.protocols import Store
@@ -28,21 +27,16 @@ from gpuctl.core.consolidate import (
     consolidation_version,
     plan_consolidation,
 )
-from gpuctl.core.fit import Demand, Workload
-from gpuctl.core.fragmentation import default_workload, workload_from_counts
+from gpuctl.core.fit import Workload
 from gpuctl.core.jobs import IncarnationState, Job, JobState
 from gpuctl.core.model import FleetSnapshot
 from gpuctl.core.placement.model import FleetState, JobRequest, JobShape, Settings
-from gpuctl.core.placement.shape import demand_on
-from gpuctl.errors import PlanError, StateError, UsageError
+from gpuctl.core.workload import workload_for
+from gpuctl.errors import PlanError, UsageError
 
 if TYPE_CHECKING:
     from gpuctl.ops.migrate import MigrationResult
     from gpuctl.ops.reconcile import Reconciler
-
-RECENT_S = 7 * 86400.0  # submissions this recent shape the target workload
-DEFAULT_CARD_MIB = 81920  # for the default workload when the fleet reports no card
-
 
 # --- inputs ----------------------------------------------------------------------------------
 
@@ -60,60 +54,6 @@ def fleet_state(snapshot: FleetSnapshot, store: Store | None) -> FleetState:
     from gpuctl.ops.fleetstatus import fleet_state as base
 
     return base(snapshot, store)
-
-
-def card_size(state: FleetState) -> int:
-    """The most common card capacity of schedulable nodes (ties: the larger)."""
-    sizes: Counter[int] = Counter()
-    for n in state.nodes:
-        if n.schedulable:
-            sizes.update(n.totals().free.capacity)
-    sizes.pop(0, None)
-    if not sizes:
-        return DEFAULT_CARD_MIB
-    return max(sizes.items(), key=lambda kv: (kv[1], kv[0]))[0]
-
-
-def workload_for(
-    state: FleetState, jobs: Iterable[Job], now: float, settings: Settings | None = None
-) -> Workload:
-    """The target workload: half the weight on the shapes of queued jobs and of jobs submitted in
-    the last week, by frequency (top 95 %), as they ask of the fleet's usual card; half on
-    `default_workload` (all of it when there are none), so whole cards and nodes keep their value
-    even when recent work was all small."""
-    from gpuctl.ops import jobs as jobspecs
-
-    settings = settings or Settings()
-    cap = card_size(state)
-    counts: Counter[Demand] = Counter()
-    for job in jobs:
-        if not _counted(job, now):
-            continue
-        try:
-            shape = jobspecs.job_request(job).shape
-        except StateError:
-            continue
-        counts[demand_on(shape, cap, settings)] += 1
-    base = default_workload(cap)
-    seen = workload_from_counts(counts.items())
-    if not seen:
-        return base
-    merged: dict[Demand, float] = {}
-    for d, p in (*seen, *base):
-        merged[d] = merged.get(d, 0.0) + p / 2
-    return tuple(merged.items())
-
-
-def _counted(job: Job, now: float) -> bool:
-    """A job whose shape is part of the target workload: queued, or submitted in the last week."""
-    return job.state is JobState.QUEUED or now - job.submitted_at <= RECENT_S
-
-
-def workload_key(state: FleetState, jobs: Iterable[Job], now: float) -> Hashable:
-    """What `workload_for` (default settings) depends on: the usual card size and which jobs
-    count (a job's shape is its stored spec's, which never changes). Equal keys, equal
-    workloads: a poller asks again only when this changes."""
-    return card_size(state), tuple(j.id for j in jobs if _counted(j, now))
 
 
 def facts_for(store: Store, now: float, jobs: Iterable[Job] | None = None) -> list[JobFacts]:

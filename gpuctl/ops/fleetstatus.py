@@ -1,26 +1,32 @@
-"""The fleet as operators read it: placement's view (observed + allocated) and the five numbers.
+"""The fleet as operators read it: placement's view (observed + allocated + cordons), each
+node's state and the five numbers, from a snapshot and the state store.
 
-One service for `gpuctl status`, the dashboard, metrics, reports and playbook conditions, so they
-all show the same figures for the same state.
+One service for `gpuctl status`, `nodes list|show`, the dashboard, metrics, reports and playbook
+conditions, so they all show the same figures and the same node states for the same state. The
+rules are the core's (`core.fleetview`, `core.nodestate`, `core.fleetnumbers`, `core.workload`);
+this module reads the store for them and keeps what a poller asks again.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Hashable
-from typing import Any
 
 from gpuctl.adapters.protocols import Store
 from gpuctl.core.fit import Workload
+from gpuctl.core.fleetnumbers import FleetNumbers, fleet_numbers, no_jobs
+from gpuctl.core.fleetnumbers import fragmentation as measure_fragmentation
+from gpuctl.core.fleetview import PlacementMemo, fleet_state_from_snapshot, with_cordons
 from gpuctl.core.fragmentation import WorkloadIndex
+from gpuctl.core.jobfigures import JobFigures
 from gpuctl.core.jobs import IncarnationState, Job
-from gpuctl.core.model import FleetSnapshot, Reach
+from gpuctl.core.model import FleetSnapshot
+from gpuctl.core.nodestate import CORDON_EVENT_KINDS, NodeStatus, node_statuses
 from gpuctl.core.placement.model import Allocation, FleetState
+from gpuctl.core.workload import workload_for, workload_key
 from gpuctl.errors import StateError
-from gpuctl.ops.place import PlacementMemo, fleet_state_from_snapshot
 
-BAND_IDLE_BELOW = 0.50
-BAND_TARGET = (0.60, 0.80)
+NODE_EVENTS = 200  # cordon / uncordon / drain events read to tell a drain from a cordon
 
 
 def store_allocations(store: Store) -> tuple[tuple[Allocation, ...], dict[str, Job]]:
@@ -74,50 +80,29 @@ def fleet_state(
     memo: PlacementMemo | None = None,
 ) -> FleetState:
     """Placement's view: the snapshot, the cards gpuctl granted, and the cordons. `versioned`,
-    `memo`: see `fleet_state_from_snapshot`."""
+    `memo`: see `core.fleetview.fleet_state_from_snapshot`."""
     if store is None:
         return fleet_state_from_snapshot(snapshot, versioned=versioned, memo=memo)
     allocations, _ = store_allocations(store)
     state = fleet_state_from_snapshot(snapshot, allocations, versioned=versioned, memo=memo)
-    cordoned = {c.node: c for c in store.cordons()}
-    if not cordoned:
-        return state
-    nodes = tuple(
-        dataclasses.replace(n, schedulable=False, reason=f"cordoned: {cordoned[n.name].reason}")
-        if n.name in cordoned and n.schedulable
-        else n
-        for n in state.nodes
+    return with_cordons(state, {c.node: c for c in store.cordons()})
+
+
+def node_states(snapshot: FleetSnapshot, store: Store | None) -> dict[str, NodeStatus]:
+    """Each node's state (`core.nodestate`) by name: its answer and the store's cordons, drains
+    and moves (none without a store)."""
+    if store is None:
+        return node_statuses(snapshot.nodes, {})
+    holding: dict[str, set[str]] = {}
+    for inc in store.incarnations(holding=True):
+        holding.setdefault(inc.node, set()).add(inc.job_id)
+    return node_statuses(
+        snapshot.nodes,
+        {c.node: c for c in store.cordons()},
+        reversed(store.events(kinds=CORDON_EVENT_KINDS, limit=NODE_EVENTS)),
+        holding,
+        {r.job_id for r in store.reservations()},
     )
-    return dataclasses.replace(state, nodes=nodes)
-
-
-def band_of(utilization: float | None) -> str | None:
-    """`idle` (< 50%), `low` (50-60%), `target` (60-80%), `over` (> 80%: failover cannot land)."""
-    if utilization is None:
-        return None
-    if utilization < BAND_IDLE_BELOW:
-        return "idle"
-    if utilization < BAND_TARGET[0]:
-        return "low"
-    if utilization <= BAND_TARGET[1]:
-        return "target"
-    return "over"
-
-
-def observed_util_pct(snapshot: FleetSnapshot) -> float | None:
-    """Mean SM utilization (NVML `utilization.gpu`) over the GPUs that answered."""
-    values = [
-        g.util_pct
-        for n in snapshot.nodes
-        if n.reach is Reach.OK
-        for g in n.gpus
-        if g.util_pct is not None
-    ]
-    return None if not values else sum(values) / len(values)
-
-
-def _pct(x: float | None) -> float | None:
-    return None if x is None else round(100.0 * x, 2)
 
 
 def numbers(
@@ -126,49 +111,35 @@ def numbers(
     now: float,
     *,
     state: FleetState | None = None,
-) -> dict[str, Any]:
-    """The five numbers (and their companions) for one snapshot and the store, as plain data.
+) -> FleetNumbers:
+    """The five numbers (and their companions) for one snapshot and the store.
 
     Without a store (no job ever submitted here), the job figures are `None`.
     """
     from gpuctl.ops import jobs as jobspecs
 
     state = state if state is not None else fleet_state(snapshot, store)
-    utilization = state.utilization()
-    capacity = state.capacity_mib()
-    out: dict[str, Any] = {
-        "utilization_pct": _pct(utilization),
-        "band": band_of(utilization),
-        "allocated_mib": state.allocated_mib(),
-        "capacity_mib": capacity,
-        "observed_util_pct": observed_util_pct(snapshot),
-    }
-    out.update(fragmentation(state, store, now))
-    out.update(jobspecs.fleet_numbers(store, now) if store is not None else _no_jobs())
-    return out
+    jobs = no_jobs() if store is None else JobFigures.from_dict(jobspecs.fleet_numbers(store, now))
+    return fleet_numbers(snapshot, state, _index(workload_of(state, store, now)), jobs)
 
 
-def fragmentation(state: FleetState, store: Store | None, now: float) -> dict[str, Any]:
-    """Fragmentation % (stranded / free × 100) and stranded GiB over schedulable nodes, against
-    the target workload (the shapes of queued and recent jobs, and the default shapes), exactly
-    as consolidation measures them."""
-    from gpuctl.core.consolidate import fleet_figures
-    from gpuctl.ops.consolidate import workload_for, workload_key
+def fragmentation(state: FleetState, store: Store | None, now: float) -> tuple[float | None, float]:
+    """Fragmentation % and stranded GiB over schedulable nodes, against the target workload,
+    exactly as consolidation measures them (`core.fleetnumbers.fragmentation`)."""
+    return measure_fragmentation(state, _index(workload_of(state, store, now)))
 
+
+def workload_of(state: FleetState, store: Store | None, now: float) -> Workload:
+    """The target workload of the store's jobs (`core.workload.workload_for`), kept from one
+    call to the next while what it depends on (`core.workload.workload_key`) stays the same."""
     jobs = store.jobs() if store else []
     key = workload_key(state, jobs, now)
     last = _WORKLOADS[0] if _WORKLOADS else None
     if last is not None and last[0] == key:
-        workload = last[1]
-    else:
-        workload = workload_for(state, jobs, now)
-        _WORKLOADS[:] = [(key, workload)]
-    figures = fleet_figures(state, _index(workload))
-    pct = figures.fragmentation_pct
-    return {
-        "fragmentation_pct": None if pct is None else round(pct, 2),
-        "stranded_gib": round(figures.stranded_gib, 2),
-    }
+        return last[1]
+    made = workload_for(state, jobs, now)
+    _WORKLOADS[:] = [(key, made)]
+    return made
 
 
 _INDEXES: list[WorkloadIndex] = []  # the last one used: polls keep asking with the same workload
@@ -185,9 +156,3 @@ def _index(workload: Workload) -> WorkloadIndex:
     index = WorkloadIndex(workload, cache_limit=FIGURES_MEMO)
     _INDEXES[:] = [index]
     return index
-
-
-def _no_jobs() -> dict[str, Any]:
-    from gpuctl.core import jobfigures
-
-    return jobfigures.job_figures((), (), {}, 0.0).to_dict()

@@ -33,17 +33,6 @@ from gpuctl.ops.metrics_exposition import (
     families,
 )
 
-# the figures of `fleetstatus.numbers` a poll is needed for (None in --from-store mode)
-SNAPSHOT_KEYS = (
-    "utilization_pct",
-    "band",
-    "allocated_mib",
-    "capacity_mib",
-    "observed_util_pct",
-    "fragmentation_pct",
-    "stranded_gib",
-)
-
 
 def event_counts(store: Store) -> dict[str, int]:
     """How many events of each counted kind the audit log holds."""
@@ -62,6 +51,7 @@ def read_fleet(
     """The reading of one poll: `numbers` exactly as `gpuctl status` computes them."""
     state = fleetstatus.fleet_state(snapshot, store)
     figures = fleetstatus.numbers(snapshot, store, now, state=state)
+    states = fleetstatus.node_states(snapshot, store)
     placed = {n.name: n for n in state.nodes}
     judged = {v.name: v for v in verdicts}
     nodes, gpus = [], []
@@ -74,6 +64,7 @@ def read_fleet(
                 node.reach is Reach.OK,
                 None if place is None else place.schedulable,
                 None if verdict is None else verdict.verdict,
+                states[node.name].state.value,
             )
         )
         cards = {c.index: c for c in place.cards} if place is not None else {}
@@ -102,7 +93,7 @@ def read_fleet(
 def read_store(store: Store, now: float) -> Reading:
     """The reading of the store alone: job figures, counters, the control loop's liveness."""
     figures = fleetstatus.numbers(FleetSnapshot(taken_at=now, nodes=()), store, now)
-    figures.update(dict.fromkeys(SNAPSHOT_KEYS))
+    figures = figures.without_poll()
     nodes = tuple(
         NodeReading(name, not live.down, None, None)
         for name, live in sorted(store.liveness().items())
@@ -194,7 +185,7 @@ class Refresher:
             elif store is not None:
                 reading = read_store(store, now)
             else:
-                reading = Reading(now, 0.0, "store", {})
+                reading = Reading(now, 0.0, "store", None)
         finally:
             if store is not None:
                 store.close()

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from gpuctl.core.band import TARGET_BAND, BandName
+from gpuctl.core.fleetnumbers import FleetNumbers
 from gpuctl.core.health import Verdict
+from gpuctl.core.nodestate import NODE_STATES
 
 MIB = float(1 << 20)
 GIB = float(1 << 30)
@@ -39,9 +41,9 @@ COUNTED_EVENTS = {
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Figure:
-    """One sample of a fleet gauge: `numbers[key] × scale`, with fixed labels."""
+    """One sample of a fleet gauge: `value(numbers) × scale`, with fixed labels."""
 
-    key: str
+    value: Callable[[FleetNumbers], float | None]
     scale: float = 1.0
     labels: tuple[tuple[str, str], ...] = ()
 
@@ -51,91 +53,99 @@ NUMBER_GAUGES: tuple[tuple[str, str, tuple[Figure, ...]], ...] = (
     (
         "gpuctl_utilization_ratio",
         "Allocated GPU memory / total GPU memory of schedulable nodes (the band metric, 0-1).",
-        (Figure("utilization_pct", PCT),),
+        (Figure(lambda n: n.utilization_pct, PCT),),
     ),
     (
         "gpuctl_memory_allocated_bytes",
         "GPU memory gpuctl granted on schedulable nodes.",
-        (Figure("allocated_mib", MIB),),
+        (Figure(lambda n: n.allocated_mib, MIB),),
     ),
     (
         "gpuctl_memory_capacity_bytes",
         "GPU memory of healthy cards on schedulable nodes.",
-        (Figure("capacity_mib", MIB),),
+        (Figure(lambda n: n.capacity_mib, MIB),),
     ),
     (
         "gpuctl_observed_utilization_ratio",
         "Mean SM utilization NVML reports over the GPUs that answered (0-1).",
-        (Figure("observed_util_pct", PCT),),
+        (Figure(lambda n: n.observed_util_pct, PCT),),
     ),
     (
         "gpuctl_fragmentation_ratio",
         "Share of free GPU memory the expected workload cannot use (stranded / free, 0-1).",
-        (Figure("fragmentation_pct", PCT),),
+        (Figure(lambda n: n.fragmentation_pct, PCT),),
     ),
     (
         "gpuctl_stranded_memory_bytes",
         "Free GPU memory the expected workload cannot use.",
-        (Figure("stranded_gib", GIB),),
+        (Figure(lambda n: n.stranded_gib, GIB),),
     ),
     (
         "gpuctl_queue_wait_seconds",
         "Submit to first start of the jobs that first started in the "
         "window, by quantile (nearest rank).",
         (
-            Figure("queue_wait_p50_s", labels=(("quantile", "0.5"),)),
-            Figure("queue_wait_p95_s", labels=(("quantile", "0.95"),)),
+            Figure(lambda n: n.jobs.queue_wait_p50_s, labels=(("quantile", "0.5"),)),
+            Figure(lambda n: n.jobs.queue_wait_p95_s, labels=(("quantile", "0.95"),)),
         ),
     ),
-    ("gpuctl_queue_waiting_jobs", "Jobs queued that never started.", (Figure("queue_waiting"),)),
+    (
+        "gpuctl_queue_waiting_jobs",
+        "Jobs queued that never started.",
+        (Figure(lambda n: n.jobs.queue_waiting),),
+    ),
     (
         "gpuctl_queue_oldest_wait_seconds",
         "How long the oldest never-started queued job has waited.",
-        (Figure("queue_oldest_wait_s"),),
+        (Figure(lambda n: n.jobs.queue_oldest_wait_s),),
     ),
-    ("gpuctl_running_jobs", "Jobs running now.", (Figure("checkpoint_running_jobs"),)),
+    (
+        "gpuctl_running_jobs",
+        "Jobs running now.",
+        (Figure(lambda n: n.jobs.checkpoint_running_jobs),),
+    ),
     (
         "gpuctl_checkpoint_age_seconds",
         "Now minus the newest committed checkpoint over running "
         "jobs (a job without one counts from its first start), max and p95.",
         (
-            Figure("checkpoint_age_max_s", labels=(("stat", "max"),)),
-            Figure("checkpoint_age_p95_s", labels=(("stat", "p95"),)),
+            Figure(lambda n: n.jobs.checkpoint_age_max_s, labels=(("stat", "max"),)),
+            Figure(lambda n: n.jobs.checkpoint_age_p95_s, labels=(("stat", "p95"),)),
         ),
     ),
     (
         "gpuctl_checkpoint_missing_jobs",
         "Running jobs without a committed checkpoint yet.",
-        (Figure("checkpoint_missing"),),
+        (Figure(lambda n: n.jobs.checkpoint_missing),),
     ),
     (
         "gpuctl_failover_success_ratio",
         "Failovers in the window whose job ran again within its "
         "restart budget / failovers decided (0-1).",
-        (Figure("failover_success_pct", PCT),),
+        (Figure(lambda n: n.jobs.failover_success_pct, PCT),),
     ),
     (
         "gpuctl_failovers_pending",
         "Failovers in the window still inside their restart budget.",
-        (Figure("failovers_pending"),),
+        (Figure(lambda n: n.jobs.failovers_pending),),
     ),
     (
         "gpuctl_preemptions_per_hour",
         "Spot-tier preemptions per hour over the window.",
-        (Figure("preemptions_per_hour"),),
+        (Figure(lambda n: n.jobs.preemptions_per_hour),),
     ),
     (
         "gpuctl_spot_preempted_ratio",
         "Share of the spot jobs that ran in the window that were preempted at least once (0-1).",
-        (Figure("spot_preempted_pct", PCT),),
+        (Figure(lambda n: n.jobs.spot_preempted_pct, PCT),),
     ),
     (
         "gpuctl_numbers_window_seconds",
         "The window the job figures are measured over.",
-        (Figure("window_s"),),
+        (Figure(lambda n: n.jobs.window_s),),
     ),
 )
-BANDS = ("idle", "low", "target", "over")
+BANDS = tuple(b.value for b in BandName)
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
@@ -154,6 +164,7 @@ class NodeReading:
     up: bool | None  # answered the poll (from the store: not down); None: unknown
     schedulable: bool | None
     verdict: Verdict | None  # None: not judged (--from-store)
+    state: str | None = None  # `core.nodestate` (None: not polled, --from-store)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -178,7 +189,7 @@ class Reading:
     taken_at: float
     duration_s: float
     source: str  # "gather" or "store"
-    numbers: Mapping[str, Any]
+    numbers: FleetNumbers | None  # None: neither a poll nor the store could be read
     nodes: tuple[NodeReading, ...] = ()
     gpus: tuple[GpuReading, ...] = ()
     counters: Mapping[str, int] | None = None
@@ -192,7 +203,7 @@ def families(reading: Reading | None) -> list[Metric]:
     """The metric families of `reading` (an empty exposition before the first refresh)."""
     if reading is None:
         return []
-    out: list[Metric] = [*_number_families(reading.numbers)]
+    out: list[Metric] = [*_number_families(reading.numbers)] if reading.numbers else []
     out.extend(_node_families(reading.nodes))
     out.extend(_gpu_families(reading.gpus))
     if reading.counters is not None:
@@ -222,24 +233,23 @@ def families(reading: Reading | None) -> list[Metric]:
     return out
 
 
-def _number_families(numbers: Mapping[str, Any]) -> Iterator[Metric]:
+def _number_families(numbers: FleetNumbers) -> Iterator[Metric]:
     for name, help_text, figures in NUMBER_GAUGES:
         labels = [k for k, _ in figures[0].labels]
         family = GaugeMetricFamily(name, help_text, labels=labels)
         for f in figures:
-            value = numbers.get(f.key)
+            value = f.value(numbers)
             if value is not None:
                 family.add_metric([v for _, v in f.labels], float(value) * f.scale)
         yield family
     band = GaugeMetricFamily(
         "gpuctl_utilization_band",
-        "1 for the band utilization is in: idle (< 50%), low (50-60%), target (60-80%), "
-        "over (> 80%: failover cannot land).",
+        f"1 for the band utilization is in: {TARGET_BAND.legend()}.",
         labels=["band"],
     )
-    if numbers.get("band") is not None:
+    if numbers.band is not None:
         for b in BANDS:
-            band.add_metric([b], 1.0 if numbers["band"] == b else 0.0)
+            band.add_metric([b], 1.0 if numbers.band == b else 0.0)
     yield band
 
 
@@ -260,13 +270,22 @@ def _node_families(nodes: Sequence[NodeReading]) -> Iterator[Metric]:
         "1 for the node's health verdict (healthy, degraded, unhealthy, unknown).",
         labels=["node", "verdict"],
     )
+    state = GaugeMetricFamily(
+        "gpuctl_node_state",
+        "1 for the node's state (ready, cordoned, draining, down, unknown), as gpuctl status "
+        "shows it.",
+        labels=["node", "state"],
+    )
     for n in nodes:
         _add(up, [n.name], n.up)
         _add(sched, [n.name], n.schedulable)
         if n.verdict is not None:
             for v in Verdict:
                 health.add_metric([n.name, v.value], 1.0 if n.verdict is v else 0.0)
-    yield from (up, sched, health)
+        if n.state is not None:
+            for st in NODE_STATES:
+                state.add_metric([n.name, st], 1.0 if n.state == st else 0.0)
+    yield from (up, sched, health, state)
 
 
 GPU_LABELS = ["node", "gpu", "uuid"]

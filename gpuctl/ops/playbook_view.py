@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from gpuctl.adapters.protocols import Transport
 from gpuctl.core.health import HealthRules
-from gpuctl.core.model import FleetSnapshot, NodeSpec, Reach
+from gpuctl.core.model import FleetSnapshot, NodeSpec
 from gpuctl.core.playbook import TargetFacts
 from gpuctl.ops.health import HistoryKeeper
 
@@ -61,27 +61,26 @@ class View:
 
 
 def observe(services: Services, health: Mapping[str, str], targets: int | None = None) -> View:
-    """One gather, the store's cordons and allocations: every node's facts and the numbers."""
-    from gpuctl.ops.fleetstatus import numbers
+    """One gather, the store's cordons and allocations: every node's facts (its state as
+    `gpuctl status` shows it: `fleetstatus.node_states`) and the numbers."""
+    from gpuctl.core.nodestate import node_status
+    from gpuctl.ops.fleetstatus import node_states, numbers
 
     loop = services.loop
     store, now = loop.store, loop.clock.now()
     snapshot = services.gatherer.gather(loop.inventory.nodes)
-    cordoned = {c.node for c in store.cordons()}
+    statuses = node_states(snapshot, store)
     holding = store.incarnations(holding=True)
-    moving = {r.job_id for r in store.reservations()}
     seen = {n.name: n for n in snapshot.nodes}
     facts: dict[str, TargetFacts] = {}
     for spec in loop.inventory.nodes:
         snap = seen.get(spec.name)
         here = [i for i in holding if i.node == spec.name]
         gpus = snap.gpus if snap is not None else ()
-        state = "down" if snap is None or snap.reach is not Reach.OK else snap.state.value
-        if spec.name in cordoned and state not in ("down",):
-            state = "draining" if any(i.job_id in moving for i in here) else "cordoned"
+        status = statuses.get(spec.name) or node_status(None)  # not polled: down
         facts[spec.name] = TargetFacts(
             name=spec.name,
-            state=state,
+            state=status.state.value,
             reach="error" if snap is None else snap.reach.value,
             groups=spec.groups,
             labels=dict(spec.labels),
@@ -94,7 +93,7 @@ def observe(services: Services, health: Mapping[str, str], targets: int | None =
             util_pct=_mean([g.util_pct for g in gpus]),
             temp_c=max((g.temp_c for g in gpus if g.temp_c is not None), default=None),
         )
-    figures = numbers(snapshot, store, now)  # fragmentation included, as status shows it
+    figures = numbers(snapshot, store, now).to_dict()  # the names conditions use, as status
     states = [f.state for f in facts.values()]
     figures.update(
         nodes=len(states),

@@ -3,7 +3,8 @@ and the notable events, as one document (JSON) or Markdown for people.
 
 Every figure comes from the services that define it: `fleetstatus.numbers` for the numbers now
 (what `gpuctl status` shows), `ops.jobs.fleet_numbers` over the report's window, the health core
-for verdicts, placement's view (`fleetstatus.fleet_state`) for capacity. The one figure of its own
+for verdicts, placement's view (`fleetstatus.fleet_state`) for capacity, `fleetstatus.node_states`
+for each node's state (as `gpuctl status` shows it). The one figure of its own
 is the average allocation over the window: the GPU memory each incarnation held, weighted by the
 time it held it inside the window, relative to today's capacity.
 """
@@ -16,10 +17,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpuctl.adapters.protocols import Store
-from gpuctl.core import jobfigures as core_numbers
+from gpuctl.core.fleetnumbers import FleetNumbers
 from gpuctl.core.health import HealthRules, NodeVerdict, evaluate_fleet
+from gpuctl.core.jobfigures import job_figures
 from gpuctl.core.jobs import Event
 from gpuctl.core.model import FleetSnapshot, Inventory, NodeSnapshot, Reach
+from gpuctl.core.nodestate import NodeStatus
 from gpuctl.core.placement.model import FleetState
 from gpuctl.errors import UsageError
 from gpuctl.ops import fleetstatus
@@ -76,9 +79,9 @@ def build_report(
     if store is not None:
         windowed = jobspecs.fleet_numbers(store, now, window_s=window_s)
     else:
-        windowed = core_numbers.job_figures((), (), {}, now, window_s=window_s).to_dict()
+        windowed = job_figures((), (), {}, now, window_s=window_s).to_dict()
     avg_mib = None if store is None else _allocated_avg_mib(store, now, window_s)
-    capacity = now_numbers["capacity_mib"]
+    capacity = now_numbers.capacity_mib
     windowed["allocated_avg_mib"] = avg_mib
     windowed["utilization_avg_pct"] = (
         None if avg_mib is None or not capacity else round(100.0 * avg_mib / capacity, 2)
@@ -97,8 +100,10 @@ def build_report(
             "gpus": sum(len(n.gpus) for n in snapshot.nodes),
             "version": snapshot.version,
         },
-        "numbers": {"now": now_numbers, "window": windowed},
-        "worst_nodes": _worst(snapshot, state, verdicts, events),
+        "numbers": {"now": now_numbers.to_dict(), "window": windowed},
+        "worst_nodes": _worst(
+            snapshot, state, verdicts, events, fleetstatus.node_states(snapshot, store)
+        ),
         "stranded": _stranded(state, now_numbers),
         "events": {
             "counts": {k: sum(1 for e in events if e.kind == k) for k in NOTABLE_KINDS},
@@ -136,6 +141,7 @@ def _worst(
     state: FleetState,
     verdicts: Sequence[NodeVerdict],
     events: Sequence[Event],
+    states: Mapping[str, NodeStatus],
 ) -> list[dict[str, Any]]:
     """Nodes that are unhealthy, unreachable or unschedulable, worst first (severity, then
     reachability, then schedulability, then notable events in the window, then name)."""
@@ -153,7 +159,7 @@ def _worst(
         row = {
             "name": node.name,
             "reach": node.reach.value,
-            "state": node.state.value,
+            "state": states[node.name].state.value,
             "schedulable": schedulable,
             "reason": None if place is None else place.reason,
             "verdict": verdict.verdict.value,
@@ -167,7 +173,7 @@ def _worst(
     return [row for _, row in ranked[:WORST_LIMIT]]
 
 
-def _stranded(state: FleetState, now_numbers: Mapping[str, Any]) -> dict[str, Any]:
+def _stranded(state: FleetState, now_numbers: FleetNumbers) -> dict[str, Any]:
     unschedulable = [
         {"node": n.name, "reason": n.reason, "capacity_mib": sum(c.capacity_mib for c in n.cards)}
         for n in state.nodes
@@ -181,8 +187,8 @@ def _stranded(state: FleetState, now_numbers: Mapping[str, Any]) -> dict[str, An
         if not c.healthy
     ]
     return {
-        "fragmentation_pct": now_numbers["fragmentation_pct"],
-        "stranded_gib": now_numbers["stranded_gib"],
+        "fragmentation_pct": now_numbers.fragmentation_pct,
+        "stranded_gib": now_numbers.stranded_gib,
         "free_mib": sum(c.free_mib for n in state.nodes if n.schedulable for c in n.cards),
         "ghost_mib": sum(c.ghost_mib for n in state.nodes for c in n.cards),
         "unschedulable_mib": sum(u["capacity_mib"] for u in unschedulable),

@@ -19,8 +19,8 @@ from textual.binding import Binding, BindingType
 from textual.notifications import SeverityLevel
 from textual.worker import Worker, WorkerState
 
+from gpuctl.core.fleetview import PlacementMemo
 from gpuctl.errors import GpuctlError
-from gpuctl.ops.place import PlacementMemo
 from gpuctl.tui.actions import ActionPlan
 from gpuctl.tui.data import DashData, HealthKeeper, collect
 from gpuctl.tui.messages import ActionRequested, OpenJob, OpenNode

@@ -10,21 +10,22 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from gpuctl.adapters.protocols import Store
+from gpuctl.core.fleetnumbers import FleetNumbers
+from gpuctl.core.fleetview import PlacementMemo
 from gpuctl.core.health import HealthRules, NodeVerdict
 from gpuctl.core.jobs import Cordon, Event, JobState
-from gpuctl.core.model import FleetSnapshot, NodeSnapshot, NodeState, Reach
+from gpuctl.core.model import FleetSnapshot, NodeSnapshot, Reach
+from gpuctl.core.nodestate import CORDON_EVENT_KINDS, NodeStatus, node_statuses
 from gpuctl.core.placement.model import Card, FleetState, PlacementNode, Settings
 from gpuctl.errors import GpuctlError, StateError
 from gpuctl.ops.jobs import JobView
-from gpuctl.ops.place import PlacementMemo
 from gpuctl.tui.services import Services
 
 EVENT_WINDOW_S = 24 * 3600.0
 RECENT_EVENTS = 50
-NODE_EVENT_KINDS = ("cordon", "uncordon", "drain")
+NODE_EVENT_KINDS = CORDON_EVENT_KINDS
 NODE_EVENTS = 200
 MAX_ALERTS = 100
 HEALTH_KEEP = 10  # samples per node kept for the rules that look back (sustained heat)
@@ -33,7 +34,7 @@ HEALTH_KEEP = 10  # samples per node kept for the rules that look back (sustaine
 @dataclasses.dataclass(frozen=True, slots=True)
 class NodeView:
     name: str
-    state: str  # ready, cordoned, draining, down, unknown
+    status: NodeStatus  # ready, cordoned, draining, down, unknown (`core.nodestate`)
     snapshot: NodeSnapshot
     placement: PlacementNode | None
     verdict: NodeVerdict | None  # None without health rules
@@ -44,6 +45,10 @@ class NodeView:
     @property
     def reach(self) -> str:
         return self.snapshot.reach.value
+
+    @property
+    def state(self) -> str:
+        return self.status.state.value
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -65,7 +70,7 @@ class DashData:
     now: float
     source: str
     snapshot: FleetSnapshot
-    numbers: Mapping[str, Any]
+    numbers: FleetNumbers
     nodes: tuple[NodeView, ...]
     jobs: tuple[JobLine, ...] = ()
     events: tuple[Event, ...] = ()  # newest first
@@ -162,6 +167,7 @@ def _with_store(
     holding: dict[str, list[str]] = {}
     for inc in store.incarnations(holding=True):
         holding.setdefault(inc.node, []).append(inc.job_id)
+    moving = frozenset(r.job_id for r in store.reservations())
     return _assemble(
         services,
         health,
@@ -171,6 +177,7 @@ def _with_store(
         numbers,
         cordons={c.node: c for c in store.cordons()},
         holding=holding,
+        moving=moving,
         jobs=jobs,
         events=events,
         node_events=node_events,
@@ -217,39 +224,17 @@ def waiting_reasons(
     return whys
 
 
-def node_state(node: NodeSnapshot, cordon: Cordon | None, draining: bool) -> str:
-    """The design's node states: down (no answer), unknown (GPU state unreadable), draining or
-    cordoned (the store's cordon), ready."""
-    if node.reach is not Reach.OK:
-        return NodeState.DOWN.value
-    if node.state is not NodeState.READY:
-        return node.state.value
-    if cordon is not None:
-        return NodeState.DRAINING.value if draining else NodeState.CORDONED.value
-    return NodeState.READY.value
-
-
-def _draining(
-    cordons: Mapping[str, Cordon], node_events: Sequence[Event], holding: Mapping[str, Any]
-) -> set[str]:
-    """Cordoned nodes whose newest cordon/drain event is a drain and that still hold jobs."""
-    newest: dict[str, str] = {}
-    for e in node_events:  # newest first
-        if e.node is not None and e.node not in newest:
-            newest[e.node] = e.kind
-    return {n for n in cordons if newest.get(n) == "drain" and holding.get(n)}
-
-
 def _assemble(
     services: Services,
     health: HealthKeeper | None,
     snapshot: FleetSnapshot,
     now: float,
     state: FleetState,
-    numbers: Mapping[str, Any],
+    numbers: FleetNumbers,
     *,
     cordons: Mapping[str, Cordon] | None = None,
     holding: Mapping[str, Sequence[str]] | None = None,
+    moving: frozenset[str] = frozenset(),
     jobs: tuple[JobLine, ...] = (),
     events: tuple[Event, ...] = (),
     node_events: tuple[Event, ...] = (),
@@ -263,11 +248,11 @@ def _assemble(
         keeper = health or HealthKeeper()
         verdicts = keeper.judge(snapshot, services.rules, services.expected_gpus)
     placement = {n.name: n for n in state.nodes}
-    draining = _draining(cordons, node_events, holding)
+    statuses = node_statuses(snapshot.nodes, cordons, node_events, holding, moving)
     nodes = tuple(
         NodeView(
             name=n.name,
-            state=node_state(n, cordons.get(n.name), n.name in draining),
+            status=statuses[n.name],
             snapshot=n,
             placement=placement.get(n.name),
             verdict=verdicts.get(n.name),
@@ -281,7 +266,7 @@ def _assemble(
         now=now,
         source=services.source.label,
         snapshot=snapshot,
-        numbers=dict(numbers),
+        numbers=numbers,
         nodes=nodes,
         jobs=jobs,
         events=events,

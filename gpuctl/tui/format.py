@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable, Sequence
 
 from rich.cells import cell_len
 from rich.text import Span, Text
 
+from gpuctl.core.band import TARGET_BAND, BandName
+from gpuctl.core.fleetnumbers import FleetNumbers
 from gpuctl.core.units import human_s as human_s  # re-exported for callers of this module
 
 NA = "N/A"
@@ -28,12 +29,7 @@ _ESCAPES = re.compile(
 )
 
 BAND_STYLE = {"idle": "yellow", "low": "bright_yellow", "target": "green", "over": "bold red"}
-BAND_TEXT = {
-    "idle": "idle silicon, < 50%",
-    "low": "below the 60-80% band",
-    "target": "in the 60-80% band",
-    "over": "over-committed, > 80%",
-}
+BAND_TEXT = {b.value: TARGET_BAND.words(b) for b in BandName}
 STATE_STYLE = {
     "ready": "green",
     "cordoned": "yellow",
@@ -249,52 +245,50 @@ NUMBER_KEYS = (
 )
 
 
-def number_values(n: Mapping[str, Any]) -> dict[str, float | None]:
+def number_values(n: FleetNumbers) -> dict[str, float | None]:
     """The value each sparkline follows (the headline of each number)."""
+    j = n.jobs
     return {
-        "utilization": n.get("utilization_pct"),
-        "fragmentation": n.get("fragmentation_pct"),
-        "queue": n.get("queue_wait_p50_s"),
-        "checkpoint": n.get("checkpoint_age_max_s"),
-        "failover": n.get("failover_success_pct"),
-        "preemption": n.get("preemptions_per_hour"),
+        "utilization": n.utilization_pct,
+        "fragmentation": n.fragmentation_pct,
+        "queue": j.queue_wait_p50_s,
+        "checkpoint": j.checkpoint_age_max_s,
+        "failover": j.failover_success_pct,
+        "preemption": j.preemptions_per_hour,
     }
 
 
-def number_cards(n: Mapping[str, Any]) -> dict[str, tuple[Text, str]]:
+def number_cards(n: FleetNumbers) -> dict[str, tuple[Text, str]]:
     """Each number as (headline, detail line), from `gpuctl.ops.fleetstatus.numbers`."""
-    band = n.get("band")
-    headline = band_text(n.get("utilization_pct"), band)
-    if band:
-        headline.append(f" {band}", style=BAND_STYLE.get(band, ""))
-    capacity = n.get("capacity_mib")
-    stranded = n.get("stranded_gib")
-    rate = n.get("preemptions_per_hour")
-    spot = n.get("spot_preempted_pct")
+    j = n.jobs
+    headline = band_text(n.utilization_pct, n.band)
+    if n.band:
+        headline.append(f" {n.band}", style=BAND_STYLE.get(n.band, ""))
+    stranded = n.stranded_gib
+    rate = j.preemptions_per_hour
+    spot = j.spot_preempted_pct
     return {
         "utilization": (
             headline,
-            f"SM {pct(n.get('observed_util_pct'))}"
-            f" · {gib(n.get('allocated_mib'), 0)}/{gib(capacity, 0)} GiB",
+            f"SM {pct(n.observed_util_pct)}"
+            f" · {gib(n.allocated_mib, 0)}/{gib(n.capacity_mib, 0)} GiB",
         ),
         "fragmentation": (
-            Text(pct(n.get("fragmentation_pct")), style="bold"),
+            Text(pct(n.fragmentation_pct), style="bold"),
             "not measured yet" if stranded is None else f"{stranded:.1f} GiB stranded",
         ),
         "queue": (
-            Text(human_s(n.get("queue_wait_p50_s")), style="bold"),
-            f"p95 {human_s(n.get('queue_wait_p95_s'))} · {n.get('queue_waiting', 0)} waiting"
-            f", oldest {human_s(n.get('queue_oldest_wait_s'))}",
+            Text(human_s(j.queue_wait_p50_s), style="bold"),
+            f"p95 {human_s(j.queue_wait_p95_s)} · {j.queue_waiting} waiting"
+            f", oldest {human_s(j.queue_oldest_wait_s)}",
         ),
         "checkpoint": (
-            Text(human_s(n.get("checkpoint_age_max_s")), style="bold"),
-            f"p95 {human_s(n.get('checkpoint_age_p95_s'))}"
-            f" · {n.get('checkpoint_running_jobs', 0)} running",
+            Text(human_s(j.checkpoint_age_max_s), style="bold"),
+            f"p95 {human_s(j.checkpoint_age_p95_s)} · {j.checkpoint_running_jobs} running",
         ),
         "failover": (
-            Text(pct(n.get("failover_success_pct")), style="bold"),
-            f"{n.get('failovers_succeeded', 0)} of {n.get('failovers_attempted', 0)}"
-            f" · {n.get('failovers_pending', 0)} pending",
+            Text(pct(j.failover_success_pct), style="bold"),
+            f"{j.failovers_succeeded} of {j.failovers_attempted} · {j.failovers_pending} pending",
         ),
         "preemption": (
             Text(NA if rate is None else f"{rate:.2f}/h", style="bold"),
@@ -303,7 +297,7 @@ def number_cards(n: Mapping[str, Any]) -> dict[str, tuple[Text, str]]:
     }
 
 
-def numbers_text(n: Mapping[str, Any]) -> str:
+def numbers_text(n: FleetNumbers) -> str:
     """The numbers as lines of text (`gpuctl dash --once`)."""
     cards = number_cards(n)
     width = max(len(title) for _, title in NUMBER_KEYS)

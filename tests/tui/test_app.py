@@ -72,8 +72,8 @@ async def test_the_numbers_shown_are_the_fleet_status_numbers_for_the_same_state
 ) -> None:
     populate(store, clock)
     expected = fleetstatus.numbers(source.snapshot, store, clock.now())
-    assert expected["failover_success_pct"] == 100.0  # the state really has all five numbers
-    assert expected["queue_waiting"] == 1 and expected["checkpoint_age_max_s"] is not None
+    assert expected.jobs.failover_success_pct == 100.0  # the state really has all five numbers
+    assert expected.jobs.queue_waiting == 1 and expected.jobs.checkpoint_age_max_s is not None
     app = make_app(services)
     async with app.run_test(size=SIZE) as pilot:
         await settle(app, pilot)
@@ -81,11 +81,11 @@ async def test_the_numbers_shown_are_the_fleet_status_numbers_for_the_same_state
         shown = app.screen.query_one(NumbersPanel).shown()
         cards = fmt.number_cards(expected)
         assert shown == {key: cards[key][0].plain for key, _ in fmt.NUMBER_KEYS}
-        assert shown["utilization"].startswith(f"{expected['utilization_pct']:.0f}%")
-        assert shown["queue"] == fmt.human_s(expected["queue_wait_p50_s"])
-        assert shown["checkpoint"] == fmt.human_s(expected["checkpoint_age_max_s"])
+        assert shown["utilization"].startswith(f"{expected.utilization_pct:.0f}%")
+        assert shown["queue"] == fmt.human_s(expected.jobs.queue_wait_p50_s)
+        assert shown["checkpoint"] == fmt.human_s(expected.jobs.checkpoint_age_max_s)
         assert shown["failover"] == "100%"
-        assert shown["fragmentation"] == fmt.pct(expected["fragmentation_pct"])
+        assert shown["fragmentation"] == fmt.pct(expected.fragmentation_pct)
         text = "\n".join(screen_text(app))
         for headline in shown.values():
             assert headline in text

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from gpuctl.core.fleetnumbers import FleetNumbers
+from gpuctl.core.jobfigures import job_figures
 from gpuctl.tui import format as fmt
 
 
@@ -72,7 +74,8 @@ def test_the_numbers_as_text_name_each_number_with_its_detail() -> None:
         "preemptions_per_hour": 0.5,
         "spot_preempted_pct": 25.0,
     }
-    lines = fmt.numbers_text(numbers).splitlines()
+    jobs = job_figures((), (), {}, 0.0).to_dict()  # the fields this test leaves out
+    lines = fmt.numbers_text(FleetNumbers.from_dict({**jobs, **numbers})).splitlines()
     assert lines == [
         "UTILIZATION         72% target   SM 61% · 7/10 GiB",
         "FRAGMENTATION       N/A          not measured yet",

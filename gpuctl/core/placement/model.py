@@ -13,6 +13,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+from gpuctl.core.band import DEFAULT_HEADROOM, TARGET_BAND
 from gpuctl.core.fit import NodeFree
 from gpuctl.core.policies import DEFAULT_POLICY
 from gpuctl.core.units import MemPerCard
@@ -285,8 +286,8 @@ class Settings:
 
     policy: str = DEFAULT_POLICY
     whole_card_over: float = 0.5
-    band_max: float = 0.80
-    headroom: float = 0.15
+    band_max: float = TARGET_BAND.upper  # the band's upper edge (core.band: one definition)
+    headroom: float = DEFAULT_HEADROOM
     spot_uses_headroom: bool = True
 
     def __post_init__(self) -> None:

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping
-from typing import Any
 
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Horizontal
 from textual.widgets import Static
 
+from gpuctl.core.fleetnumbers import FleetNumbers
 from gpuctl.tui import format as fmt
 
 SPARK_POINTS = 60
@@ -52,7 +51,7 @@ class NumbersPanel(Horizontal):
         for key, title in fmt.NUMBER_KEYS:
             yield NumberCard(key, title)
 
-    def show(self, numbers: Mapping[str, Any]) -> None:
+    def show(self, numbers: FleetNumbers) -> None:
         cards = fmt.number_cards(numbers)
         values = fmt.number_values(numbers)
         for card in self.query(NumberCard):

@@ -105,7 +105,7 @@ def test_every_number_of_fleetstatus_is_a_condition_name() -> None:
 
     cluster = FakeCluster.of("n1", gpus=1)
     snapshot = FakeFleet(cluster).gather(cluster.inventory())
-    assert set(numbers(snapshot, MemoryStore(), 0.0)) <= set(FLEET_NAMES)
+    assert set(numbers(snapshot, MemoryStore(), 0.0).to_dict()) <= set(FLEET_NAMES)
 
 
 NODES = (

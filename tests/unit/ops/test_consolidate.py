@@ -13,6 +13,7 @@ from gpuctl.core.fragmentation import default_workload
 from gpuctl.core.jobs import Cordon, Event, IncarnationState
 from gpuctl.core.nodehealth import AutoDrainPolicy
 from gpuctl.core.placement.model import Tier
+from gpuctl.core.workload import workload_key
 from gpuctl.errors import PlanError, UsageError
 from gpuctl.ops import consolidate as service
 from gpuctl.ops.consolidate import MoveResult, OutsideWindow, Window
@@ -231,6 +232,6 @@ def test_fragmentation_asked_again_is_the_same_as_worked_out_anew() -> None:
     kept, fresh = both(now + 8 * 24 * 3600)  # a week on: the running job is no longer recent
     assert kept == fresh
     state = service.fleet_state(kit.fleet.gather(kit.loop.inventory), kit.store)
-    assert service.workload_key(state, kit.store.jobs(), now) != service.workload_key(
+    assert workload_key(state, kit.store.jobs(), now) != workload_key(
         state, kit.store.jobs(), now + 8 * 24 * 3600
     )

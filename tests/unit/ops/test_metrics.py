@@ -160,32 +160,35 @@ def test_fleet_gauges_equal_the_status_numbers_for_the_same_state() -> None:
     snap = snapshot(gpu(0, used=8000, util=50), gpu(1, used=20000, util=70))
     numbers = fleetstatus.numbers(snap, store, NOW)
     got = parse(exposition(read_fleet(snap, store, NOW, verdicts(snap))))
-    assert numbers["allocated_mib"] == 8192 + 16384  # the history is what we think it is
-    assert value(got, "gpuctl_utilization_ratio") == pytest.approx(numbers["utilization_pct"] / 100)
-    assert value(got, "gpuctl_memory_allocated_bytes") == numbers["allocated_mib"] * MIB
-    assert (
-        value(got, "gpuctl_memory_capacity_bytes") == numbers["capacity_mib"] * MIB == 2 * CAP * MIB
-    )
+    assert numbers.allocated_mib == 8192 + 16384  # the history is what we think it is
+    assert value(got, "gpuctl_utilization_ratio") == pytest.approx(numbers.utilization_pct / 100)
+    assert value(got, "gpuctl_memory_allocated_bytes") == numbers.allocated_mib * MIB
+    assert value(got, "gpuctl_memory_capacity_bytes") == numbers.capacity_mib * MIB == 2 * CAP * MIB
     assert value(got, "gpuctl_observed_utilization_ratio") == pytest.approx(0.60)
-    for quantile, key in (("0.5", "queue_wait_p50_s"), ("0.95", "queue_wait_p95_s")):
-        assert value(got, "gpuctl_queue_wait_seconds", quantile=quantile) == numbers[key]
-    assert numbers["queue_wait_p95_s"] == 90.0
-    assert value(got, "gpuctl_queue_waiting_jobs") == numbers["queue_waiting"] == 1
-    assert value(got, "gpuctl_queue_oldest_wait_seconds") == numbers["queue_oldest_wait_s"] == 300
+    for quantile, p in (
+        ("0.5", numbers.jobs.queue_wait_p50_s),
+        ("0.95", numbers.jobs.queue_wait_p95_s),
+    ):
+        assert value(got, "gpuctl_queue_wait_seconds", quantile=quantile) == p
+    assert numbers.jobs.queue_wait_p95_s == 90.0
+    assert value(got, "gpuctl_queue_waiting_jobs") == numbers.jobs.queue_waiting == 1
+    assert value(got, "gpuctl_queue_oldest_wait_seconds") == numbers.jobs.queue_oldest_wait_s == 300
     assert (
-        value(got, "gpuctl_checkpoint_age_seconds", stat="max") == numbers["checkpoint_age_max_s"]
+        value(got, "gpuctl_checkpoint_age_seconds", stat="max") == numbers.jobs.checkpoint_age_max_s
     )
     assert (
-        value(got, "gpuctl_checkpoint_age_seconds", stat="p95") == numbers["checkpoint_age_p95_s"]
+        value(got, "gpuctl_checkpoint_age_seconds", stat="p95") == numbers.jobs.checkpoint_age_p95_s
     )
-    assert value(got, "gpuctl_running_jobs") == numbers["checkpoint_running_jobs"] == 2
-    assert value(got, "gpuctl_checkpoint_missing_jobs") == numbers["checkpoint_missing"] == 1
+    assert value(got, "gpuctl_running_jobs") == numbers.jobs.checkpoint_running_jobs == 2
+    assert value(got, "gpuctl_checkpoint_missing_jobs") == numbers.jobs.checkpoint_missing == 1
     assert (
-        value(got, "gpuctl_failover_success_ratio") == numbers["failover_success_pct"] / 100 == 1.0
+        value(got, "gpuctl_failover_success_ratio")
+        == numbers.jobs.failover_success_pct / 100
+        == 1.0
     )
-    assert value(got, "gpuctl_preemptions_per_hour") == numbers["preemptions_per_hour"] == 1 / 24
-    assert value(got, "gpuctl_spot_preempted_ratio") == numbers["spot_preempted_pct"] / 100
-    assert value(got, "gpuctl_utilization_band", band=numbers["band"]) == 1.0
+    assert value(got, "gpuctl_preemptions_per_hour") == numbers.jobs.preemptions_per_hour == 1 / 24
+    assert value(got, "gpuctl_spot_preempted_ratio") == numbers.jobs.spot_preempted_pct / 100
+    assert value(got, "gpuctl_utilization_band", band=numbers.band) == 1.0
     assert sum(v for v in got["gpuctl_utilization_band"].values()) == 1.0
 
 
@@ -193,10 +196,10 @@ def test_an_undefined_number_has_no_sample_never_a_zero() -> None:
     snap = snapshot(gpu(0), gpu(1))
     numbers = fleetstatus.numbers(snap, None, NOW)
     got = parse(exposition(read_fleet(snap, None, NOW, verdicts(snap))))
-    assert numbers["failover_success_pct"] is None
+    assert numbers.jobs.failover_success_pct is None
     assert got["gpuctl_failover_success_ratio"] == {}
     frag = value(got, "gpuctl_fragmentation_ratio")  # defined: measured on the free cards
-    assert frag == pytest.approx(numbers["fragmentation_pct"] / 100)
+    assert frag == pytest.approx(numbers.fragmentation_pct / 100)
     assert got["gpuctl_queue_wait_seconds"] == {}
     assert value(got, "gpuctl_utilization_ratio") == 0.0  # defined: nothing allocated
     assert "gpuctl_failovers" not in got  # no store read: no counters rather than zeros
@@ -363,7 +366,7 @@ def test_from_the_store_only_job_figures_counters_and_liveness_are_shown() -> No
     got = parse(exposition(read_store(store, NOW)))
     assert got["gpuctl_utilization_ratio"] == {}  # needs a poll
     assert got["gpuctl_gpu_memory_total_bytes"] == {}
-    assert value(got, "gpuctl_queue_waiting_jobs") == numbers["queue_waiting"] == 1
+    assert value(got, "gpuctl_queue_waiting_jobs") == numbers.jobs.queue_waiting == 1
     assert value(got, "gpuctl_failover_success_ratio") == 1.0
     assert value(got, "gpuctl_node_up", node="n1") == 1.0
     assert value(got, "gpuctl_node_up", node="n2") == 0.0

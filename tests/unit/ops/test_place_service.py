@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuctl.core.fleetview import fleet_state_from_snapshot
 from gpuctl.core.model import (
     FleetSnapshot,
     GpuSnapshot,
@@ -16,7 +17,7 @@ from gpuctl.core.model import (
 from gpuctl.core.placement import Allocation, JobRequest, JobShape, Settings
 from gpuctl.core.units import MemPerCard
 from gpuctl.errors import ExitCode, UsageError
-from gpuctl.ops.place import fleet_state_from_snapshot, load_snapshot, place
+from gpuctl.ops.place import load_snapshot, place
 
 SNAPSHOT = Path(__file__).parents[2] / "fixtures" / "snapshots" / "fleet-5-nodes.json"
 

@@ -6,6 +6,7 @@ import dataclasses
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpuctl.core.fleetview import PlacementMemo, fleet_state_from_snapshot
 from gpuctl.core.model import (
     FleetSnapshot,
     GpuSnapshot,
@@ -16,7 +17,6 @@ from gpuctl.core.model import (
     Reach,
 )
 from gpuctl.core.placement.model import Allocation
-from gpuctl.ops.place import PlacementMemo, fleet_state_from_snapshot
 
 MIB = 81_559
 GPU_FIELDS = [f.name for f in dataclasses.fields(GpuSnapshot) if f.name != "index"]
