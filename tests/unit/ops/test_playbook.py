@@ -522,6 +522,14 @@ def test_the_dry_run_changes_neither_the_store_nor_the_nodes_nor_the_state_folde
     )
     assert shells.cli("submit", str(job)).exit_code == 0
     assert shells.cli("reconcile").exit_code == 0
+
+    def settled() -> bool:  # the job's wrapper writes its files (pid, then started) on its own
+        runs = [d for n in shells.envs for d in (shells.home(n) / ".gpuctl/runs").glob("*/*")]
+        return bool(runs) and all(
+            (d / "started").exists() and not any(d.glob("*.tmp")) for d in runs
+        )
+
+    assert waiting.wait_for(settled, timeout_s=10.0, every_s=0.02)
     pb = shells.tmp / "pb.yaml"
     pb.write_text(
         "name: everything\ntargets: all\nsteps:\n"
