@@ -192,6 +192,11 @@ def parse_signal(stdout: bytes) -> bool:
 # process is this node's when it carries the session's own GPUCTL_LAB_STATE (the node's state file,
 # unique to one node of one lab); on a real node neither side has it.
 _PROCS = r"""
+gpuctl_procs_ok() {
+  printf 'x\000' | grep -qzF x 2>/dev/null && return 0
+  echo "this node's grep cannot read NUL-separated files (GNU or BusyBox grep -z)" >&2
+  exit 3
+}
 gpuctl_procs() {
   me=${GPUCTL_LAB_STATE-}
   for f in $(grep -lzsF -e GPUCTL_JOB_ID= /proc/[0-9]*/environ 2>/dev/null); do
@@ -226,6 +231,7 @@ _FENCE = (
     + _PROCS
     + r"""
 umask 077
+gpuctl_procs_ok
 runs="${HOME:-/nonexistent}/.gpuctl/runs"
 d="$runs/$1/$2"
 mkdir -p "$d" 2>/dev/null && mkdir "$d/launch.lock" 2>/dev/null
@@ -249,6 +255,7 @@ _PROCESSES = (
     _FUNCTIONS
     + _PROCS
     + r"""
+gpuctl_procs_ok
 c=0
 while IFS= read -r l; do
   [ -n "$l" ] || continue

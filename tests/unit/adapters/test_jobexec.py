@@ -688,3 +688,23 @@ def test_checkpoints_under_a_tilde_dir_are_found_in_the_node_users_home(node: No
     commit(node.home / "ckpt", 10, {"model.pt": b"ten"})
     (marker,) = node.runner.checkpoints(NODE, "~/ckpt")
     assert (marker.step, marker.valid) == (10, True)
+
+
+def test_a_node_whose_grep_cannot_read_nul_separated_files_gives_no_reading(
+    tmp_path: Path,
+) -> None:
+    # an empty process listing from a grep without -z would read as "nothing of it is left"
+    from gpuctl.errors import TransportError
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "grep").write_text("#!/bin/sh\necho 'grep: invalid option -- z' >&2\nexit 2\n")
+    (bin_dir / "grep").chmod(0o755)
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {"HOME": str(home), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    runner = SshJobRunner(ShellTransport({"n1": env}))
+    with pytest.raises(TransportError, match="cannot read NUL-separated files"):
+        runner.fence(NODE, "j1", 1)
+    with pytest.raises(TransportError, match="cannot read NUL-separated files"):
+        runner.processes(NODE)
