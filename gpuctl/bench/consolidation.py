@@ -3,7 +3,7 @@ arrivals.
 
 The protocol is the placement benchmark's (arrival order, tune, seeded node priority, the policy's
 per-node scores with ties to the lowest priority rank). Every `every` arrivals, the pure planner
-(`gpuctl.core.consolidate.plan_consolidation`) runs on the cluster, in the benchmark's milli-GPU
+(`gpuctl.core.consolidation.plan_consolidation`) runs on the cluster, in the benchmark's milli-GPU
 units, against the paper's target workload; its moves are applied, then the replay continues. The
 moves of the whole run are capped at `max_moves_pct` % of the pods placed so far, so at the end
 at most that share of the placed pods was ever moved. `every=0` is the same replay without
@@ -31,7 +31,7 @@ from gpuctl.bench.protocol import (
 )
 from gpuctl.bench.replay import allocation_curve
 from gpuctl.bench.rng import Rng
-from gpuctl.core.consolidate import JobFacts, plan_consolidation
+from gpuctl.core.consolidation import JobFacts, plan_consolidation
 from gpuctl.core.fit import Choice, Demand, NodeFree, Workload
 from gpuctl.core.placement.model import Allocation, Card, FleetState, PlacementNode
 from gpuctl.core.policies import Policy

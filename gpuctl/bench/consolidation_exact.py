@@ -37,7 +37,7 @@ from gpuctl.bench.protocol import (
     target_workload,
 )
 from gpuctl.bench.rng import NumpyRng
-from gpuctl.core.consolidate import (
+from gpuctl.core.consolidation import (
     JobFacts,
     apply_consolidation,
     fleet_figures,

@@ -15,7 +15,7 @@ from gpuctl.errors import ExitCode, UsageError, exit_for_apply, exit_for_plan
 
 if TYPE_CHECKING:
     from gpuctl.adapters.protocols import Store
-    from gpuctl.core.consolidate import ConsolidationPlan
+    from gpuctl.core.consolidation import ConsolidationPlan
     from gpuctl.core.model import FleetSnapshot
     from gpuctl.core.placement.model import JobRequest
     from gpuctl.ops.consolidate import ApplyResult, Window
@@ -148,12 +148,12 @@ def _apply(
 
 
 def _show(plan: ConsolidationPlan, output: Output, stream: TextIO | None = None) -> None:
-    from gpuctl.core.consolidate_doc import plan_to_dict, render_plan
+    from gpuctl.core.consolidation import plan_to_dict, render_consolidation
 
     if output in (Output.JSON, Output.YAML):
         emit_document(plan_to_dict(plan), output)
         return
-    (sys.stdout if stream is None else stream).write(safe(render_plan(plan)))
+    (sys.stdout if stream is None else stream).write(safe(render_consolidation(plan)))
 
 
 def _exit_for(plan: ConsolidationPlan) -> None:

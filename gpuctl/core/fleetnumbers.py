@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpuctl.core.band import TARGET_BAND, Band, BandName
-from gpuctl.core.consolidate import fleet_figures
+from gpuctl.core.consolidation import fleet_figures
 from gpuctl.core.fit import Workload
 from gpuctl.core.fragmentation import WorkloadIndex
 from gpuctl.core.jobfigures import JobFigures, job_figures

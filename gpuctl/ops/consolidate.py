@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from gpuctl.adapters.protocols import Store
-from gpuctl.core.consolidate import (
+from gpuctl.core.consolidation import (
     ConsolidationPlan,
     JobFacts,
     Migration,
@@ -199,7 +199,7 @@ class ApplyResult:
         return all(r.landed for r in self.results)
 
     def to_dict(self) -> dict[str, Any]:
-        from gpuctl.core.consolidate_doc import plan_to_dict
+        from gpuctl.core.consolidation import plan_to_dict
 
         return {
             "complete": self.complete,

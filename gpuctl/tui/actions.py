@@ -137,7 +137,7 @@ class FleetActions:
         return ActionPlan("drain", node, drain_text(drain), reason, value=drain)
 
     def _plan_consolidation(self) -> ActionPlan:
-        from gpuctl.core.consolidate_doc import render_plan
+        from gpuctl.core.consolidation import render_consolidation
         from gpuctl.ops import consolidate as service
 
         snapshot = self.fleet.gather(self.inventory)
@@ -145,7 +145,7 @@ class FleetActions:
         with self.open_store(False) as store:
             inputs = service.gather_inputs(snapshot, store, now)
         plan = service.plan(inputs, now=now, max_moves=self.max_moves)
-        text = fmt.safe(render_plan(plan).rstrip("\n"))
+        text = fmt.safe(render_consolidation(plan).rstrip("\n"))
         return ActionPlan("consolidate", None, text, value=plan, applicable=not plan.empty)
 
     # --- apply -------------------------------------------------------------------------------

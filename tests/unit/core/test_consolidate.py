@@ -10,15 +10,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuctl.core.consolidate import (
+from gpuctl.core.consolidation import (
     ConsolidationPlan,
     JobFacts,
     apply_consolidation,
     consolidation_version,
     fleet_figures,
     plan_consolidation,
+    plan_from_dict,
+    plan_to_dict,
+    render_consolidation,
 )
-from gpuctl.core.consolidate_doc import plan_from_dict, plan_to_dict, render_plan
 from gpuctl.core.fit import Demand
 from gpuctl.core.fragmentation import default_workload
 from gpuctl.core.placement.model import (
@@ -287,7 +289,7 @@ def test_the_plan_round_trips_through_json_and_prints() -> None:
         "stranded_gib": doc["frees"]["stranded_gib"],
     }
     assert doc["cost"] == {"moves": 1, "max_checkpoint_age_s": 60.0, "moves_without_checkpoint": 0}
-    text = render_plan(p)
+    text = render_consolidation(p)
     assert "b" in text and "n2 cards 1" in text and "n1 cards 0" in text
     assert "whole free nodes" in text and "c: disruptible: false" in text
     with pytest.raises(PlanError, match="not a gpuctl consolidation-plan"):

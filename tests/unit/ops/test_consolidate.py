@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from gpuctl.core.consolidate import ConsolidationPlan, FleetFigures, Migration
+from gpuctl.core.consolidation import ConsolidationPlan, FleetFigures, Migration
 from gpuctl.core.fit import Demand
 from gpuctl.core.fragmentation import default_workload
 from gpuctl.core.jobs import Cordon, Event, IncarnationState

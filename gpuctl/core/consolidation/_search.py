@@ -12,10 +12,21 @@ import dataclasses
 import heapq
 from collections.abc import Mapping
 
-from gpuctl.core.consolidate import JobFacts, Migration, Pinned, move_penalty
-from gpuctl.core.consolidate_work import Form, WNode, Work, pin_reason
+from gpuctl.core.consolidation._work import Form, WNode, Work, pin_reason
+from gpuctl.core.consolidation.model import JobFacts, Migration, Pinned
 from gpuctl.core.fragmentation import WorkloadIndex
 from gpuctl.core.placement.model import Allocation, FleetState
+
+CHECKPOINT_STALE_S = 3600.0  # a checkpoint this old (or none) costs a move the most
+
+
+def move_penalty(facts: JobFacts, alloc: Allocation, card_mib: int) -> float:
+    """How dear a move is, beyond the one move itself: up to 1 for a checkpoint an hour old or
+    none, and a quarter per whole card's worth of memory moved."""
+    age = facts.checkpoint_age_s
+    stale = 1.0 if age is None else min(max(age, 0.0), CHECKPOINT_STALE_S) / CHECKPOINT_STALE_S
+    moved = alloc.mib_per_card * len(alloc.cards)
+    return stale + 0.25 * (moved / card_mib if card_mib > 0 else 0.0)
 
 
 @dataclasses.dataclass(slots=True)

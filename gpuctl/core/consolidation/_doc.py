@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gpuctl.core.consolidate import (
+from gpuctl.core.consolidation.model import (
     ConsolidationPlan,
     FleetFigures,
     Migration,
@@ -182,7 +182,7 @@ def _table(head: list[str], rows: list[list[str]]) -> list[str]:
     ]
 
 
-def render_plan(plan: ConsolidationPlan) -> str:
+def render_consolidation(plan: ConsolidationPlan) -> str:
     """The plan as an operator reads it: the moves, what they free, what they cost."""
     lines = [
         f"consolidation plan · fleet version {plan.version} · {len(plan.moves)} move(s) "

@@ -12,8 +12,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
-from gpuctl.core.consolidate import JobFacts
-from gpuctl.core.consolidate_doc import age_text
+from gpuctl.core.consolidation._doc import age_text
+from gpuctl.core.consolidation.model import JobFacts
 from gpuctl.core.fit import NodeFree
 from gpuctl.core.fragmentation import WorkloadIndex
 from gpuctl.core.placement.constraints import clash, model_ok

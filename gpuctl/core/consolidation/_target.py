@@ -16,8 +16,8 @@ import dataclasses
 import itertools
 from collections.abc import Mapping
 
-from gpuctl.core.consolidate import JobFacts, Migration, Pinned, TargetOutcome
-from gpuctl.core.consolidate_work import WNode, Work, pin_reason
+from gpuctl.core.consolidation._work import WNode, Work, pin_reason
+from gpuctl.core.consolidation.model import JobFacts, Migration, Pinned, TargetOutcome
 from gpuctl.core.fragmentation import WorkloadIndex
 from gpuctl.core.placement.constraints import clash, model_ok
 from gpuctl.core.placement.model import Allocation, FleetState, JobRequest, Settings

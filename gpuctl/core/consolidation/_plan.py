@@ -1,31 +1,6 @@
-"""Consolidation: plans of migrations that free whole cards and nodes. Pure and deterministic.
-
-`plan_consolidation(state, facts, ...)` simulates moves on a copy of the fleet state and keeps
-those that strictly reduce stranded memory (free memory the target workload cannot use, measured
-by `gpuctl.core.fragmentation`), best first, up to `max_moves`. With a `target` shape it solves the
-drain-and-refill case instead: make room for the target (a whole node, N whole cards, or a slice)
-with the fewest moves.
-
-Rules every plan keeps (the property tests check them):
-
-* no card, node (CPU, host memory) or band limit is ever exceeded. A slice moves to a card with
-  that much free; a whole-card job moves only to empty cards of the same capacity, so a plan
-  never changes the fleet's allocated or free memory, nor its utilization;
-* node affinity, node anti-affinity and job anti-affinity hold at every destination;
-* `disruptible: false` jobs, jobs moved (started) less than their minimum runtime ago, jobs
-  gpuctl has no facts about, and jobs on unschedulable nodes are never moved (they are listed as
-  pinned, with the reason);
-* each job moves at most once per plan, and no plan has more than `max_moves` moves;
-* without a target, every move strictly reduces stranded memory, so fragmentation never grows.
-
-Jobs are preferred by the stranded memory a move frees, discounted by the move's cost: a stale
-(or missing) checkpoint and a large footprint make a move dearer (`move_penalty`). Ties go to the
-job, then the node, whose name sorts first.
-
-A plan carries `version`, a digest of everything it depends on (`consolidation_version`): nodes,
-schedulability, labels, cards' capacity/allocated/ghost/health, and the allocations. Applying a
-plan to a state of another version is refused.
-"""
+"""Planning and applying consolidation (`plan_consolidation`, `apply_consolidation`), the
+version a plan depends on, and the figures of what it frees. The rules every plan keeps are in
+the package's docstring (`gpuctl.core.consolidation`)."""
 
 from __future__ import annotations
 
@@ -35,6 +10,16 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from gpuctl.core.consolidation._search import search
+from gpuctl.core.consolidation._target import make_room
+from gpuctl.core.consolidation.model import (
+    DEFAULT_MAX_MOVES,
+    ConsolidationPlan,
+    FleetFigures,
+    JobFacts,
+    Migration,
+    TargetOutcome,
+)
 from gpuctl.core.fit import NodeFree, Workload
 from gpuctl.core.fragmentation import WorkloadIndex
 from gpuctl.core.placement.model import (
@@ -42,107 +27,10 @@ from gpuctl.core.placement.model import (
     FleetState,
     JobRequest,
     JobShape,
-    LabelRequirement,
     PlacementNode,
     Settings,
-    Tier,
 )
 from gpuctl.errors import PlanError
-
-DEFAULT_MIN_RUNTIME_BETWEEN_MOVES_S = 1800.0
-DEFAULT_MAX_MOVES = 10
-CHECKPOINT_STALE_S = 3600.0  # a checkpoint this old (or none) costs a move the most
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class JobFacts:
-    """What consolidation needs to know of one allocated job beyond its `Allocation`."""
-
-    job: str  # the allocation's job key
-    disruptible: bool = True
-    last_moved_at: float | None = None  # when its current run started; None: unknown (long ago)
-    min_runtime_between_moves_s: float = DEFAULT_MIN_RUNTIME_BETWEEN_MOVES_S
-    checkpoint_age_s: float | None = None  # None: no committed checkpoint
-    gpu_models: tuple[str, ...] = ()  # the job's model constraint (any of these)
-    node_affinity: tuple[LabelRequirement, ...] = ()
-    node_anti_affinity: tuple[LabelRequirement, ...] = ()
-    hold: str | None = None  # why it may not move now, as the caller knows (a move under way)
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Migration:
-    """One move: checkpoint, stop, restart on `to_node`/`to_cards` (reserved first)."""
-
-    job: str
-    tier: Tier
-    from_node: str
-    from_cards: tuple[int, ...]
-    to_node: str
-    to_cards: tuple[int, ...]
-    mib_per_card: int  # the slice (a whole card: its capacity)
-    whole: bool
-    checkpoint_age_s: float | None
-    stranded_freed_mib: float  # stranded memory this move frees (in the plan's order)
-    cpu_milli: int = 0  # what the job holds on its node besides cards
-    host_mem_mib: int = 0
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class FleetFigures:
-    """What a plan frees, over schedulable nodes (MiB on a fleet; milli-GPU in the benchmark)."""
-
-    whole_free_cards: int
-    whole_free_nodes: int
-    free_mib: int
-    stranded_mib: float
-    capacity_mib: int
-
-    @property
-    def fragmentation_pct(self) -> float | None:
-        return None if self.free_mib == 0 else 100.0 * self.stranded_mib / self.free_mib
-
-    @property
-    def stranded_gib(self) -> float:
-        return self.stranded_mib / 1024
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Pinned:
-    """A job the plan would not move, and why."""
-
-    job: str
-    node: str
-    reason: str
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class TargetOutcome:
-    """The drain-and-refill result: where the target fits after the plan's moves, or why not."""
-
-    shape: str  # the request in words
-    fits: bool
-    node: str | None
-    cards: tuple[int, ...]
-    reason: str
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class ConsolidationPlan:
-    version: str  # `consolidation_version` of the state it was computed from
-    version_after: str  # ... of the state it predicts
-    snapshot_version: str  # the fleet snapshot's own version, for the record
-    max_moves: int
-    moves: tuple[Migration, ...]
-    before: FleetFigures
-    after: FleetFigures
-    pinned: tuple[Pinned, ...]
-    reason: str  # why the plan stops where it does
-    target: TargetOutcome | None = None
-
-    @property
-    def empty(self) -> bool:
-        return not self.moves
-
 
 # --- version and figures -----------------------------------------------------------------------
 
@@ -201,15 +89,6 @@ def fleet_figures(state: FleetState, workload: Workload | WorkloadIndex) -> Flee
     )
 
 
-def move_penalty(facts: JobFacts, alloc: Allocation, card_mib: int) -> float:
-    """How dear a move is, beyond the one move itself: up to 1 for a checkpoint an hour old or
-    none, and a quarter per whole card's worth of memory moved."""
-    age = facts.checkpoint_age_s
-    stale = 1.0 if age is None else min(max(age, 0.0), CHECKPOINT_STALE_S) / CHECKPOINT_STALE_S
-    moved = alloc.mib_per_card * len(alloc.cards)
-    return stale + 0.25 * (moved / card_mib if card_mib > 0 else 0.0)
-
-
 # --- planning ----------------------------------------------------------------------------------
 
 
@@ -229,9 +108,6 @@ def plan_consolidation(
     moved. `workload` is the target workload stranded memory is measured against (non-empty).
     Raises PlanError for a negative `max_moves` or an empty workload.
     """
-    from gpuctl.core.consolidate_search import search
-    from gpuctl.core.consolidate_target import make_room
-
     if max_moves < 0:
         raise PlanError(f"max_moves must be 0 or more, got {max_moves}")
     if not workload:
