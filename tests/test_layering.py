@@ -95,10 +95,10 @@ BAD_IMPORTS = [
         id="tui-imports-an-adapter",
     ),
     pytest.param(
-        "gpuctl/core/fit.py",
+        "gpuctl/core/placement/fit.py",
         "def _bad() -> None:\n    import subprocess\n",
         "core and errors are pure",
-        "gpuctl.core.fit -> subprocess",
+        "gpuctl.core.placement.fit -> subprocess",
         id="core-runs-a-process",
     ),
     pytest.param(
@@ -151,7 +151,7 @@ def test_a_bad_import_breaks_a_contract(
 @pytest.mark.parametrize(
     ("path", "source", "library"),
     [
-        ("gpuctl/core/fit.py", "import paramiko\n", "paramiko"),
+        ("gpuctl/core/placement/fit.py", "import paramiko\n", "paramiko"),
         ("gpuctl/ops/gather.py", "def f():\n    from paramiko import SSHClient\n", "paramiko"),
         ("gpuctl/adapters/probe/x.py", "import paramiko.client\n", "paramiko"),
         ("gpuctl/ops/report.py", "from textual.app import App\n", "textual"),

@@ -32,9 +32,9 @@ from gpuctl.bench.protocol import (
 from gpuctl.bench.replay import allocation_curve
 from gpuctl.bench.rng import Rng
 from gpuctl.core.consolidation import JobFacts, plan_consolidation
-from gpuctl.core.fit import Choice, Demand, NodeFree, Workload
+from gpuctl.core.placement.fit import Choice, Demand, NodeFree, Workload
 from gpuctl.core.placement.model import Allocation, Card, FleetState, PlacementNode
-from gpuctl.core.policies import Policy
+from gpuctl.core.placement.policies import Policy
 
 IntArray = npt.NDArray[np.int64]
 

@@ -43,9 +43,9 @@ from gpuctl.core.consolidation import (
     fleet_figures,
     plan_consolidation,
 )
-from gpuctl.core.fit import Workload
+from gpuctl.core.placement.fit import Workload
 from gpuctl.core.placement.model import Allocation, Card, FleetState, PlacementNode
-from gpuctl.core.policies import Policy
+from gpuctl.core.placement.policies import Policy
 from gpuctl.errors import UsageError
 
 WEIGHT_SCALE = 100_000

@@ -9,8 +9,8 @@ from collections.abc import Sequence
 
 from gpuctl.bench.openb import MILLI_PER_GPU, OpenbNode, OpenbPod
 from gpuctl.bench.rng import Rng
-from gpuctl.core.fit import Demand, NodeFree, Workload
-from gpuctl.core.fragmentation import workload_from_counts
+from gpuctl.core.placement.fit import Demand, NodeFree, Workload
+from gpuctl.core.placement.fragmentation import workload_from_counts
 
 CPU_SCALE_MILLI = 128_000  # the artifact's MaxSpecCpu (BestFit's CPU normaliser)
 GPU_SCALE_MILLI = 8_000  # the artifact's MaxSpecGpu

@@ -29,9 +29,9 @@ from gpuctl.bench.protocol import (
     target_workload,
 )
 from gpuctl.bench.rng import Rng
-from gpuctl.core.fit import Choice, Demand, NodeFree, Workload, take
-from gpuctl.core.fragmentation import index_for
-from gpuctl.core.policies import Policy
+from gpuctl.core.placement.fit import Choice, Demand, NodeFree, Workload, take
+from gpuctl.core.placement.fragmentation import index_for
+from gpuctl.core.placement.policies import Policy
 
 IntArray = npt.NDArray[np.int64]
 

@@ -21,8 +21,8 @@ from gpuctl.bench.protocol import (
 )
 from gpuctl.bench.replay import RunResult, replay
 from gpuctl.bench.rng import NumpyRng
-from gpuctl.core import policies
-from gpuctl.core.policies import Policy
+from gpuctl.core.placement import policies
+from gpuctl.core.placement.policies import Policy
 from gpuctl.errors import ConfigError, UsageError
 
 # Our policy names -> the names in the FGD artifact's published results.

@@ -11,7 +11,7 @@ from gpuctl.cli import context, fleet
 from gpuctl.cli.render import OUTPUT_OPTION, Output, emit_document, safe
 from gpuctl.core.model import FleetSnapshot
 from gpuctl.core.placement.model import Settings
-from gpuctl.core.policies import DEFAULT_POLICY, POLICIES
+from gpuctl.core.placement.policies import DEFAULT_POLICY, POLICIES
 from gpuctl.errors import UsageError, exit_for_plan
 
 
@@ -51,7 +51,8 @@ def place(
     state store refuses.
     """
     from gpuctl.config.jobspec_files import load_job_specs
-    from gpuctl.core.plan import plan_to_dict, render_plan_text
+    from gpuctl.core.placement.plan import plan_to_dict
+    from gpuctl.core.placement.render import render_placement
     from gpuctl.ops import place as service
 
     settings = _settings(policy, band_max, headroom, whole_card_over)
@@ -62,7 +63,7 @@ def place(
     if output in (Output.JSON, Output.YAML):
         emit_document(plan_to_dict(result), output)
     else:
-        text = render_plan_text(result, explain, wide=output is Output.WIDE)
+        text = render_placement(result, explain=explain, wide=output is Output.WIDE)
         sys.stdout.write(safe(text))
     raise typer.Exit(int(exit_for_plan(complete=result.all_placed)))
 

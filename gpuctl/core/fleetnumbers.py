@@ -23,10 +23,10 @@ from typing import Any
 
 from gpuctl.core.band import TARGET_BAND, Band, BandName
 from gpuctl.core.consolidation import fleet_figures
-from gpuctl.core.fit import Workload
-from gpuctl.core.fragmentation import WorkloadIndex
 from gpuctl.core.jobfigures import JobFigures, job_figures
 from gpuctl.core.model import FleetSnapshot, Reach
+from gpuctl.core.placement.fit import Workload
+from gpuctl.core.placement.fragmentation import WorkloadIndex
 from gpuctl.core.placement.model import FleetState
 
 # the numbers a poll is needed for, in `to_dict` order (None in metrics' --from-store mode)

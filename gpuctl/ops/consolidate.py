@@ -27,9 +27,9 @@ from gpuctl.core.consolidation import (
     consolidation_version,
     plan_consolidation,
 )
-from gpuctl.core.fit import Workload
 from gpuctl.core.jobs import IncarnationState, Job, JobState
 from gpuctl.core.model import FleetSnapshot
+from gpuctl.core.placement.fit import Workload
 from gpuctl.core.placement.model import FleetState, JobRequest, JobShape, Settings
 from gpuctl.core.workload import workload_for
 from gpuctl.errors import PlanError, UsageError

@@ -13,15 +13,15 @@ import dataclasses
 from collections.abc import Hashable
 
 from gpuctl.adapters.protocols import Store
-from gpuctl.core.fit import Workload
 from gpuctl.core.fleetnumbers import FleetNumbers, fleet_numbers, no_jobs
 from gpuctl.core.fleetnumbers import fragmentation as measure_fragmentation
 from gpuctl.core.fleetview import PlacementMemo, fleet_state_from_snapshot, with_cordons
-from gpuctl.core.fragmentation import WorkloadIndex
 from gpuctl.core.jobfigures import JobFigures
 from gpuctl.core.jobs import IncarnationState, Job
 from gpuctl.core.model import FleetSnapshot
 from gpuctl.core.nodestate import CORDON_EVENT_KINDS, NodeStatus, node_statuses
+from gpuctl.core.placement.fit import Workload
+from gpuctl.core.placement.fragmentation import WorkloadIndex
 from gpuctl.core.placement.model import Allocation, FleetState
 from gpuctl.core.workload import workload_for, workload_key
 from gpuctl.errors import StateError

@@ -24,7 +24,7 @@ from gpuctl.core.model import FleetSnapshot, Reach
 from gpuctl.core.nodehealth import HEALTH_SOURCE
 from gpuctl.core.placement.engine import plan
 from gpuctl.core.placement.model import Allocation
-from gpuctl.core.plan import apply_plan
+from gpuctl.core.placement.plan import apply_plan
 from gpuctl.errors import PlanError, UsageError
 from gpuctl.ops import migrate, reconcile_launch
 from gpuctl.ops.migrate import MigrationRequest, MigrationResult, Target

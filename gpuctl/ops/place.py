@@ -15,7 +15,7 @@ from gpuctl.adapters.protocols import Store, Transport
 from gpuctl.core.model import FleetSnapshot, Inventory, fleet_from_dict
 from gpuctl.core.placement.engine import plan
 from gpuctl.core.placement.model import JobRequest, Settings
-from gpuctl.core.plan import Plan
+from gpuctl.core.placement.plan import Plan
 from gpuctl.errors import UsageError
 
 MAX_SNAPSHOT_BYTES = 64 << 20

@@ -26,7 +26,7 @@ from gpuctl.core.jobs import (
 from gpuctl.core.jobspec import SliceEnforcement
 from gpuctl.core.placement.engine import plan
 from gpuctl.core.placement.model import Allocation, FleetState, JobRequest, Settings, Tier
-from gpuctl.core.plan import Placed, apply_plan
+from gpuctl.core.placement.plan import Placed, apply_plan
 from gpuctl.errors import ConfigError, GpuctlError, StateError, StoreConflict, TransportError
 from gpuctl.ops import fleetstatus, reconcile_checkpoints, reconcile_jobs
 from gpuctl.ops import jobs as jobspecs

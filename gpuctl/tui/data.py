@@ -191,7 +191,7 @@ def waiting_reasons(
     """Why each queued job waits: the placement plan's reason for it on the current state (as
     the control loop's next pass would see it); a job that fits waits for that pass."""
     from gpuctl.core.placement.engine import plan
-    from gpuctl.core.plan import Placed
+    from gpuctl.core.placement.plan import Placed
     from gpuctl.ops.jobs import ids_by_name, job_request
 
     queued = [v.job for v in views if v.job.state is JobState.QUEUED]

@@ -2,9 +2,9 @@
 
 `plan_consolidation(state, facts, ...)` simulates moves on a copy of the fleet state and keeps
 those that strictly reduce stranded memory (free memory the target workload cannot use, measured
-by `gpuctl.core.fragmentation`), best first, up to `max_moves`. With a `target` shape it solves the
-drain-and-refill case instead: make room for the target (a whole node, N whole cards, or a slice)
-with the fewest moves.
+by `gpuctl.core.placement.fragmentation`), best first, up to `max_moves`. With a `target` shape it
+solves the drain-and-refill case instead: make room for the target (a whole node, N whole cards, or
+a slice) with the fewest moves.
 
 Rules every plan keeps (the property tests check them):
 

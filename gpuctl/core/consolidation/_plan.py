@@ -20,8 +20,8 @@ from gpuctl.core.consolidation.model import (
     Migration,
     TargetOutcome,
 )
-from gpuctl.core.fit import NodeFree, Workload
-from gpuctl.core.fragmentation import WorkloadIndex
+from gpuctl.core.placement.fit import NodeFree, Workload
+from gpuctl.core.placement.fragmentation import WorkloadIndex
 from gpuctl.core.placement.model import (
     Allocation,
     FleetState,

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 
 from gpuctl.core.consolidation._work import Form, WNode, Work, pin_reason
 from gpuctl.core.consolidation.model import JobFacts, Migration, Pinned
-from gpuctl.core.fragmentation import WorkloadIndex
+from gpuctl.core.placement.fragmentation import WorkloadIndex
 from gpuctl.core.placement.model import Allocation, FleetState
 
 CHECKPOINT_STALE_S = 3600.0  # a checkpoint this old (or none) costs a move the most

@@ -18,8 +18,8 @@ from collections.abc import Mapping
 
 from gpuctl.core.consolidation._work import WNode, Work, pin_reason
 from gpuctl.core.consolidation.model import JobFacts, Migration, Pinned, TargetOutcome
-from gpuctl.core.fragmentation import WorkloadIndex
 from gpuctl.core.placement.constraints import clash, model_ok
+from gpuctl.core.placement.fragmentation import WorkloadIndex
 from gpuctl.core.placement.model import Allocation, FleetState, JobRequest, Settings
 from gpuctl.core.placement.shape import demand_on, limit_mib, request_text
 

@@ -14,9 +14,9 @@ from collections.abc import Mapping
 
 from gpuctl.core.consolidation._doc import age_text
 from gpuctl.core.consolidation.model import JobFacts
-from gpuctl.core.fit import NodeFree
-from gpuctl.core.fragmentation import WorkloadIndex
 from gpuctl.core.placement.constraints import clash, model_ok
+from gpuctl.core.placement.fit import NodeFree
+from gpuctl.core.placement.fragmentation import WorkloadIndex
 from gpuctl.core.placement.model import Allocation, FleetState, LabelRequirement, PlacementNode
 
 

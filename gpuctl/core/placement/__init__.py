@@ -1,12 +1,12 @@
-"""Memory-aware placement: the model (`model`), the engine (`engine.plan`) and its explanations.
+"""Memory-aware placement: the model (`model`, re-exported here), the engine (`engine.plan`), the
+plan it returns (`plan`: a value to print, save, diff and apply later) and its text (`render`),
+the fit primitives (`fit`), the scoring policies (`policies`) and the fragmentation measure
+(`fragmentation`) they and consolidation share.
 
-Pure and deterministic: no I/O, no clock, no randomness. The plan value lives in
-`gpuctl.core.plan`.
+Pure and deterministic: no I/O, no clock, no randomness.
 """
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING, Any
 
 from gpuctl.core.placement.model import (
     Allocation,
@@ -21,9 +21,6 @@ from gpuctl.core.placement.model import (
     model_matches,
 )
 
-if TYPE_CHECKING:
-    from gpuctl.core.placement.engine import plan as plan
-
 __all__ = [
     "Allocation",
     "Card",
@@ -35,14 +32,4 @@ __all__ = [
     "Settings",
     "Tier",
     "model_matches",
-    "plan",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    # The engine imports gpuctl.core.plan, which imports the model above: load it on first use.
-    if name == "plan":
-        from gpuctl.core.placement.engine import plan
-
-        return plan
-    raise AttributeError(name)

@@ -8,10 +8,10 @@ filters in a fixed order, and the first one it fails is counted against it (for 
     unschedulable, node_affinity, node_anti_affinity, job_anti_affinity, gpu_model, card_size,
     gpu_count, cpu, host_memory, empty_cards / card_memory, policy, band
 
-A node that passes is scored by the policy (`gpuctl.core.policies`) over `NodeFree` / `Demand`
-(`gpuctl.core.fit`): the best score wins, ties go to the node whose name sorts first, and the
-second best is recorded as the runner-up. Cards a job cannot use (unhealthy, another model, too
-small) are shown to the policy with no free memory.
+A node that passes is scored by the policy (`gpuctl.core.placement.policies`) over `NodeFree` /
+`Demand` (`gpuctl.core.placement.fit`): the best score wins, ties go to the node whose name sorts
+first, and the second best is recorded as the runner-up. Cards a job cannot use (unhealthy, another
+model, too small) are shown to the policy with no free memory.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from gpuctl.core.fit import Choice, Demand, NodeFree, Workload
 from gpuctl.core.placement.constraints import Reject, clash, fewer, usable_cards
+from gpuctl.core.placement.fit import Choice, Demand, NodeFree, Workload
 from gpuctl.core.placement.model import (
     Allocation,
     FleetState,
@@ -30,8 +30,7 @@ from gpuctl.core.placement.model import (
     Settings,
     Tier,
 )
-from gpuctl.core.placement.shape import added_mib, decide_shape, demand_on, limit_mib, request_text
-from gpuctl.core.plan import (
+from gpuctl.core.placement.plan import (
     NodeUsage,
     Outcome,
     Placed,
@@ -41,7 +40,8 @@ from gpuctl.core.plan import (
     Unplaced,
     successor_version,
 )
-from gpuctl.core.policies import Policy, get_policy
+from gpuctl.core.placement.policies import Policy, get_policy
+from gpuctl.core.placement.shape import added_mib, decide_shape, demand_on, limit_mib, request_text
 from gpuctl.core.units import format_mib
 from gpuctl.errors import PlanError
 

@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from gpuctl.core.band import DEFAULT_HEADROOM, TARGET_BAND
-from gpuctl.core.fit import NodeFree
-from gpuctl.core.policies import DEFAULT_POLICY
+from gpuctl.core.placement.fit import NodeFree
+from gpuctl.core.placement.policies import DEFAULT_POLICY
 from gpuctl.core.units import MemPerCard
 
 WHOLE = MemPerCard(whole=True)

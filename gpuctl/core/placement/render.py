@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gpuctl.core.plan import Placed, Plan, Rejection
+from gpuctl.core.placement.plan import Placed, Plan, Rejection
 from gpuctl.core.units import format_mib
 
 MAX_NODES_SHOWN = 5
 
 
-def render_plan(plan: Plan, *, explain: bool, wide: bool = False) -> str:
+def render_placement(plan: Plan, *, explain: bool, wide: bool = False) -> str:
+    """The plan as a table (and, with `explain`, why each job went where it did)."""
     lines = [_header(plan)]
     head = ["JOB", "TIER", "PRIORITY", "NODE", "CARDS", "MEM/CARD", "SCORE", "RUNNER-UP"]
     if wide:

@@ -6,7 +6,7 @@ import math
 from collections.abc import Sequence
 from fractions import Fraction
 
-from gpuctl.core.fit import Demand
+from gpuctl.core.placement.fit import Demand
 from gpuctl.core.placement.model import JobShape, Settings
 from gpuctl.core.units import format_mib
 

@@ -18,7 +18,7 @@ from gpuctl.bench.protocol import target_workload
 from gpuctl.bench.replay import replay
 from gpuctl.bench.rng import NumpyRng
 from gpuctl.bench.runner import bench_policy
-from gpuctl.core.fit import Demand
+from gpuctl.core.placement.fit import Demand
 from gpuctl.errors import UsageError
 
 FIXTURES = Path(__file__).parents[2] / "fixtures" / "openb"

@@ -13,8 +13,8 @@ from gpuctl.bench.protocol import node_free, pod_demand
 from gpuctl.bench.replay import Placement, allocation_curve, replay, simulate
 from gpuctl.bench.rng import NumpyRng
 from gpuctl.bench.runner import bench_policy
-from gpuctl.core.fit import NodeFree, Workload, fits, take
-from gpuctl.core.policies import FirstFit, Policy
+from gpuctl.core.placement.fit import NodeFree, Workload, fits, take
+from gpuctl.core.placement.policies import FirstFit, Policy
 
 FIXTURES = Path(__file__).parents[2] / "fixtures" / "openb"
 

@@ -9,10 +9,10 @@ from hypothesis import strategies as st
 
 from gpuctl.core.band import TARGET_BAND, Band, BandName, band_of
 from gpuctl.core.fleetnumbers import fleet_numbers, no_jobs
-from gpuctl.core.fragmentation import default_workload
 from gpuctl.core.model import FleetSnapshot
 from gpuctl.core.placement import Card, FleetState, JobRequest, JobShape, PlacementNode, Settings
 from gpuctl.core.placement.engine import plan
+from gpuctl.core.placement.fragmentation import default_workload
 from gpuctl.core.placement.model import Tier
 from gpuctl.core.units import MemPerCard
 

@@ -21,8 +21,8 @@ from gpuctl.core.consolidation import (
     plan_to_dict,
     render_consolidation,
 )
-from gpuctl.core.fit import Demand
-from gpuctl.core.fragmentation import default_workload
+from gpuctl.core.placement.fit import Demand
+from gpuctl.core.placement.fragmentation import default_workload
 from gpuctl.core.placement.model import (
     Allocation,
     Card,

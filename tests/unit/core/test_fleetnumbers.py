@@ -1,6 +1,6 @@
 """The five numbers as one value: fragmentation % is stranded / free × 100 over schedulable
 nodes against the target workload (docs/design.md), checked against the definition itself
-(`core.fragmentation.node_stranded`) on hand-built fleets; the value's document is the one
+(`core.placement.fragmentation.node_stranded`) on hand-built fleets; the value's document is the one
 `gpuctl status -o json` prints and playbook conditions name."""
 
 import json
@@ -10,11 +10,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpuctl.core.band import BandName
-from gpuctl.core.fit import Demand, NodeFree, Workload
 from gpuctl.core.fleetnumbers import FleetNumbers, fleet_numbers, no_jobs
-from gpuctl.core.fragmentation import default_workload, node_stranded
 from gpuctl.core.model import FleetSnapshot
 from gpuctl.core.placement import Card, FleetState, PlacementNode
+from gpuctl.core.placement.fit import Demand, NodeFree, Workload
+from gpuctl.core.placement.fragmentation import default_workload, node_stranded
 from gpuctl.core.playbook_expr import FLEET_NAMES
 
 GIB = 1024

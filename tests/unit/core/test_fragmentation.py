@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuctl.core.fit import Demand, NodeFree, Workload, fits, take
-from gpuctl.core.fragmentation import (
+from gpuctl.core.placement.fit import Demand, NodeFree, Workload, fits, take
+from gpuctl.core.placement.fragmentation import (
     HostRatio,
     WorkloadIndex,
     default_workload,

@@ -15,7 +15,7 @@ from gpuctl.core.placement import (
     model_matches,
 )
 from gpuctl.core.placement.engine import plan
-from gpuctl.core.plan import Placed, Plan, Unplaced
+from gpuctl.core.placement.plan import Placed, Plan, Unplaced
 from gpuctl.core.units import MemPerCard, parse_mem_mib
 from gpuctl.errors import PlanError
 

@@ -19,7 +19,7 @@ from gpuctl.core.placement import (
     Tier,
 )
 from gpuctl.core.placement.engine import plan
-from gpuctl.core.plan import Placed, Plan, Unplaced, apply_plan, usage_of
+from gpuctl.core.placement.plan import Placed, Plan, Unplaced, apply_plan, usage_of
 from gpuctl.core.units import MemPerCard
 
 GIB = 1024

@@ -15,16 +15,16 @@ from gpuctl.core.placement import (
     Tier,
 )
 from gpuctl.core.placement.engine import plan
-from gpuctl.core.plan import (
+from gpuctl.core.placement.plan import (
     Placed,
     apply_plan,
     diff_plans,
     plan_from_dict,
     plan_to_dict,
     render_diff,
-    render_plan_text,
 )
-from gpuctl.core.policies import DEFAULT_POLICY
+from gpuctl.core.placement.policies import DEFAULT_POLICY
+from gpuctl.core.placement.render import render_placement
 from gpuctl.core.units import MemPerCard
 from gpuctl.errors import PlanError
 
@@ -102,7 +102,7 @@ def test_something_that_is_not_a_plan_is_refused() -> None:
 
 
 def test_the_text_shows_each_job_and_why_one_was_not_placed() -> None:
-    text = render_plan_text(plan(state(), JOBS, OPEN), explain=False)
+    text = render_placement(plan(state(), JOBS, OPEN), explain=False)
     lines = text.splitlines()
     assert lines[0].startswith(f"fleet version v1 · policy {DEFAULT_POLICY} · utilization 0.0% -> ")
     assert lines[1].split() == [
@@ -121,7 +121,7 @@ def test_the_text_shows_each_job_and_why_one_was_not_placed() -> None:
 
 
 def test_explain_adds_the_shape_the_runner_up_and_the_band() -> None:
-    text = render_plan_text(plan(state(), JOBS, Settings()), explain=True)
+    text = render_placement(plan(state(), JOBS, Settings()), explain=True)
     assert "infer -> gpu-" in text
     assert "  shape: 1 × 24.0 GiB slice" in text
     assert "runner-up gpu-" in text
@@ -132,7 +132,7 @@ def test_explain_adds_the_shape_the_runner_up_and_the_band() -> None:
 
 
 def test_wide_text_adds_card_uuids() -> None:
-    text = render_plan_text(plan(state(), JOBS, OPEN), explain=False, wide=True)
+    text = render_placement(plan(state(), JOBS, OPEN), explain=False, wide=True)
     assert "GPU-gpu-a-0,GPU-gpu-a-1" in text
 
 

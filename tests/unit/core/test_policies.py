@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuctl.core import policies
-from gpuctl.core.fit import Demand, NodeFree, fits, fitting_cards
-from gpuctl.core.policies import BestFit, Fgd, FirstFit, Gpuctl, get_policy
+from gpuctl.core.placement import policies
+from gpuctl.core.placement.fit import Demand, NodeFree, fits, fitting_cards
+from gpuctl.core.placement.policies import BestFit, Fgd, FirstFit, Gpuctl, get_policy
 
 SLICE_500 = Demand(gpus=1, mib_per_card=500)
 

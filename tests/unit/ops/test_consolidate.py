@@ -8,10 +8,10 @@ from collections.abc import Sequence
 import pytest
 
 from gpuctl.core.consolidation import ConsolidationPlan, FleetFigures, Migration
-from gpuctl.core.fit import Demand
-from gpuctl.core.fragmentation import default_workload
 from gpuctl.core.jobs import Cordon, Event, IncarnationState
 from gpuctl.core.nodehealth import AutoDrainPolicy
+from gpuctl.core.placement.fit import Demand
+from gpuctl.core.placement.fragmentation import default_workload
 from gpuctl.core.placement.model import Tier
 from gpuctl.core.workload import workload_key
 from gpuctl.errors import PlanError, UsageError

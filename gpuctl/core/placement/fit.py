@@ -2,8 +2,8 @@
 
 Capacities are integer *units* per card: MiB for a real fleet, milli-GPU in the openb replay. A node
 is seen through `NodeFree` (what is free on each card after allocations and ghost usage); a job's
-per-node request is a `Demand`. Policies (`gpuctl.core.policies`) score a node for a demand and pick
-its cards; the engine filters nodes by constraints first.
+per-node request is a `Demand`. Policies (`gpuctl.core.placement.policies`) score a node for a
+demand and pick its cards; the engine filters nodes by constraints first.
 """
 
 from __future__ import annotations

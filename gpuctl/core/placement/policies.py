@@ -11,8 +11,8 @@ import math
 from fractions import Fraction
 from typing import Protocol
 
-from gpuctl.core.fit import Choice, Demand, NodeFree, Workload, fits, fitting_cards
-from gpuctl.core.fragmentation import host_stranded, index_for
+from gpuctl.core.placement.fit import Choice, Demand, NodeFree, Workload, fits, fitting_cards
+from gpuctl.core.placement.fragmentation import host_stranded, index_for
 
 
 class Policy(Protocol):
@@ -124,10 +124,10 @@ class Fgd:
 
     Place where the expected fragmentation of the node grows least: the score is
     `100 * sigmoid(-(stranded after - stranded before) / one card)`, stranded measured against
-    the target workload (`gpuctl.core.fragmentation`). A slice goes to the card that scores best
-    (lowest index on ties); whole cards are the lowest-indexed free ones. `quantize` truncates
-    the score to an integer like the paper's simulator, so near-equal nodes tie and the engine's
-    node order decides.
+    the target workload (`gpuctl.core.placement.fragmentation`). A slice goes to the card that
+    scores best (lowest index on ties); whole cards are the lowest-indexed free ones. `quantize`
+    truncates the score to an integer like the paper's simulator, so near-equal nodes tie and the
+    engine's node order decides.
     """
 
     name = "fgd"

@@ -26,7 +26,7 @@ import dataclasses
 from collections.abc import Hashable, Iterable
 from fractions import Fraction
 
-from gpuctl.core.fit import Demand, NodeFree, Workload, card_fits, host_fits, model_fits
+from gpuctl.core.placement.fit import Demand, NodeFree, Workload, card_fits, host_fits, model_fits
 
 # ---------------------------------------------------------------------------------------------
 # The definition

@@ -407,10 +407,3 @@ def render_diff(diff: PlanDiff) -> str:
     if not lines:
         lines.append("no changes")
     return "\n".join(lines) + "\n"
-
-
-def render_plan_text(plan: Plan, explain: bool, *, wide: bool = False) -> str:
-    """The plan as a table (and, with `explain`, why each job went where it did)."""
-    from gpuctl.core.placement.render import render_plan
-
-    return render_plan(plan, explain=explain, wide=wide)
