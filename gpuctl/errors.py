@@ -5,7 +5,7 @@ Every error gpuctl raises on purpose is a `GpuctlError`; the CLI's error boundar
 A traceback is shown only with `--debug`. A command that ends without an error exits with the
 code of its outcome, from one function per kind of outcome below (`exit_for_poll`,
 `exit_for_plan`, `exit_for_apply`, `exit_for_db_check`, `exit_for_playbook`); `gpuctl health`
-alone exits with Nagios's codes (`core.health_model.Severity.nagios`), as monitoring expects.
+alone exits with Nagios's codes (`core.health.model.Severity.nagios`), as monitoring expects.
 
 3 (PARTIAL) has one meaning per command, documented in the README: a poll or a check that some
 nodes did not answer; a plan (`place`, `consolidate --for`) that left work out; an apply

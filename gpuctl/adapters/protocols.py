@@ -7,6 +7,7 @@ from collections.abc import Iterable, Mapping
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
+from gpuctl.core.health.autodrain import NodeHealth
 from gpuctl.core.jobs import (
     Checkpoint,
     CheckpointMarker,
@@ -24,7 +25,6 @@ from gpuctl.core.jobs import (
 )
 from gpuctl.core.migration import Phase, Reservation
 from gpuctl.core.model import NodeSpec
-from gpuctl.core.nodehealth import NodeHealth
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gpuctl.cli.render import Output, emit_document, safe
-from gpuctl.core.hints import gpu_hints, node_hints
+from gpuctl.core.health.poll_hints import gpu_hints, node_hints
 from gpuctl.core.model import FleetSnapshot, NodeSnapshot, NodeSpec, Reach, fleet_to_dict
 from gpuctl.core.nodestate import NodeStatus, node_status
 from gpuctl.core.units import human_s

@@ -1,4 +1,4 @@
-"""The health rules file: the built-in table (`gpuctl/core/health_rules.yaml`), optionally
+"""The health rules file: the built-in table (`gpuctl/core/health/rules.yaml`), optionally
 overridden by an operator's file, validated, converted to `gpuctl.core.health.HealthRules`.
 
 An override file has the built-in file's layout and holds only what it changes: mappings are
@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
 from gpuctl.config.document import Document, KeyLines, error_at
 from gpuctl.config.loader import load_document, parse_yaml
 from gpuctl.config.loader import validate_data as _validate
-from gpuctl.core.health_model import (
+from gpuctl.core.health.model import (
     RULE_IDS,
     XID_CLASS_PREFIX,
     XID_UNKNOWN,
@@ -34,7 +34,7 @@ from gpuctl.core.health_model import (
 from gpuctl.errors import ConfigError
 
 KIND = "health rules"
-BUILT_IN = "gpuctl/core/health_rules.yaml"  # how the built-in file is named in messages
+BUILT_IN = "gpuctl/core/health/rules.yaml"  # how the built-in file is named in messages
 CLASS_NAME_PATTERN = r"^[a-z][a-z0-9_]{0,31}$"
 
 
@@ -88,7 +88,7 @@ class HealthRulesModel(_Strict):
 
 
 def built_in_text() -> str:
-    return importlib.resources.files("gpuctl.core").joinpath("health_rules.yaml").read_text("utf-8")
+    return importlib.resources.files("gpuctl.core.health").joinpath("rules.yaml").read_text("utf-8")
 
 
 def load_rules(override: Path | None = None) -> HealthRules:

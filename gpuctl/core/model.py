@@ -101,6 +101,19 @@ class GpuSnapshot:
     thermal_slowdown_sw: bool | None = None
 
 
+def pci_key(bus_id: str | None) -> tuple[int, int, int] | None:
+    """`00000000:18:00.0` (nvidia-smi) and `0000:18:00` (kernel log) -> the same (0, 0x18, 0)."""
+    if not bus_id:
+        return None
+    parts = bus_id.split(".")[0].split(":")
+    if len(parts) != 3:
+        return None
+    try:
+        return int(parts[0], 16), int(parts[1], 16), int(parts[2], 16)
+    except ValueError:
+        return None
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class GpuProcess:
     pid: int

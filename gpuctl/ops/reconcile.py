@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import ParamSpec, Protocol
 
 from gpuctl.adapters.protocols import Clock, JobRunner, Store
-from gpuctl.core.health_model import HealthRules
+from gpuctl.core.health.model import HealthRules
 from gpuctl.core.jobs import (
     Event,
     Incarnation,

@@ -1,5 +1,5 @@
 """The control loop's health step: judge every node from the pass's gather (and the samples of
-earlier passes), then cordon, drain and lift gpuctl's own cordons as `gpuctl.core.nodehealth`
+earlier passes), then cordon, drain and lift gpuctl's own cordons as `gpuctl.core.health.autodrain`
 decides: cordon at first sight, unknown health cordons only, drains after a verdict persisted
 (hysteresis) and within a rate limit, never while most of the fleet looks unhealthy at once, and
 a health cordon lifted only after a cool-down, never a person's cordon. A node that keeps dropping
@@ -18,9 +18,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from gpuctl.core.health import evaluate_fleet
-from gpuctl.core.health_model import Action, HealthRules
-from gpuctl.core.jobs import Cordon, Incarnation, IncarnationState, Job
-from gpuctl.core.nodehealth import (
+from gpuctl.core.health.autodrain import (
     HEALTH_SOURCE,
     HealthPlan,
     NodeHealth,
@@ -30,6 +28,8 @@ from gpuctl.core.nodehealth import (
     flapping,
     track,
 )
+from gpuctl.core.health.model import Action, HealthRules
+from gpuctl.core.jobs import Cordon, Incarnation, IncarnationState, Job
 from gpuctl.errors import StateError
 from gpuctl.ops import migrate_steps, reconcile_stall
 from gpuctl.ops.reconcile_launch import Target

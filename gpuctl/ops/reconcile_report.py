@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpuctl.core.failover import DEFAULT_GRACE_S, DEFAULT_MASS_FAILURE_FRACTION, RestartPolicy
-from gpuctl.core.nodehealth import AutoDrainPolicy
+from gpuctl.core.health.autodrain import AutoDrainPolicy
 from gpuctl.core.placement.model import Settings
 from gpuctl.core.stall import StallPolicy
 

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
+from gpuctl.core.health.autodrain import NodeHealth
 from gpuctl.core.jobs import (
     Checkpoint,
     Cordon,
@@ -24,7 +25,6 @@ from gpuctl.core.jobs import (
 )
 from gpuctl.core.jobspec import JobSpec
 from gpuctl.core.migration import Phase, Reservation, check_changes
-from gpuctl.core.nodehealth import NodeHealth
 from gpuctl.errors import StoreConflict
 
 _JOB_FIELDS = frozenset(f.name for f in dataclasses.fields(Job)) - {"id"}

@@ -15,6 +15,7 @@ from gpuctl.adapters.store import open_store
 from gpuctl.cli.context import AppContext
 from gpuctl.cli.main import app
 from gpuctl.config.jobspec import spec_from_data
+from gpuctl.core.health.autodrain import AutoDrainPolicy
 from gpuctl.core.jobs import Cordon, Event, Incarnation, IncarnationState, Job, JobState
 from gpuctl.core.model import (
     FleetSnapshot,
@@ -27,7 +28,6 @@ from gpuctl.core.model import (
     Reach,
     fleet_to_dict,
 )
-from gpuctl.core.nodehealth import AutoDrainPolicy
 from gpuctl.ops import consolidate as service
 from gpuctl.testing.drainkit import Kit
 

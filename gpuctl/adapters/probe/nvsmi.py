@@ -23,8 +23,7 @@ from gpuctl.adapters.probe.csvq import (
     rows_by_index,
 )
 from gpuctl.adapters.probe.text import clean, split_lines
-from gpuctl.core.health_reasons import pci_key
-from gpuctl.core.model import GpuProcess, GpuSnapshot, NodeFacts, Observation, XidEvent
+from gpuctl.core.model import GpuProcess, GpuSnapshot, NodeFacts, Observation, XidEvent, pci_key
 
 MAX_PROBE_BYTES = 4 << 20
 MAX_SECTION_LINES = 20_000

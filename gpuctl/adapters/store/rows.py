@@ -10,7 +10,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from gpuctl.adapters.store import legacy_spec
-from gpuctl.core.health_model import Action
+from gpuctl.core.health.autodrain import NodeHealth
+from gpuctl.core.health.model import Action
 from gpuctl.core.jobs import (
     Checkpoint,
     Cordon,
@@ -24,7 +25,6 @@ from gpuctl.core.jobs import (
 )
 from gpuctl.core.jobspec import JobSpec, SpecDataError
 from gpuctl.core.migration import Phase, Reservation
-from gpuctl.core.nodehealth import NodeHealth
 from gpuctl.errors import StateError
 
 JOB_COLS = (

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpuctl.adapters.store import failures, integrity, launch, lock, rows
 from gpuctl.adapters.store.opening import LOCK_NAME, MARKER_NAME, Opened
+from gpuctl.core.health.autodrain import NodeHealth
 from gpuctl.core.jobs import (
     Checkpoint,
     Cordon,
@@ -32,7 +33,6 @@ from gpuctl.core.jobs import (
     NodeLiveness,
 )
 from gpuctl.core.migration import Phase, Reservation, check_changes
-from gpuctl.core.nodehealth import NodeHealth
 from gpuctl.errors import StateError, StoreConflict
 
 if TYPE_CHECKING:

@@ -9,11 +9,18 @@ import dataclasses
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpuctl.core.health_model import Action, NodeVerdict, Reason, Severity
+from gpuctl.core.health.autodrain import (
+    AutoDrainPolicy,
+    NodeHealth,
+    NodeStep,
+    decide,
+    flapping,
+    track,
+)
+from gpuctl.core.health.model import Action, NodeVerdict, Reason, Severity
 from gpuctl.core.jobs import Cordon, Incarnation, IncarnationState, Job, JobState
 from gpuctl.core.jobspec import JobSpec
 from gpuctl.core.migration import Phase, Reservation, StepKind, next_step
-from gpuctl.core.nodehealth import AutoDrainPolicy, NodeHealth, NodeStep, decide, flapping, track
 from gpuctl.core.placement.model import JobRequest
 
 RES = Reservation(

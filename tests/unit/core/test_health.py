@@ -9,7 +9,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import gpuctl.core
+import gpuctl.core.health
 from gpuctl.adapters.probe import parse_probe
 from gpuctl.adapters.probe.script import frame_probe_output
 from gpuctl.config.health_rules import load_rules
@@ -33,7 +33,7 @@ from gpuctl.core.model import (
     XidEvent,
 )
 
-RULES_FILE = Path(gpuctl.core.__file__).parent / "health_rules.yaml"
+RULES_FILE = Path(gpuctl.core.health.__file__).parent / "rules.yaml"
 TABLE = yaml.safe_load(RULES_FILE.read_text(encoding="utf-8"))
 XID_CASES = [
     pytest.param(name, xid, spec["action"], spec["severity"], id=f"xid{xid}-{name}")

@@ -1,6 +1,6 @@
 """Health hints for `gpuctl status`: what the last poll shows that an operator should notice."""
 
-from gpuctl.core.hints import node_hints
+from gpuctl.core.health.poll_hints import node_hints
 from gpuctl.core.model import NodeFacts, NodeSnapshot, NodeState, Observation, Reach
 
 

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 import pytest
 
 from gpuctl.core.consolidation import ConsolidationPlan, FleetFigures, Migration
+from gpuctl.core.health.autodrain import AutoDrainPolicy
 from gpuctl.core.jobs import Cordon, Event, IncarnationState
-from gpuctl.core.nodehealth import AutoDrainPolicy
 from gpuctl.core.placement.fit import Demand
 from gpuctl.core.placement.fragmentation import default_workload
 from gpuctl.core.placement.model import Tier

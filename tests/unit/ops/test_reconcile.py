@@ -14,6 +14,7 @@ import pytest
 from gpuctl.adapters.protocols import Store
 from gpuctl.adapters.store import open_store
 from gpuctl.core.failover import RestartPolicy
+from gpuctl.core.health.autodrain import AutoDrainPolicy
 from gpuctl.core.jobs import (
     Cordon,
     EndReason,
@@ -23,7 +24,6 @@ from gpuctl.core.jobs import (
     JobState,
 )
 from gpuctl.core.model import GpuProcess
-from gpuctl.core.nodehealth import AutoDrainPolicy
 from gpuctl.core.placement.model import Settings
 from gpuctl.errors import StoreConflict
 from gpuctl.ops import jobs as jobs_service

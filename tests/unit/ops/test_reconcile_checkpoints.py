@@ -12,8 +12,8 @@ import pytest
 
 from gpuctl.adapters.protocols import Store
 from gpuctl.adapters.store import open_store
+from gpuctl.core.health.autodrain import AutoDrainPolicy
 from gpuctl.core.jobs import IncarnationState, JobState
-from gpuctl.core.nodehealth import AutoDrainPolicy
 from gpuctl.ops.invariants import check_invariants
 from gpuctl.ops.migrate import migrate
 from gpuctl.testing.drainkit import CKPT, Kit

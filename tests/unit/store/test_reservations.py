@@ -14,11 +14,11 @@ from gpuctl.adapters.store import open_store
 from gpuctl.adapters.store.opening import open_connection
 from gpuctl.adapters.store.schema import MIGRATIONS
 from gpuctl.adapters.store.sqlite import SqliteStore
-from gpuctl.core.health_model import Action
+from gpuctl.core.health.autodrain import NodeHealth
+from gpuctl.core.health.model import Action
 from gpuctl.core.jobs import Cordon, Event, Incarnation, IncarnationState, Job, JobState
 from gpuctl.core.jobspec import JobSpec
 from gpuctl.core.migration import Phase, Reservation
-from gpuctl.core.nodehealth import NodeHealth
 from gpuctl.core.placement.model import JobRequest
 from gpuctl.errors import StoreConflict
 from gpuctl.ops.invariants import check_invariants

@@ -14,7 +14,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from gpuctl.core.health_model import (
+from gpuctl.core.health.model import (
     ECC_UNCORRECTED,
     RETIRED_PAGES_EXHAUSTED,
     RETIRED_PAGES_PENDING,
@@ -28,7 +28,7 @@ from gpuctl.core.health_model import (
     Rule,
     TemperatureThresholds,
 )
-from gpuctl.core.model import GpuSnapshot, NodeSnapshot, Observation, Reach, XidEvent
+from gpuctl.core.model import GpuSnapshot, NodeSnapshot, Observation, Reach, XidEvent, pci_key
 
 
 def make_reason(rule: Rule, gpu: int | None, **fields: Any) -> Reason:
@@ -51,19 +51,6 @@ def xid_uptime_s(event: XidEvent) -> float | None:
     """The kernel log's stamp of an XID (seconds since boot), or None when it is not one."""
     match = _UPTIME.fullmatch(event.at or "")
     return float(match.group(1)) if match else None
-
-
-def pci_key(bus_id: str | None) -> tuple[int, int, int] | None:
-    """`00000000:18:00.0` (nvidia-smi) and `0000:18:00` (kernel log) -> the same (0, 0x18, 0)."""
-    if not bus_id:
-        return None
-    parts = bus_id.split(".")[0].split(":")
-    if len(parts) != 3:
-        return None
-    try:
-        return int(parts[0], 16), int(parts[1], 16), int(parts[2], 16)
-    except ValueError:
-        return None
 
 
 def xid_reasons(

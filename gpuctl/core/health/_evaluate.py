@@ -1,7 +1,7 @@
 """Health verdicts: from a node snapshot and its recent history to a verdict per GPU and node.
 
-Pure: no I/O, no clock. The rules are data (`gpuctl/core/health_rules.yaml`, read by
-`gpuctl.config.health_rules`); `gpuctl.core.health_reasons` only knows what each rule looks at,
+Pure: no I/O, no clock. The rules are data (`gpuctl/core/health/rules.yaml`, read by
+`gpuctl.config.health_rules`); `gpuctl.core.health._reasons` only knows what each rule looks at,
 and this module puts its reasons together into GPU and node verdicts (and remembers them between
 polls: `VerdictMemo`).
 
@@ -28,53 +28,27 @@ import operator
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from gpuctl.core.health_model import (
+from gpuctl.core.health._reasons import (
+    earlier_snapshots,
+    gpu_reasons,
+    make_reason,
+    shorten,
+    xid_reasons,
+)
+from gpuctl.core.health.model import (
     GPU_MISSING,
-    RULE_IDS,
     UNREACHABLE,
     UNREADABLE,
-    XID_UNKNOWN,
     Action,
     GpuVerdict,
     HealthRules,
     NodeVerdict,
     Reason,
-    Rule,
     Severity,
-    TemperatureThresholds,
-    Verdict,
-    XidClass,
     strongest_action,
     worst_severity,
 )
-from gpuctl.core.health_reasons import (
-    earlier_snapshots,
-    gpu_reasons,
-    look_back_sample,
-    make_reason,
-    shorten,
-    xid_reasons,
-)
 from gpuctl.core.model import FleetSnapshot, GpuSnapshot, NodeSnapshot, Reach
-
-__all__ = [
-    "RULE_IDS",
-    "XID_UNKNOWN",
-    "Action",
-    "GpuVerdict",
-    "HealthRules",
-    "NodeVerdict",
-    "Reason",
-    "Rule",
-    "Severity",
-    "TemperatureThresholds",
-    "Verdict",
-    "XidClass",
-    "evaluate",
-    "evaluate_fleet",
-    "look_back_sample",
-    "worst",
-]
 
 
 def evaluate(

@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Collection, Mapping, Sequence
 
-from gpuctl.core.health_model import Action, NodeVerdict, Severity
+from gpuctl.core.health.model import Action, NodeVerdict, Severity
 from gpuctl.core.jobs import Cordon
 
 HEALTH_SOURCE = "health"

@@ -1,7 +1,7 @@
 """The health vocabulary: severities, verdicts, actions, rules and the verdict values.
 
 Pure and frozen. `gpuctl.core.health` evaluates; `gpuctl.config.health_rules` builds `HealthRules`
-from the rules file (`gpuctl/core/health_rules.yaml`).
+from the rules file (`gpuctl/core/health/rules.yaml`).
 """
 
 from __future__ import annotations
