@@ -44,7 +44,7 @@ from typing import Any
 import yaml
 
 from gpuctl.adapters.store import open_store
-from gpuctl.core.jobs import IncarnationState
+from gpuctl.core.jobs.model import IncarnationState
 from gpuctl.testing.lab import LabFleet, lab_fleet
 
 REPO = Path(__file__).resolve().parents[1]

@@ -2,7 +2,7 @@
 markers name, the parsers of what they print, and the verdict on each folder from both (`verify`).
 PURE: no I/O; `gpuctl.ops.jobrunner` sends these over a `Transport` (two execs per look: one lists
 the markers, one hashes the files they name). The checkpoint dir's layout and the marker's format
-are `gpuctl.core.checkpoints`.
+are `gpuctl.core.jobs.checkpoints`.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from gpuctl.adapters.node_script import (
     marked_lines,
     sh_command,
 )
-from gpuctl.core import checkpoints
-from gpuctl.core.jobs import CheckpointMarker
+from gpuctl.core.jobs import checkpoints
+from gpuctl.core.jobs.model import CheckpointMarker
 from gpuctl.errors import UsageError
 
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -72,7 +72,7 @@ done
 @dataclasses.dataclass(frozen=True, slots=True)
 class Listed:
     """One step folder as listed on the node: its marker's bytes (None: no marker, or `problem`)
-    and the marker's fields as `gpuctl.core.checkpoints.parse_marker` reads them."""
+    and the marker's fields as `gpuctl.core.jobs.checkpoints.parse_marker` reads them."""
 
     name: str
     step: int

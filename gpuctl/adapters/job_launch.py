@@ -21,7 +21,7 @@ from gpuctl.adapters.node_script import (
     sh_command,
 )
 from gpuctl.adapters.ssh_exec import wrap_command
-from gpuctl.core.jobs import LaunchRequest
+from gpuctl.core.jobs.model import LaunchRequest
 from gpuctl.errors import UsageError
 
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 
 from gpuctl.adapters.node_script import RemoteCommand, marked_lines, sh_command
-from gpuctl.core.jobs import Fenced, JobProcess, RunStatus
+from gpuctl.core.jobs.model import Fenced, JobProcess, RunStatus
 from gpuctl.errors import UsageError
 
 RUNS_DIR = ".gpuctl/runs"  # under the node user's $HOME

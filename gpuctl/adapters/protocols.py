@@ -8,7 +8,8 @@ from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 from gpuctl.core.health.autodrain import NodeHealth
-from gpuctl.core.jobs import (
+from gpuctl.core.jobs.migration import Phase, Reservation
+from gpuctl.core.jobs.model import (
     Checkpoint,
     CheckpointMarker,
     Cordon,
@@ -23,7 +24,6 @@ from gpuctl.core.jobs import (
     NodeLiveness,
     RunStatus,
 )
-from gpuctl.core.migration import Phase, Reservation
 from gpuctl.core.model import NodeSpec
 
 

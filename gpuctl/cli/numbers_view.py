@@ -7,7 +7,7 @@ from typing import Any
 
 from gpuctl.core.band import TARGET_BAND, BandName
 from gpuctl.core.fleetnumbers import FleetNumbers
-from gpuctl.core.jobfigures import JobFigures
+from gpuctl.core.jobs.figures import JobFigures
 from gpuctl.core.units import human_s as human_s  # re-exported for callers of this module
 
 

@@ -46,7 +46,7 @@ from typing import Annotated, Any, Literal
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
-from gpuctl.core.jobspec import (
+from gpuctl.core.jobs.spec import (
     DEFAULT_GRACE_S,
     DEFAULT_MIN_RUNTIME_BETWEEN_MOVES_S,
     DEFAULT_RESTART_BUDGET,

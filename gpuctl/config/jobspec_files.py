@@ -19,7 +19,7 @@ from typing import Any
 from gpuctl.config.document import Document
 from gpuctl.config.jobspec import JobListFile, JobSpecModel, to_spec
 from gpuctl.config.loader import load_document, validate_data
-from gpuctl.core.jobspec import JOB_ID_PLACEHOLDER, JobSpec
+from gpuctl.core.jobs.spec import JOB_ID_PLACEHOLDER, JobSpec
 from gpuctl.core.placement.model import JobRequest
 from gpuctl.errors import JobSpecError
 

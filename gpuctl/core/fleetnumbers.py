@@ -1,6 +1,6 @@
 """The five numbers as one frozen value: utilization % with its band, fragmentation % (and the
 stranded memory), observed SM use beside them, and the job figures (queue wait, checkpoint age,
-failover success, preemption rate: `core.jobfigures`).
+failover success, preemption rate: `core.jobs.figures`).
 
 `gpuctl status`, the dashboard, metrics and the report read its fields; `to_dict` is the
 `numbers` document of `gpuctl status -o json` and the names playbook conditions use. Pure.
@@ -23,7 +23,7 @@ from typing import Any
 
 from gpuctl.core.band import TARGET_BAND, Band, BandName
 from gpuctl.core.consolidation import fleet_figures
-from gpuctl.core.jobfigures import JobFigures, job_figures
+from gpuctl.core.jobs.figures import JobFigures, job_figures
 from gpuctl.core.model import FleetSnapshot, Reach
 from gpuctl.core.placement.fit import Workload
 from gpuctl.core.placement.fragmentation import WorkloadIndex

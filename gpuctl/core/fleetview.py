@@ -14,7 +14,7 @@ import dataclasses
 import operator
 from collections.abc import Mapping, Sequence
 
-from gpuctl.core.jobs import Cordon
+from gpuctl.core.jobs.model import Cordon
 from gpuctl.core.model import FleetSnapshot, GpuSnapshot, NodeSnapshot, NodeState, Reach
 from gpuctl.core.placement.model import Allocation, Card, FleetState, PlacementNode
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Collection, Iterable, Mapping
 
-from gpuctl.core.jobs import Cordon, Event
+from gpuctl.core.jobs.model import Cordon, Event
 from gpuctl.core.model import NodeSnapshot, NodeState, Reach
 
 NODE_STATES = tuple(s.value for s in NodeState)  # ready, cordoned, draining, down, unknown

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Hashable, Iterable
 
-from gpuctl.core.jobs import Job, JobState
+from gpuctl.core.jobs.model import Job, JobState
 from gpuctl.core.placement.fit import Demand, Workload
 from gpuctl.core.placement.fragmentation import default_workload, workload_from_counts
 from gpuctl.core.placement.model import FleetState, Settings

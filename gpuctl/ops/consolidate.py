@@ -27,7 +27,7 @@ from gpuctl.core.consolidation import (
     consolidation_version,
     plan_consolidation,
 )
-from gpuctl.core.jobs import IncarnationState, Job, JobState
+from gpuctl.core.jobs.model import IncarnationState, Job, JobState
 from gpuctl.core.model import FleetSnapshot
 from gpuctl.core.placement.fit import Workload
 from gpuctl.core.placement.model import FleetState, JobRequest, JobShape, Settings
@@ -290,7 +290,7 @@ def loop_migrator(
     """Moves through the migration primitive: the target reserved first, then checkpoint, stop
     and a restart there from the newest committed checkpoint (`gpuctl.ops.migrate`). `driver`
     goes to `run_migrations` (`poll_s`, `lock_wait_s`, `sleep`)."""
-    from gpuctl.core.migration import DEFAULT_TIMEOUT_S, Source
+    from gpuctl.core.jobs.migration import DEFAULT_TIMEOUT_S, Source
     from gpuctl.core.placement.model import Allocation
     from gpuctl.ops.migrate import MigrationRequest, run_migrations
     from gpuctl.ops.reconcile_launch import Target

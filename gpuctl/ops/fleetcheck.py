@@ -19,7 +19,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 
 from gpuctl.adapters.protocols import JobRunner, Store
-from gpuctl.core.jobs import IncarnationState
+from gpuctl.core.jobs.model import IncarnationState
 from gpuctl.core.model import FleetSnapshot, Inventory, Reach
 from gpuctl.errors import TransportError
 from gpuctl.ops.invariants import check_invariants

@@ -16,8 +16,8 @@ from gpuctl.adapters.protocols import Store
 from gpuctl.core.fleetnumbers import FleetNumbers, fleet_numbers, no_jobs
 from gpuctl.core.fleetnumbers import fragmentation as measure_fragmentation
 from gpuctl.core.fleetview import PlacementMemo, fleet_state_from_snapshot, with_cordons
-from gpuctl.core.jobfigures import JobFigures
-from gpuctl.core.jobs import IncarnationState, Job
+from gpuctl.core.jobs.figures import JobFigures
+from gpuctl.core.jobs.model import IncarnationState, Job
 from gpuctl.core.model import FleetSnapshot
 from gpuctl.core.nodestate import CORDON_EVENT_KINDS, NodeStatus, node_statuses
 from gpuctl.core.placement.fit import Workload

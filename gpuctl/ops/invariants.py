@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from gpuctl.adapters.protocols import Store
-from gpuctl.core.jobs import Incarnation, IncarnationState, Job, JobState
-from gpuctl.core.migration import Reservation
+from gpuctl.core.jobs.migration import Reservation
+from gpuctl.core.jobs.model import Incarnation, IncarnationState, Job, JobState
 
 LIVE = frozenset({IncarnationState.LAUNCHING, IncarnationState.RUNNING, IncarnationState.STOPPING})
 

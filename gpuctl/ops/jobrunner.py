@@ -24,8 +24,8 @@ from gpuctl.adapters.files import fsync_dir
 from gpuctl.adapters.node_script import RemoteCommand
 from gpuctl.adapters.protocols import ExecResult, Transport
 from gpuctl.adapters.ssh_sftp import TreeExists
-from gpuctl.core import checkpoints
-from gpuctl.core.jobs import CheckpointMarker, Fenced, JobProcess, LaunchRequest, RunStatus
+from gpuctl.core.jobs import checkpoints
+from gpuctl.core.jobs.model import CheckpointMarker, Fenced, JobProcess, LaunchRequest, RunStatus
 from gpuctl.core.model import NodeSpec
 from gpuctl.errors import GpuctlError, TransportError
 
@@ -334,7 +334,7 @@ class SshJobRunner:
 
 def verify_local(folder: Path) -> str | None:
     """None when `folder` holds a committed checkpoint whose files match its marker, else why
-    not (the same judgement as on a node: `gpuctl.core.checkpoints.judge_checkpoint`)."""
+    not (the same judgement as on a node: `gpuctl.core.jobs.checkpoints.judge_checkpoint`)."""
     try:
         raw: bytes | None = (folder / MARKER).read_bytes()
     except OSError:

@@ -1,13 +1,13 @@
 """The migration primitive, shared by drain and consolidation: move a running job to other cards.
 
 `reserve` holds the target cards in the store first (one transaction; a double-booked card or a
-cordoned target is refused). `advance` then takes the next step `gpuctl.core.migration.next_step`
-decides from what the store and the node say: ask the source for a checkpoint (SIGUSR1) and wait,
-bounded, for a newer committed one; stop it (SIGTERM, the grace, then SIGKILL), recording its end
-(`drained`, cards released, the job queued again); start the next incarnation on the reserved
-cards from the newest committed checkpoint. Each step is an event. A pass of the control loop
-advances every reservation (`advance_all`), so a migration whose command died half-way is
-finished, or rolled back, by the loop: it is re-observed, never launched twice.
+cordoned target is refused). `advance` then takes the next step
+`gpuctl.core.jobs.migration.next_step` decides from what the store and the node say: ask the source
+for a checkpoint (SIGUSR1) and wait, bounded, for a newer committed one; stop it (SIGTERM, the
+grace, then SIGKILL), recording its end (`drained`, cards released, the job queued again); start the
+next incarnation on the reserved cards from the newest committed checkpoint. Each step is an event.
+A pass of the control loop advances every reservation (`advance_all`), so a migration whose command
+died half-way is finished, or rolled back, by the loop: it is re-observed, never launched twice.
 
 `run_migrations` (and `migrate`, for one job) drive migrations from a command: a few at a time,
 each step under the store's loop lock, until each is done or the time is up.
@@ -20,8 +20,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from gpuctl.core.jobs import Incarnation, IncarnationState, Job, JobState
-from gpuctl.core.migration import DEFAULT_TIMEOUT_S, Reservation, Source
+from gpuctl.core.jobs.migration import DEFAULT_TIMEOUT_S, Reservation, Source
+from gpuctl.core.jobs.model import Incarnation, IncarnationState, Job, JobState
 from gpuctl.core.model import FleetSnapshot
 from gpuctl.errors import StoreConflict
 from gpuctl.ops import reconcile_launch

@@ -1,6 +1,6 @@
 """The steps of a migration, taken inside a pass (`gpuctl.ops.reconcile.Pass`): choose a target,
-reserve it, then `advance`: the next step `gpuctl.core.migration.next_step` decides from what the
-store and the node say, carried out (SIGUSR1, SIGTERM, SIGKILL, the end recorded, the launch on
+reserve it, then `advance`: the next step `gpuctl.core.jobs.migration.next_step` decides from what
+the store and the node say, carried out (SIGUSR1, SIGTERM, SIGKILL, the end recorded, the launch on
 the reserved cards, or the rollback), each an event. `advance_all` is the control loop's step.
 `gpuctl.ops.migrate` drives these from a command.
 """
@@ -11,8 +11,7 @@ import dataclasses
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from gpuctl.core.jobs import EndReason, Incarnation, IncarnationState, Job, JobState
-from gpuctl.core.migration import (
+from gpuctl.core.jobs.migration import (
     DEFAULT_TIMEOUT_S,
     Phase,
     Reservation,
@@ -20,6 +19,7 @@ from gpuctl.core.migration import (
     StepKind,
     next_step,
 )
+from gpuctl.core.jobs.model import EndReason, Incarnation, IncarnationState, Job, JobState
 from gpuctl.core.placement.engine import plan
 from gpuctl.core.placement.model import Allocation, FleetState
 from gpuctl.errors import GpuctlError, StoreConflict, TransportError

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from gpuctl.adapters.protocols import Clock, Store
 from gpuctl.core.health.autodrain import HEALTH_SOURCE
-from gpuctl.core.jobs import Cordon, Event, IncarnationState, JobState
-from gpuctl.core.migration import DEFAULT_TIMEOUT_S, Source
+from gpuctl.core.jobs.migration import DEFAULT_TIMEOUT_S, Source
+from gpuctl.core.jobs.model import Cordon, Event, IncarnationState, JobState
 from gpuctl.core.model import FleetSnapshot, Reach
 from gpuctl.core.placement.engine import plan
 from gpuctl.core.placement.model import Allocation

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuctl.core import playbook as core
-from gpuctl.core.jobs import Event
+from gpuctl.core.jobs.model import Event
 from gpuctl.core.playbook import Playbook, TimeWindow, Unit
 from gpuctl.core.playbook_run import Journal, StepResult, in_play, step_result, stop_reason
 from gpuctl.errors import StateError

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpuctl.adapters.protocols import Store
 from gpuctl.core import playbook as core
-from gpuctl.core.jobs import JobState
+from gpuctl.core.jobs.model import JobState
 from gpuctl.core.playbook import Unit
 from gpuctl.core.playbook_expr import Expr
 from gpuctl.core.playbook_run import NodeResult, StepResult, node_step_result, step_result

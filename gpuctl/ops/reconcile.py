@@ -17,7 +17,7 @@ from typing import ParamSpec, Protocol
 
 from gpuctl.adapters.protocols import Clock, JobRunner, Store
 from gpuctl.core.health.model import HealthRules
-from gpuctl.core.jobs import (
+from gpuctl.core.jobs.model import (
     Event,
     Incarnation,
     IncarnationState,

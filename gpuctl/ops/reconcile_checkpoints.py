@@ -10,9 +10,9 @@ import posixpath
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpuctl.core.checkpoints import choose_resume, clock_correction_s, unusable_committed
-from gpuctl.core.jobs import Checkpoint, CheckpointMarker, Incarnation, IncarnationState, Job
-from gpuctl.core.jobspec import CheckpointSync
+from gpuctl.core.jobs.checkpoints import choose_resume, clock_correction_s, unusable_committed
+from gpuctl.core.jobs.model import Checkpoint, CheckpointMarker, Incarnation, IncarnationState, Job
+from gpuctl.core.jobs.spec import CheckpointSync
 from gpuctl.errors import ConfigError
 
 if TYPE_CHECKING:

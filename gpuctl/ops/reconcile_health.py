@@ -29,7 +29,7 @@ from gpuctl.core.health.autodrain import (
     track,
 )
 from gpuctl.core.health.model import Action, HealthRules
-from gpuctl.core.jobs import Cordon, Incarnation, IncarnationState, Job
+from gpuctl.core.jobs.model import Cordon, Incarnation, IncarnationState, Job
 from gpuctl.errors import StateError
 from gpuctl.ops import migrate_steps, reconcile_stall
 from gpuctl.ops.reconcile_launch import Target

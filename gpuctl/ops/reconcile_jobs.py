@@ -7,9 +7,9 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from gpuctl.core.failover import Verdict, restart_decision, run_ends
-from gpuctl.core.jobs import EndReason, Fenced, Incarnation, IncarnationState, Job, JobState
-from gpuctl.core.jobspec import DEFAULT_GRACE_S
+from gpuctl.core.jobs.model import EndReason, Fenced, Incarnation, IncarnationState, Job, JobState
+from gpuctl.core.jobs.restarts import RestartVerdict, restart_decision, run_ends
+from gpuctl.core.jobs.spec import DEFAULT_GRACE_S
 from gpuctl.errors import TransportError
 from gpuctl.ops.jobs import cancel_is_forced
 
@@ -139,7 +139,7 @@ def restart(p: Pass, job: Job, inc: Incarnation) -> None:
         if inc.exit_code is not None
         else "ended without an exit status"
     )
-    if decision.verdict is Verdict.RESTART:
+    if decision.verdict is RestartVerdict.RESTART:
         why = f"{failed}; restarting ({decision.failures_in_window} of {budget} restarts)"
         p.update_job(
             job,

@@ -7,23 +7,17 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from gpuctl.core.failover import (
-    SliceUse,
-    SpotVictim,
-    choose_preemption,
-    fits,
-    queue_order,
-    slice_verdicts,
-    without,
-)
-from gpuctl.core.jobs import (
+from gpuctl.core.jobs.model import (
     EndReason,
     Incarnation,
     IncarnationState,
     Job,
     JobState,
 )
-from gpuctl.core.jobspec import SliceEnforcement
+from gpuctl.core.jobs.preemption import SpotVictim, choose_preemption, fits, without
+from gpuctl.core.jobs.queue import queue_order
+from gpuctl.core.jobs.slices import SliceUse, slice_verdicts
+from gpuctl.core.jobs.spec import SliceEnforcement
 from gpuctl.core.placement.engine import plan
 from gpuctl.core.placement.model import Allocation, FleetState, JobRequest, Settings, Tier
 from gpuctl.core.placement.plan import Placed, apply_plan

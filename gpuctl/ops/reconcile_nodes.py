@@ -6,8 +6,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gpuctl.core.failover import LivenessChange, suspect_own_network, update_liveness
-from gpuctl.core.jobs import Incarnation, IncarnationState, Job, JobState, NodeLiveness, RunStatus
+from gpuctl.core.jobs.liveness import LivenessChange, suspect_own_network, update_liveness
+from gpuctl.core.jobs.model import (
+    Incarnation,
+    IncarnationState,
+    Job,
+    JobState,
+    NodeLiveness,
+    RunStatus,
+)
 from gpuctl.core.model import Reach
 from gpuctl.errors import StoreConflict, TransportError
 from gpuctl.ops import reconcile_jobs

@@ -7,10 +7,11 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from gpuctl.core.failover import DEFAULT_GRACE_S, DEFAULT_MASS_FAILURE_FRACTION, RestartPolicy
 from gpuctl.core.health.autodrain import AutoDrainPolicy
+from gpuctl.core.jobs.liveness import DEFAULT_GRACE_S, DEFAULT_MASS_FAILURE_FRACTION
+from gpuctl.core.jobs.restarts import RestartPolicy
+from gpuctl.core.jobs.stall import StallPolicy
 from gpuctl.core.placement.model import Settings
-from gpuctl.core.stall import StallPolicy
 
 DEFAULT_LAUNCH_SETTLE_S = 20.0
 DEFAULT_CHECKPOINT_SCAN_S = 30.0

@@ -1,5 +1,5 @@
 """The control loop's stall check, run in the health step: a running job that stopped committing
-checkpoints (`gpuctl.core.stall`: past a few times the interval it has been committing at) gets
+checkpoints (`gpuctl.core.jobs.stall`: past a few times the interval it has been committing at) gets
 one `stalled` event (outcome `alert`) per stall, and its reason says so (`gpuctl jobs list`, `jobs
 show`); its next commit clears both (`stalled`, outcome `ok`). Nothing else is done: a stopped or
 hung job is for a person to look at, not for gpuctl to kill."""
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gpuctl.core.jobs import Incarnation, IncarnationState, JobState
-from gpuctl.core.stall import STALLED, Stall, judge
+from gpuctl.core.jobs.model import Incarnation, IncarnationState, JobState
+from gpuctl.core.jobs.stall import STALLED, Stall, judge
 from gpuctl.core.units import human_s
 
 if TYPE_CHECKING:

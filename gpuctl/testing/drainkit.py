@@ -17,9 +17,9 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from gpuctl.adapters.protocols import Store
 from gpuctl.config.jobspec import spec_from_data
-from gpuctl.core.failover import RestartPolicy
 from gpuctl.core.health.autodrain import AutoDrainPolicy
-from gpuctl.core.jobs import Event, Incarnation, Job, JobState, LaunchRequest, RunStatus
+from gpuctl.core.jobs.model import Event, Incarnation, Job, JobState, LaunchRequest, RunStatus
+from gpuctl.core.jobs.restarts import RestartPolicy
 from gpuctl.core.model import FleetSnapshot, Inventory, NodeSnapshot, NodeSpec, XidEvent
 from gpuctl.core.placement.model import Settings
 from gpuctl.ops.reconcile import PassReport, Reconciler, ReconcileSettings

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
-from gpuctl.core.jobs import CheckpointMarker, Fenced, JobProcess, LaunchRequest, RunStatus
+from gpuctl.core.jobs.model import CheckpointMarker, Fenced, JobProcess, LaunchRequest, RunStatus
 from gpuctl.core.model import (
     FleetSnapshot,
     GpuProcess,
@@ -48,6 +48,11 @@ class ManualClock:
 
     def advance(self, seconds: float) -> None:
         self.t += seconds
+
+    def sleep(self, seconds: float) -> None:
+        """A wait on this clock moves it on (`gpuctl.ops.parts.sleep_of`): a migration driven
+        by a test polls without waiting in real time."""
+        self.advance(seconds)
 
 
 @dataclasses.dataclass

@@ -13,7 +13,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from gpuctl.core.health.autodrain import NodeHealth
-from gpuctl.core.jobs import (
+from gpuctl.core.jobs.migration import Phase, Reservation, check_changes
+from gpuctl.core.jobs.model import (
     Checkpoint,
     Cordon,
     Event,
@@ -23,8 +24,7 @@ from gpuctl.core.jobs import (
     JobState,
     NodeLiveness,
 )
-from gpuctl.core.jobspec import JobSpec
-from gpuctl.core.migration import Phase, Reservation, check_changes
+from gpuctl.core.jobs.spec import JobSpec
 from gpuctl.errors import StoreConflict
 
 _JOB_FIELDS = frozenset(f.name for f in dataclasses.fields(Job)) - {"id"}

@@ -15,7 +15,7 @@ from gpuctl.adapters.protocols import Store
 from gpuctl.core.fleetnumbers import FleetNumbers
 from gpuctl.core.fleetview import PlacementMemo
 from gpuctl.core.health import HealthRules, NodeVerdict
-from gpuctl.core.jobs import Cordon, Event, JobState
+from gpuctl.core.jobs.model import Cordon, Event, JobState
 from gpuctl.core.model import FleetSnapshot, NodeSnapshot, Reach
 from gpuctl.core.nodestate import CORDON_EVENT_KINDS, NodeStatus, node_statuses
 from gpuctl.core.placement.model import Card, FleetState, PlacementNode, Settings

@@ -10,8 +10,8 @@ from typer.testing import CliRunner, Result
 
 from gpuctl.adapters.store import SCHEMA_VERSION, open_store
 from gpuctl.cli.main import app
-from gpuctl.core.jobs import Event, Incarnation, IncarnationState, Job, JobState
-from gpuctl.core.jobspec import JobSpec
+from gpuctl.core.jobs.model import Event, Incarnation, IncarnationState, Job, JobState
+from gpuctl.core.jobs.spec import JobSpec
 from gpuctl.core.placement.model import JobRequest
 from gpuctl.errors import ExitCode
 

@@ -11,7 +11,7 @@ from typer.testing import CliRunner, Result
 from gpuctl.adapters.store import open_store
 from gpuctl.cli.context import AppContext
 from gpuctl.cli.main import app
-from gpuctl.core.jobs import Checkpoint, Event, Incarnation, IncarnationState, JobState
+from gpuctl.core.jobs.model import Checkpoint, Event, Incarnation, IncarnationState, JobState
 from gpuctl.testing.fakes import ShellTransport
 
 SECRET = "pa55-Wd0rd-61c3f5"

@@ -24,7 +24,7 @@ from gpuctl.adapters.store import open_store
 from gpuctl.cli.context import AppContext
 from gpuctl.cli.main import app
 from gpuctl.config.jobspec import spec_from_data
-from gpuctl.core.jobs import (
+from gpuctl.core.jobs.model import (
     Checkpoint,
     EndReason,
     Event,

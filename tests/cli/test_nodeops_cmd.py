@@ -17,7 +17,7 @@ from gpuctl.cli.context import AppContext
 from gpuctl.cli.main import app
 from gpuctl.config.inventory import load_inventory
 from gpuctl.config.jobspec_files import load_specs
-from gpuctl.core.jobs import IncarnationState, JobState
+from gpuctl.core.jobs.model import IncarnationState, JobState
 from gpuctl.ops import jobs as service
 from gpuctl.ops.jobrunner import SshJobRunner
 from gpuctl.testing.fakes import ShellTransport, shell_fleet

@@ -20,7 +20,7 @@ from gpuctl.adapters.store import open_store
 from gpuctl.cli.context import AppContext
 from gpuctl.cli.main import app
 from gpuctl.config.jobspec_files import load_specs
-from gpuctl.core.jobs import JobState
+from gpuctl.core.jobs.model import JobState
 from gpuctl.lab import nodestate
 from gpuctl.ops import jobs as service
 from gpuctl.testing.fakes import ShellTransport, shell_fleet

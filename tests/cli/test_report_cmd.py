@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from gpuctl.adapters.store import open_store
-from gpuctl.core.jobs import Event
+from gpuctl.core.jobs.model import Event
 from gpuctl.testing.fakes import fake_node_env
 from tests.cli.test_metrics_cmd import NODES, gpuctl, record_history, transport
 

@@ -16,8 +16,8 @@ from typer.testing import CliRunner
 from gpuctl.adapters.store import failures, open_store, opening
 from gpuctl.cli.context import AppContext
 from gpuctl.cli.main import app
-from gpuctl.core.jobs import Event, Job, JobState
-from gpuctl.core.jobspec import JobSpec
+from gpuctl.core.jobs.model import Event, Job, JobState
+from gpuctl.core.jobs.spec import JobSpec
 from gpuctl.core.placement.model import JobRequest
 
 CLI = [sys.executable, "-c", "from gpuctl.cli.main import run; run()"]

@@ -26,7 +26,7 @@ from gpuctl.adapters.protocols import Store
 from gpuctl.adapters.ssh import SshTransport
 from gpuctl.adapters.store import open_store
 from gpuctl.config.jobspec_files import load_specs
-from gpuctl.core.jobs import Event, Incarnation, Job
+from gpuctl.core.jobs.model import Event, Incarnation, Job
 from gpuctl.core.model import Inventory
 from gpuctl.ops import jobs as service
 from gpuctl.ops.gather import Gatherer

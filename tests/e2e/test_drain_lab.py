@@ -26,7 +26,7 @@ from gpuctl.cli.context import AppContext
 from gpuctl.cli.main import app
 from gpuctl.config.jobspec_files import load_specs
 from gpuctl.core.health.autodrain import AutoDrainPolicy
-from gpuctl.core.jobs import EndReason, Incarnation, IncarnationState, JobState
+from gpuctl.core.jobs.model import EndReason, Incarnation, IncarnationState, JobState
 from gpuctl.core.model import Inventory
 from gpuctl.ops import jobs as service
 from gpuctl.ops import nodeops

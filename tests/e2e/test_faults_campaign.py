@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from gpuctl.adapters.protocols import JobRunner
-from gpuctl.core.jobs import JobState, LaunchRequest, RunStatus
+from gpuctl.core.jobs.model import JobState, LaunchRequest, RunStatus
 from gpuctl.core.model import NodeSpec
 from gpuctl.lab import netns
 from gpuctl.ops.fleetcheck import check_fleet

@@ -19,7 +19,7 @@ from gpuctl.adapters.clock import SystemClock
 from gpuctl.adapters.ssh import SshTransport
 from gpuctl.adapters.store import open_store
 from gpuctl.config.jobspec_files import load_specs
-from gpuctl.core.jobs import IncarnationState, JobState
+from gpuctl.core.jobs.model import IncarnationState, JobState
 from gpuctl.core.model import Inventory
 from gpuctl.ops import jobs as service
 from gpuctl.ops.gather import Gatherer

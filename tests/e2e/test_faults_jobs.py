@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from gpuctl.adapters import job_checkpoints
-from gpuctl.core.jobs import IncarnationState, JobState
+from gpuctl.core.jobs.model import IncarnationState, JobState
 from gpuctl.testing.lab import LabFleet
 from tests.e2e.faults import (
     PYTHON,

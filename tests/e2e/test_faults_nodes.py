@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuctl.core.jobs import IncarnationState
+from gpuctl.core.jobs.model import IncarnationState
 from gpuctl.testing.lab import LabFleet
 from tests.e2e.faults import Rig, committed_steps, rig, steps, train_losses
 

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from gpuctl.adapters.store import open_store
 from gpuctl.cli.main import app
-from gpuctl.core.jobs import JobState
+from gpuctl.core.jobs.model import JobState
 from gpuctl.ops.invariants import check_invariants
 from gpuctl.testing.lab import LabFleet
 from tests.e2e.faults import PYTHON, gpuctl, job_processes, kill_job_processes, rig, shared_dir

@@ -17,7 +17,7 @@ import pytest
 from gpuctl.adapters.protocols import ExecResult
 from gpuctl.adapters.ssh import SshTransport
 from gpuctl.adapters.ssh_sftp import TreeExists, TreeTooLarge
-from gpuctl.core.jobs import LaunchRequest, RunStatus
+from gpuctl.core.jobs.model import LaunchRequest, RunStatus
 from gpuctl.core.model import NodeSpec
 from gpuctl.errors import TransportTimeout
 from gpuctl.lab.sshd import alive

@@ -19,7 +19,7 @@ from gpuctl.adapters.ssh import SshTransport
 from gpuctl.adapters.store import open_store
 from gpuctl.cli.context import AppContext
 from gpuctl.cli.main import app
-from gpuctl.core.jobs import IncarnationState, Job, JobState
+from gpuctl.core.jobs.model import IncarnationState, Job, JobState
 from gpuctl.core.model import Inventory
 from gpuctl.ops.jobrunner import SshJobRunner
 from gpuctl.testing.lab import LabFleet

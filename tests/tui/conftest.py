@@ -15,7 +15,7 @@ from gpuctl.adapters.protocols import Store
 from gpuctl.config.health_rules import load_rules
 from gpuctl.config.jobspec import spec_from_data
 from gpuctl.config.jobspec_files import LoadedSpec
-from gpuctl.core.jobs import (
+from gpuctl.core.jobs.model import (
     Checkpoint,
     EndReason,
     Event,
@@ -37,11 +37,11 @@ from gpuctl.core.model import (
     Reach,
 )
 from gpuctl.ops import jobs
+from gpuctl.ops.actions import FleetActions
+from gpuctl.ops.dashboard import Services
 from gpuctl.testing.fakerunner import FakeCluster, FakeRunner, ManualClock
 from gpuctl.testing.memstore import MemoryStore
-from gpuctl.tui.actions import FleetActions
 from gpuctl.tui.app import DashApp
-from gpuctl.tui.services import Services
 
 MIB = 81_559  # an H100 80GB as nvidia-smi reports it
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpuctl.core.fleetnumbers import FleetNumbers
-from gpuctl.core.jobfigures import job_figures
+from gpuctl.core.jobs.figures import job_figures
 from gpuctl.tui import format as fmt
 
 

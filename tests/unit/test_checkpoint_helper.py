@@ -19,7 +19,7 @@ from gpuctl.checkpoint import (
     CheckpointError,
     StaleIncarnationError,
 )
-from gpuctl.core.checkpoints import judge_checkpoint, parse_marker
+from gpuctl.core.jobs.checkpoints import judge_checkpoint, parse_marker
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = (

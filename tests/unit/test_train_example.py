@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from gpuctl.core.checkpoints import parse_marker, step_of_dir
+from gpuctl.core.jobs.checkpoints import parse_marker, step_of_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN = ROOT / "examples" / "train.py"

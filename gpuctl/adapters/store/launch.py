@@ -14,8 +14,8 @@ import sqlite3
 from collections.abc import Mapping
 
 from gpuctl.adapters.store import rows
-from gpuctl.core.jobs import Incarnation, IncarnationState, JobState
-from gpuctl.core.migration import Reservation
+from gpuctl.core.jobs.migration import Reservation
+from gpuctl.core.jobs.model import Incarnation, IncarnationState, JobState
 from gpuctl.errors import StoreConflict
 
 Holder = tuple[str, int | None, int, bool]  # (job id, incarnation or None: reserved, MiB, whole)

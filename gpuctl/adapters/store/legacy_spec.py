@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from gpuctl.core.jobspec import (
+from gpuctl.core.jobs.spec import (
     DEFAULT_GRACE_S,
     DEFAULT_MIN_RUNTIME_BETWEEN_MOVES_S,
     DEFAULT_RESTART_BUDGET,

@@ -17,8 +17,16 @@ from typing import Any, TypeVar
 from gpuctl.adapters.store.opening import Opened
 from gpuctl.adapters.store.sqlite import SqliteStore
 from gpuctl.core.health.autodrain import NodeHealth
-from gpuctl.core.jobs import Checkpoint, Cordon, Event, Incarnation, Job, JobState, NodeLiveness
-from gpuctl.core.migration import Reservation
+from gpuctl.core.jobs.migration import Reservation
+from gpuctl.core.jobs.model import (
+    Checkpoint,
+    Cordon,
+    Event,
+    Incarnation,
+    Job,
+    JobState,
+    NodeLiveness,
+)
 
 T = TypeVar("T")
 MEMO_KEYS = 4096  # reads remembered at most (a poll asks ~2 per active job)

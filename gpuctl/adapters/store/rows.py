@@ -12,7 +12,8 @@ from typing import Any
 from gpuctl.adapters.store import legacy_spec
 from gpuctl.core.health.autodrain import NodeHealth
 from gpuctl.core.health.model import Action
-from gpuctl.core.jobs import (
+from gpuctl.core.jobs.migration import Phase, Reservation
+from gpuctl.core.jobs.model import (
     Checkpoint,
     Cordon,
     EndReason,
@@ -23,8 +24,7 @@ from gpuctl.core.jobs import (
     JobState,
     NodeLiveness,
 )
-from gpuctl.core.jobspec import JobSpec, SpecDataError
-from gpuctl.core.migration import Phase, Reservation
+from gpuctl.core.jobs.spec import JobSpec, SpecDataError
 from gpuctl.errors import StateError
 
 JOB_COLS = (

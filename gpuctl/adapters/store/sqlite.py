@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any
 from gpuctl.adapters.store import failures, integrity, launch, lock, rows
 from gpuctl.adapters.store.opening import LOCK_NAME, MARKER_NAME, Opened
 from gpuctl.core.health.autodrain import NodeHealth
-from gpuctl.core.jobs import (
+from gpuctl.core.jobs.migration import Phase, Reservation, check_changes
+from gpuctl.core.jobs.model import (
     Checkpoint,
     Cordon,
     Event,
@@ -32,7 +33,6 @@ from gpuctl.core.jobs import (
     JobState,
     NodeLiveness,
 )
-from gpuctl.core.migration import Phase, Reservation, check_changes
 from gpuctl.errors import StateError, StoreConflict
 
 if TYPE_CHECKING:

@@ -26,7 +26,7 @@ import dataclasses
 from collections.abc import Collection, Mapping, Sequence
 
 from gpuctl.core.health.model import Action, NodeVerdict, Severity
-from gpuctl.core.jobs import Cordon
+from gpuctl.core.jobs.model import Cordon
 
 HEALTH_SOURCE = "health"
 DEFAULT_DRAIN_AFTER_PASSES = 2

@@ -1,7 +1,7 @@
 """Job services shared by the CLI and the control loop: submit, list, show, cancel, logs; the
 conversions from a stored job to a placement request and a launch request; the fleet numbers.
 
-A job's spec is a typed `gpuctl.core.jobspec.JobSpec`, built once from its spec file at submit and
+A job's spec is a typed `gpuctl.core.jobs.spec.JobSpec`, built once from its spec file at submit and
 stored as plain data (secret *names*, and the files some of them are read from; never a value).
 Secret values are read when they are needed — checked at submit, read again at every launch — from
 the environment or the file, and only ever travel in a `LaunchRequest` (whose repr hides them).

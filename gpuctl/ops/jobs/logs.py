@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from gpuctl.adapters.protocols import JobRunner, Store
-from gpuctl.core.jobs import Incarnation, Job, JobState
+from gpuctl.core.jobs.model import Incarnation, Job, JobState
 from gpuctl.core.model import Inventory
 from gpuctl.errors import GpuctlError
 from gpuctl.ops.jobs.service import find_job

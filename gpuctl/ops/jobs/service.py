@@ -11,8 +11,8 @@ from typing import Any
 from gpuctl.adapters.protocols import Clock, Store
 from gpuctl.config.jobspec import spec_document
 from gpuctl.config.jobspec_files import LoadedSpec
-from gpuctl.core import jobfigures as core_numbers
-from gpuctl.core.jobs import Checkpoint, Event, Incarnation, Job, JobState
+from gpuctl.core.jobs import figures as core_numbers
+from gpuctl.core.jobs.model import Checkpoint, Event, Incarnation, Job, JobState
 from gpuctl.errors import GpuctlError, JobSpecError, StateError, StoreConflict
 from gpuctl.ops.jobs.spec import new_job_id, resolve_secrets
 

@@ -1,4 +1,4 @@
-"""What the control loop makes of a stored job's spec (a typed `gpuctl.core.jobspec.JobSpec`,
+"""What the control loop makes of a stored job's spec (a typed `gpuctl.core.jobs.spec.JobSpec`,
 built once at submit): the placement request, the allocation of a running incarnation, the launch
 request, and the secret values (read from the environment or a file at every launch, never
 stored).
@@ -11,8 +11,8 @@ import secrets as _random
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
-from gpuctl.core.jobs import Incarnation, Job, LaunchRequest
-from gpuctl.core.jobspec import JobSpec
+from gpuctl.core.jobs.model import Incarnation, Job, LaunchRequest
+from gpuctl.core.jobs.spec import JobSpec
 from gpuctl.core.placement.model import Allocation, JobRequest
 from gpuctl.errors import JobSpecError, StateError
 

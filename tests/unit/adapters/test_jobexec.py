@@ -18,7 +18,7 @@ import pytest
 
 from gpuctl.adapters import job_launch, jobexec
 from gpuctl.adapters.protocols import ExecResult
-from gpuctl.core.jobs import Fenced, LaunchRequest, RunStatus
+from gpuctl.core.jobs.model import Fenced, LaunchRequest, RunStatus
 from gpuctl.core.model import NodeSpec
 from gpuctl.errors import UsageError
 from gpuctl.lab.sshd import alive

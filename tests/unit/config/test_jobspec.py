@@ -8,7 +8,7 @@ import pytest
 
 from gpuctl.config.jobspec import JobSpecModel, spec_document, spec_from_data
 from gpuctl.config.jobspec_files import load_job_specs, load_specs
-from gpuctl.core.jobspec import CheckpointSync, JobSpec, SecretRef, SliceEnforcement
+from gpuctl.core.jobs.spec import CheckpointSync, JobSpec, SecretRef, SliceEnforcement
 from gpuctl.core.placement import LabelRequirement, Tier
 from gpuctl.core.units import MemPerCard
 from gpuctl.errors import ExitCode, JobSpecError

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from gpuctl.config.jobspec_files import load_specs
-from gpuctl.core.jobspec import JobSpec
+from gpuctl.core.jobs.spec import JobSpec
 from gpuctl.errors import JobSpecError
 
 

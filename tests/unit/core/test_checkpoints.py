@@ -7,7 +7,7 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuctl.core.checkpoints import (
+from gpuctl.core.jobs.checkpoints import (
     Refused,
     choose_resume,
     judge_checkpoint,
@@ -16,7 +16,7 @@ from gpuctl.core.checkpoints import (
     step_of_dir,
     unusable_committed,
 )
-from gpuctl.core.jobs import Checkpoint, CheckpointMarker, Incarnation, IncarnationState
+from gpuctl.core.jobs.model import Checkpoint, CheckpointMarker, Incarnation, IncarnationState
 
 DIR = "/ckpt/train-demo"
 SHA_A = "a" * 64

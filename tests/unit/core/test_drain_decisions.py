@@ -18,9 +18,9 @@ from gpuctl.core.health.autodrain import (
     track,
 )
 from gpuctl.core.health.model import Action, NodeVerdict, Reason, Severity
-from gpuctl.core.jobs import Cordon, Incarnation, IncarnationState, Job, JobState
-from gpuctl.core.jobspec import JobSpec
-from gpuctl.core.migration import Phase, Reservation, StepKind, next_step
+from gpuctl.core.jobs.migration import Phase, Reservation, StepKind, next_step
+from gpuctl.core.jobs.model import Cordon, Incarnation, IncarnationState, Job, JobState
+from gpuctl.core.jobs.spec import JobSpec
 from gpuctl.core.placement.model import JobRequest
 
 RES = Reservation(

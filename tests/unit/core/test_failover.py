@@ -3,23 +3,20 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpuctl.core.failover import (
-    LivenessChange,
-    RestartPolicy,
-    RunEnd,
-    SpotVictim,
-    Verdict,
-    choose_preemption,
-    fits,
-    queue_order,
-    restart_decision,
-    slice_verdicts,
-    suspect_own_network,
-    update_liveness,
-    without,
+from gpuctl.core.jobs.liveness import LivenessChange, suspect_own_network, update_liveness
+from gpuctl.core.jobs.model import (
+    EndReason,
+    Incarnation,
+    IncarnationState,
+    Job,
+    JobState,
+    NodeLiveness,
 )
-from gpuctl.core.jobs import EndReason, Incarnation, IncarnationState, Job, JobState, NodeLiveness
-from gpuctl.core.jobspec import JobSpec
+from gpuctl.core.jobs.preemption import SpotVictim, choose_preemption, fits, without
+from gpuctl.core.jobs.queue import queue_order
+from gpuctl.core.jobs.restarts import RestartPolicy, RestartVerdict, RunEnd, restart_decision
+from gpuctl.core.jobs.slices import slice_verdicts
+from gpuctl.core.jobs.spec import JobSpec
 from gpuctl.core.model import GpuProcess
 from gpuctl.core.placement.model import (
     Allocation,
@@ -111,16 +108,16 @@ def crash(start: float, end: float, code: int = 1) -> RunEnd:
 def test_a_crash_is_restarted_within_the_budget_and_held_past_it() -> None:
     policy = RestartPolicy(budget=3, window_s=3600, thrash_window_s=10)
     runs = [crash(0, 100), crash(100, 300), crash(300, 500)]
-    assert restart_decision(runs, 500, policy).verdict is Verdict.RESTART
+    assert restart_decision(runs, 500, policy).verdict is RestartVerdict.RESTART
     held = restart_decision([*runs, crash(500, 700)], 700, policy)
-    assert held.verdict is Verdict.HOLD
+    assert held.verdict is RestartVerdict.HOLD
     assert held.reason.startswith("restart budget spent: 4 failures within 1h")
 
 
 def test_failures_older_than_the_window_do_not_count() -> None:
     policy = RestartPolicy(budget=1, window_s=600, thrash_window_s=10)
     runs = [crash(0, 100), crash(1000, 1200)]
-    assert restart_decision(runs, 1200, policy).verdict is Verdict.RESTART
+    assert restart_decision(runs, 1200, policy).verdict is RestartVerdict.RESTART
 
 
 def test_node_losses_preemptions_and_clean_exits_do_not_spend_the_budget() -> None:
@@ -130,19 +127,19 @@ def test_node_losses_preemptions_and_clean_exits_do_not_spend_the_budget() -> No
         RunEnd(5, 6, EndReason.PREEMPTED, 143),
         RunEnd(6, 7, EndReason.FENCED, 137),
     ]
-    assert restart_decision(runs, 7, policy).verdict is Verdict.RESTART
-    assert restart_decision([*runs, crash(7, 100)], 100, policy).verdict is Verdict.HOLD
+    assert restart_decision(runs, 7, policy).verdict is RestartVerdict.RESTART
+    assert restart_decision([*runs, crash(7, 100)], 100, policy).verdict is RestartVerdict.HOLD
 
 
 def test_a_job_failing_quickly_after_each_start_is_held_and_its_node_not_blamed() -> None:
     policy = RestartPolicy(budget=10, thrash_window_s=60, thrash_starts=3)
     quick = [crash(0, 5), crash(10, 12), crash(20, 21)]
     decision = restart_decision(quick, 21, policy)
-    assert decision.verdict is Verdict.HOLD and decision.thrashing
+    assert decision.verdict is RestartVerdict.HOLD and decision.thrashing
     assert not decision.blame_node
     assert decision.reason.startswith("crash loop: exited non-zero within 60s")
     one_slow = [crash(0, 5), crash(10, 500), crash(500, 501)]
-    assert restart_decision(one_slow, 501, policy).verdict is Verdict.RESTART
+    assert restart_decision(one_slow, 501, policy).verdict is RestartVerdict.RESTART
 
 
 def test_launch_failures_count_as_the_job_failing() -> None:

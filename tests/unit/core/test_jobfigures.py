@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuctl.core.jobfigures import job_figures, percentile
-from gpuctl.core.jobs import (
+from gpuctl.core.jobs.figures import job_figures, percentile
+from gpuctl.core.jobs.model import (
     Checkpoint,
     EndReason,
     Incarnation,

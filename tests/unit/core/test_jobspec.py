@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpuctl.core.jobspec import (
+from gpuctl.core.jobs.spec import (
     CheckpointPolicy,
     CheckpointSync,
     JobPolicy,

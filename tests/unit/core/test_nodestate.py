@@ -4,7 +4,7 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpuctl.core.jobs import Cordon, Event
+from gpuctl.core.jobs.model import Cordon, Event
 from gpuctl.core.model import NodeSnapshot, NodeState, Observation, Reach
 from gpuctl.core.nodestate import NODE_STATES, NodeStatus, draining_nodes, node_status
 

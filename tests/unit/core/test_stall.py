@@ -3,8 +3,8 @@ it has been committing at (never sooner than a floor); a job with no known caden
 
 from __future__ import annotations
 
-from gpuctl.core.jobs import Checkpoint, Incarnation, IncarnationState
-from gpuctl.core.stall import StallPolicy, expected_interval, judge
+from gpuctl.core.jobs.model import Checkpoint, Incarnation, IncarnationState
+from gpuctl.core.jobs.stall import StallPolicy, expected_interval, judge
 
 
 def inc(n: int = 1, started_at: float = 0.0) -> Incarnation:

@@ -9,7 +9,7 @@ import pytest
 
 from gpuctl.core.consolidation import ConsolidationPlan, FleetFigures, Migration
 from gpuctl.core.health.autodrain import AutoDrainPolicy
-from gpuctl.core.jobs import Cordon, Event, IncarnationState
+from gpuctl.core.jobs.model import Cordon, Event, IncarnationState
 from gpuctl.core.placement.fit import Demand
 from gpuctl.core.placement.fragmentation import default_workload
 from gpuctl.core.placement.model import Tier

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpuctl.core.jobs import LaunchRequest
+from gpuctl.core.jobs.model import LaunchRequest
 from gpuctl.errors import Unreachable
 from gpuctl.ops.fleetcheck import check_fleet
 from gpuctl.testing.memstore import MemoryStore

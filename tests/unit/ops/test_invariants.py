@@ -7,7 +7,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from gpuctl.adapters.store import open_store
-from gpuctl.core.jobs import (
+from gpuctl.core.jobs.migration import Reservation
+from gpuctl.core.jobs.model import (
     Checkpoint,
     EndReason,
     Event,
@@ -16,8 +17,7 @@ from gpuctl.core.jobs import (
     Job,
     JobState,
 )
-from gpuctl.core.jobspec import JobSpec
-from gpuctl.core.migration import Reservation
+from gpuctl.core.jobs.spec import JobSpec
 from gpuctl.core.placement.model import JobRequest
 from gpuctl.ops.invariants import check_invariants
 

@@ -12,7 +12,7 @@ import pytest
 
 from gpuctl.config.jobspec import JobSpecModel, spec_from_data
 from gpuctl.config.jobspec_files import LoadedSpec
-from gpuctl.core.jobs import (
+from gpuctl.core.jobs.model import (
     Checkpoint,
     EndReason,
     Event,

@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpuctl.config.health_rules import load_rules
 from gpuctl.config.jobspec import spec_from_data
-from gpuctl.core.jobs import (
+from gpuctl.core.jobs.model import (
     Checkpoint,
     EndReason,
     Event,

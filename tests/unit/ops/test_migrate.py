@@ -11,8 +11,8 @@ import pytest
 from gpuctl.adapters.protocols import Store
 from gpuctl.adapters.store import open_store
 from gpuctl.core.health.autodrain import AutoDrainPolicy
-from gpuctl.core.jobs import EndReason, IncarnationState, JobState
-from gpuctl.core.migration import Phase
+from gpuctl.core.jobs.migration import Phase
+from gpuctl.core.jobs.model import EndReason, IncarnationState, JobState
 from gpuctl.core.placement.model import Allocation
 from gpuctl.ops import nodeops
 from gpuctl.ops.invariants import check_invariants

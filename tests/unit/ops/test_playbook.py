@@ -27,7 +27,7 @@ from gpuctl.cli.main import app
 from gpuctl.config.health_rules import load_rules
 from gpuctl.config.playbook import load_playbook
 from gpuctl.core.health.autodrain import AutoDrainPolicy
-from gpuctl.core.jobs import JobState
+from gpuctl.core.jobs.model import JobState
 from gpuctl.core.model import NodeSnapshot
 from gpuctl.core.playbook import Playbook
 from gpuctl.core.playbook_run import Journal

@@ -13,9 +13,8 @@ import pytest
 
 from gpuctl.adapters.protocols import Store
 from gpuctl.adapters.store import open_store
-from gpuctl.core.failover import RestartPolicy
 from gpuctl.core.health.autodrain import AutoDrainPolicy
-from gpuctl.core.jobs import (
+from gpuctl.core.jobs.model import (
     Cordon,
     EndReason,
     Event,
@@ -23,6 +22,7 @@ from gpuctl.core.jobs import (
     IncarnationState,
     JobState,
 )
+from gpuctl.core.jobs.restarts import RestartPolicy
 from gpuctl.core.model import GpuProcess
 from gpuctl.core.placement.model import Settings
 from gpuctl.errors import StoreConflict

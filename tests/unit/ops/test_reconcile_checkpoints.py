@@ -13,7 +13,7 @@ import pytest
 from gpuctl.adapters.protocols import Store
 from gpuctl.adapters.store import open_store
 from gpuctl.core.health.autodrain import AutoDrainPolicy
-from gpuctl.core.jobs import IncarnationState, JobState
+from gpuctl.core.jobs.model import IncarnationState, JobState
 from gpuctl.ops.invariants import check_invariants
 from gpuctl.ops.migrate import migrate
 from gpuctl.testing.drainkit import CKPT, Kit

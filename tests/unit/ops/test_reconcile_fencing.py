@@ -17,7 +17,7 @@ import pytest
 from gpuctl.adapters.protocols import Store
 from gpuctl.adapters.store import open_store
 from gpuctl.core.health.autodrain import AutoDrainPolicy
-from gpuctl.core.jobs import IncarnationState, JobState
+from gpuctl.core.jobs.model import IncarnationState, JobState
 from gpuctl.errors import TransportError
 from gpuctl.ops import nodeops
 from gpuctl.ops.invariants import check_invariants

@@ -11,7 +11,7 @@ import pytest
 
 from gpuctl.adapters.protocols import Store
 from gpuctl.adapters.store import open_store
-from gpuctl.core.jobs import IncarnationState, JobState
+from gpuctl.core.jobs.model import IncarnationState, JobState
 from gpuctl.testing.drainkit import Kit
 from gpuctl.testing.memstore import MemoryStore
 

@@ -11,7 +11,7 @@ import pytest
 
 from gpuctl.adapters.protocols import Store
 from gpuctl.adapters.store import open_store
-from gpuctl.core.jobs import IncarnationState, Job, JobState
+from gpuctl.core.jobs.model import IncarnationState, Job, JobState
 from gpuctl.testing.drainkit import CKPT, Kit
 from gpuctl.testing.memstore import MemoryStore
 

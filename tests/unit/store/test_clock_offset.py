@@ -14,8 +14,8 @@ from gpuctl.adapters.store import open_store
 from gpuctl.adapters.store.opening import open_connection
 from gpuctl.adapters.store.schema import MIGRATIONS
 from gpuctl.adapters.store.sqlite import SqliteStore
-from gpuctl.core.jobs import Event, Incarnation, IncarnationState, Job, JobState
-from gpuctl.core.jobspec import JobSpec
+from gpuctl.core.jobs.model import Event, Incarnation, IncarnationState, Job, JobState
+from gpuctl.core.jobs.spec import JobSpec
 from gpuctl.core.placement.model import JobRequest
 from gpuctl.testing.memstore import MemoryStore
 

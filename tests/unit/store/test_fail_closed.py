@@ -10,8 +10,8 @@ from gpuctl.adapters.store import open_store
 from gpuctl.adapters.store.opening import open_connection
 from gpuctl.adapters.store.schema import MIGRATIONS, Migration
 from gpuctl.adapters.store.sqlite import SqliteStore
-from gpuctl.core.jobs import Event, Job, JobState
-from gpuctl.core.jobspec import JobSpec
+from gpuctl.core.jobs.model import Event, Job, JobState
+from gpuctl.core.jobs.spec import JobSpec
 from gpuctl.core.placement.model import JobRequest
 from gpuctl.errors import ExitCode, StateError
 

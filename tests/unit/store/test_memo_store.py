@@ -4,10 +4,10 @@ import shutil
 from pathlib import Path
 
 from gpuctl.adapters.store import open_store
-from gpuctl.core.jobs import Cordon, Event, Job, JobState
-from gpuctl.core.jobspec import JobSpec
+from gpuctl.core.jobs.model import Cordon, Event, Job, JobState
+from gpuctl.core.jobs.spec import JobSpec
 from gpuctl.core.placement.model import JobRequest
-from gpuctl.tui.services import KeptStore
+from gpuctl.ops.parts import KeptStore
 
 
 def ev(kind: str, job_id: str | None = None) -> Event:

@@ -16,9 +16,9 @@ from gpuctl.adapters.store.schema import MIGRATIONS
 from gpuctl.adapters.store.sqlite import SqliteStore
 from gpuctl.core.health.autodrain import NodeHealth
 from gpuctl.core.health.model import Action
-from gpuctl.core.jobs import Cordon, Event, Incarnation, IncarnationState, Job, JobState
-from gpuctl.core.jobspec import JobSpec
-from gpuctl.core.migration import Phase, Reservation
+from gpuctl.core.jobs.migration import Phase, Reservation
+from gpuctl.core.jobs.model import Cordon, Event, Incarnation, IncarnationState, Job, JobState
+from gpuctl.core.jobs.spec import JobSpec
 from gpuctl.core.placement.model import JobRequest
 from gpuctl.errors import StoreConflict
 from gpuctl.ops.invariants import check_invariants

@@ -15,7 +15,7 @@ from gpuctl.adapters.store.opening import open_connection
 from gpuctl.adapters.store.schema import MIGRATIONS
 from gpuctl.adapters.store.sqlite import SqliteStore
 from gpuctl.config.jobspec import JobSpecModel, to_spec
-from gpuctl.core.jobspec import (
+from gpuctl.core.jobs.spec import (
     CheckpointPolicy,
     CheckpointSync,
     JobPolicy,

@@ -14,7 +14,7 @@ import pytest
 
 from gpuctl.adapters.store import SCHEMA_VERSION, open_store, rows
 from gpuctl.adapters.store.sqlite import SqliteStore
-from gpuctl.core.jobs import (
+from gpuctl.core.jobs.model import (
     Checkpoint,
     Cordon,
     EndReason,
@@ -25,7 +25,7 @@ from gpuctl.core.jobs import (
     JobState,
     NodeLiveness,
 )
-from gpuctl.core.jobspec import (
+from gpuctl.core.jobs.spec import (
     CheckpointPolicy,
     CheckpointSync,
     JobPolicy,
@@ -560,7 +560,7 @@ RACER = textwrap.dedent(
     import sys
     from pathlib import Path
     from gpuctl.adapters.store import open_store
-    from gpuctl.core.jobs import Event, Incarnation, IncarnationState
+    from gpuctl.core.jobs.model import Event, Incarnation, IncarnationState
     from gpuctl.errors import StoreConflict
 
     job_id = sys.argv[2]

@@ -12,8 +12,8 @@ import pytest
 from gpuctl.adapters.store import open_store
 from gpuctl.adapters.store.failures import state_error
 from gpuctl.adapters.store.sqlite import SqliteStore
-from gpuctl.core.jobs import Checkpoint, Event, Job, JobState, NodeLiveness
-from gpuctl.core.jobspec import JobSpec
+from gpuctl.core.jobs.model import Checkpoint, Event, Job, JobState, NodeLiveness
+from gpuctl.core.jobs.spec import JobSpec
 from gpuctl.core.placement.model import JobRequest
 from gpuctl.errors import ExitCode, StateError, StoreConflict, StoreCorrupt, StoreFull
 

@@ -26,7 +26,7 @@ import enum
 from collections.abc import Mapping
 from typing import Any
 
-from gpuctl.core.jobs import Incarnation, IncarnationState, Job, JobState
+from gpuctl.core.jobs.model import Incarnation, IncarnationState, Job, JobState
 
 DEFAULT_TIMEOUT_S = 600.0  # reserve -> the source asked to stop; past it, a migration rolls back
 

@@ -29,7 +29,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from gpuctl.core.jobs import Checkpoint, EndReason, Incarnation, Job, JobState
+from gpuctl.core.jobs.model import Checkpoint, EndReason, Incarnation, Job, JobState
 
 DEFAULT_WINDOW_S = 24 * 3600.0
 DEFAULT_RESTART_BUDGET_S = 600.0

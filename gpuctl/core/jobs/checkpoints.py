@@ -27,7 +27,7 @@ import re
 from collections.abc import Mapping, Sequence
 from pathlib import PurePosixPath
 
-from gpuctl.core.jobs import Checkpoint, CheckpointMarker, Incarnation, IncarnationState
+from gpuctl.core.jobs.model import Checkpoint, CheckpointMarker, Incarnation, IncarnationState
 
 MARKER_NAME = "COMMITTED"
 MARKER_FORMAT = 1

@@ -19,7 +19,7 @@ import itertools
 import statistics
 from collections.abc import Sequence
 
-from gpuctl.core.jobs import Checkpoint, Incarnation
+from gpuctl.core.jobs.model import Checkpoint, Incarnation
 from gpuctl.core.units import human_s
 
 DEFAULT_STALL_FACTOR = 2.0

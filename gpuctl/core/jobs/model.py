@@ -2,7 +2,7 @@
 
 Frozen values shared by the state store (`gpuctl.adapters.store`), the control loop
 (`gpuctl.ops.reconcile`) and the CLI. A *job* is what an operator submitted (stable id, its
-`gpuctl.core.jobspec.JobSpec`); an *incarnation* is one run of it on one node
+`gpuctl.core.jobs.spec.JobSpec`); an *incarnation* is one run of it on one node
 (`GPUCTL_INCARNATION`, +1 at every (re)start). Cards are held by incarnations that are launching,
 running, or lost-but-not-yet-fenced, so a node that comes back is never double-booked before its
 stale copy is killed.
@@ -15,7 +15,7 @@ import enum
 from collections.abc import Mapping
 from typing import Any
 
-from gpuctl.core.jobspec import JobSpec
+from gpuctl.core.jobs.spec import JobSpec
 
 
 class JobState(enum.StrEnum):
