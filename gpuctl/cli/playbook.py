@@ -24,7 +24,7 @@ from gpuctl.errors import UsageError, exit_for_playbook
 if TYPE_CHECKING:
     from gpuctl.core.model import Inventory
     from gpuctl.core.playbook import TimeWindow
-    from gpuctl.core.playbook_run import StepResult
+    from gpuctl.core.playbook.run import StepResult
     from gpuctl.ops.playbook import RunPlan, RunReport, Services
 
 app = typer.Typer(help="Scripted runbooks: check and run playbooks.", no_args_is_help=True)

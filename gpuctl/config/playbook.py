@@ -41,8 +41,7 @@ from gpuctl.config.playbook_schema import (
 )
 from gpuctl.core import playbook as core
 from gpuctl.core.model import Inventory
-from gpuctl.core.playbook_expr import Expr, ExprError
-from gpuctl.core.playbook_expr_parse import parse
+from gpuctl.core.playbook.expr import Expr, ExprError, parse
 from gpuctl.errors import ConfigError
 
 KIND = "playbook"

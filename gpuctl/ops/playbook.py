@@ -21,7 +21,7 @@ from typing import Any
 from gpuctl.core import playbook as core
 from gpuctl.core.jobs.model import Event
 from gpuctl.core.playbook import Playbook, TimeWindow, Unit
-from gpuctl.core.playbook_run import Journal, StepResult, in_play, step_result, stop_reason
+from gpuctl.core.playbook.run import Journal, StepResult, in_play, step_result, stop_reason
 from gpuctl.errors import StateError
 from gpuctl.ops import playbook_steps as steps
 from gpuctl.ops.playbook_preview import preview

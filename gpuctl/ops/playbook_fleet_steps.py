@@ -12,8 +12,8 @@ from gpuctl.adapters.protocols import Store
 from gpuctl.core import playbook as core
 from gpuctl.core.jobs.model import JobState
 from gpuctl.core.playbook import Unit
-from gpuctl.core.playbook_expr import Expr
-from gpuctl.core.playbook_run import NodeResult, StepResult, node_step_result, step_result
+from gpuctl.core.playbook.expr import Expr
+from gpuctl.core.playbook.run import NodeResult, StepResult, node_step_result, step_result
 from gpuctl.ops.playbook_view import node_line, numbers_line
 
 if TYPE_CHECKING:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from gpuctl.core import playbook as core
 from gpuctl.core.model import NodeSpec
 from gpuctl.core.playbook import Unit
-from gpuctl.core.playbook_run import NodeResult, StepResult, node_step_result
+from gpuctl.core.playbook.run import NodeResult, StepResult, node_step_result
 from gpuctl.errors import TransportError
 from gpuctl.ops import nodeops
 

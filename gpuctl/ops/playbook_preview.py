@@ -9,7 +9,7 @@ from pathlib import Path
 from gpuctl.core import playbook as core
 from gpuctl.core.placement.model import JobRequest
 from gpuctl.core.playbook import Unit
-from gpuctl.core.playbook_expr import Expr
+from gpuctl.core.playbook.expr import Expr
 from gpuctl.errors import GpuctlError
 from gpuctl.ops import nodeops
 from gpuctl.ops.playbook_fleet_steps import cancel_choice

@@ -6,7 +6,7 @@ that holder's name. A run that ends (however it ends, short of a crash) empties 
 kernel drops the `flock` of a process that died, so a run that finds the lock free but the file
 still naming a holder knows that holder crashed, says so, and takes the lock over.
 
-`<state dir>/playbooks/<name>.journal.json`: the run's journal (`gpuctl.core.playbook_run.Journal`),
+`<state dir>/playbooks/<name>.journal.json`: the run's journal (`gpuctl.core.playbook.run.Journal`),
 written atomically (temporary file, fsync, rename; 0600) before and after every unit, so a
 crashed run can be resumed and skips the units already done.
 """
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuctl.adapters.files import write_atomic
-from gpuctl.core.playbook_run import Journal
+from gpuctl.core.playbook.run import Journal
 from gpuctl.errors import StateError
 
 FOLDER = "playbooks"

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 
 from gpuctl.core import playbook as core
 from gpuctl.core.playbook import Playbook, Unit
-from gpuctl.core.playbook_run import (
+from gpuctl.core.playbook.run import (
     Journal,
     NodeResult,
     StepResult,

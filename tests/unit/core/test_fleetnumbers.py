@@ -15,7 +15,7 @@ from gpuctl.core.model import FleetSnapshot
 from gpuctl.core.placement import Card, FleetState, PlacementNode
 from gpuctl.core.placement.fit import Demand, NodeFree, Workload
 from gpuctl.core.placement.fragmentation import default_workload, node_stranded
-from gpuctl.core.playbook_expr import FLEET_NAMES
+from gpuctl.core.playbook.expr import FLEET_NAMES
 
 GIB = 1024
 CARD = 80 * GIB

@@ -17,9 +17,8 @@ from gpuctl.core.playbook import (
     TargetFacts,
     TimeWindow,
 )
-from gpuctl.core.playbook_expr import FLEET_NAMES, ExprError
-from gpuctl.core.playbook_expr_parse import parse
-from gpuctl.core.playbook_run import (
+from gpuctl.core.playbook.expr import FLEET_NAMES, ExprError, parse
+from gpuctl.core.playbook.run import (
     Journal,
     NodeResult,
     StepResult,

@@ -30,7 +30,7 @@ from gpuctl.core.health.autodrain import AutoDrainPolicy
 from gpuctl.core.jobs.model import JobState
 from gpuctl.core.model import NodeSnapshot
 from gpuctl.core.playbook import Playbook
-from gpuctl.core.playbook_run import Journal
+from gpuctl.core.playbook.run import Journal
 from gpuctl.errors import StateError
 from gpuctl.ops import playbook as service
 from gpuctl.ops.playbook import RunReport, Services

@@ -10,7 +10,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gpuctl.core.playbook import Settings, Unit
+from gpuctl.core.playbook.model import Settings, Unit
 
 OUTCOMES = ("ok", "changed", "skipped", "failed")
 JOURNAL_SCHEMA = 1

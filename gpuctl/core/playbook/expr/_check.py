@@ -9,7 +9,7 @@ import difflib
 from collections.abc import Mapping
 from typing import Any
 
-from gpuctl.core.playbook_expr import (
+from gpuctl.core.playbook.expr.model import (
     FLEET_NAMES,
     NODE_NAMES,
     BoolOp,

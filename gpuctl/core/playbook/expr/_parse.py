@@ -17,7 +17,8 @@ import math
 import re
 from typing import Any
 
-from gpuctl.core.playbook_expr import (
+from gpuctl.core.playbook.expr._check import check
+from gpuctl.core.playbook.expr.model import (
     BoolOp,
     Compare,
     Expr,
@@ -28,7 +29,6 @@ from gpuctl.core.playbook_expr import (
     Not,
     collect_names,
 )
-from gpuctl.core.playbook_expr_check import check
 
 MAX_EXPR_CHARS = 500
 
