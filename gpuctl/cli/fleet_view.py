@@ -1,5 +1,6 @@
 """Rendering of fleet snapshots: tables for people, documents for scripts. No business rules:
-each node's state comes from `core.nodestate` (`ops.fleetstatus.node_states` with the store)."""
+each node's state comes from `core.fleet.nodestate` (`ops.fleetstatus.node_states` with the
+store)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ from rich.console import Console
 from rich.table import Table
 
 from gpuctl.cli.render import Output, emit_document, safe
+from gpuctl.core.fleet.nodestate import NodeStatus, node_status
 from gpuctl.core.health.poll_hints import gpu_hints, node_hints
 from gpuctl.core.model import FleetSnapshot, NodeSnapshot, NodeSpec, Reach, fleet_to_dict
-from gpuctl.core.nodestate import NodeStatus, node_status
 from gpuctl.core.units import human_s
 
 States = Mapping[str, NodeStatus]  # node name -> its state (`ops.fleetstatus.node_states`)

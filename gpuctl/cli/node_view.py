@@ -9,9 +9,9 @@ from rich.table import Table
 
 from gpuctl.cli.fleet_view import gpu_table
 from gpuctl.cli.render import safe
+from gpuctl.core.fleet.nodestate import NodeStatus, node_status
 from gpuctl.core.health.poll_hints import node_hints
 from gpuctl.core.model import FleetSnapshot, NodeSnapshot, NodeSpec, NodeState
-from gpuctl.core.nodestate import NodeStatus, node_status
 from gpuctl.core.units import human_s
 
 

@@ -11,7 +11,7 @@ from gpuctl.cli.fleet_view import fleet_document, render_fleet, status_of, stdou
 from gpuctl.cli.node_view import node_detail
 from gpuctl.cli.render import OUTPUT_OPTION, Output, emit_document
 from gpuctl.cli.status import store_view
-from gpuctl.core.nodestate import NODE_STATES
+from gpuctl.core.fleet.nodestate import NODE_STATES
 from gpuctl.errors import UsageError, exit_for_poll
 
 app = typer.Typer(help="Nodes of the inventory, as they answer now.", no_args_is_help=True)

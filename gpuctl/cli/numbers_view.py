@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpuctl.core.band import TARGET_BAND, BandName
-from gpuctl.core.fleetnumbers import FleetNumbers
+from gpuctl.core.fleet.numbers import FleetNumbers
 from gpuctl.core.jobs.figures import JobFigures
 from gpuctl.core.units import human_s as human_s  # re-exported for callers of this module
 

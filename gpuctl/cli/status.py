@@ -11,9 +11,9 @@ from gpuctl.cli import fleet
 from gpuctl.cli.fleet_view import fleet_document, print_table, render_fleet
 from gpuctl.cli.numbers_view import fleet_line, numbers_line
 from gpuctl.cli.render import OUTPUT_OPTION, Output, emit_document, safe
-from gpuctl.core.fleetnumbers import FleetNumbers
+from gpuctl.core.fleet.nodestate import NodeStatus
+from gpuctl.core.fleet.numbers import FleetNumbers
 from gpuctl.core.model import FleetSnapshot
-from gpuctl.core.nodestate import NodeStatus
 from gpuctl.errors import StateError, exit_for_poll
 
 

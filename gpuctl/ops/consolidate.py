@@ -4,7 +4,7 @@ applying it through the migration primitive (`gpuctl.ops.migrate`).
 * `gather_inputs`: the fleet state placement reads (with the cards migrations hold), one
   `JobFacts` per running job (its spec's `disruptible` and `min_runtime_between_moves`, when its
   current incarnation started, the age of its newest committed checkpoint, its model and label
-  constraints), and the target workload (`core.workload.workload_for`).
+  constraints), and the target workload (`core.fleet.workload.workload_for`).
 * `apply`: refuses a plan whose version is not the fleet's now ("stale plan: recompute") and, with
   a maintenance window, any time outside it; then runs the moves in order, in waves of at most
   `parallel` moves that do not depend on each other (a move depends on an earlier one that leaves
@@ -27,11 +27,11 @@ from gpuctl.core.consolidation import (
     consolidation_version,
     plan_consolidation,
 )
+from gpuctl.core.fleet.workload import workload_for
 from gpuctl.core.jobs.model import IncarnationState, Job, JobState
 from gpuctl.core.model import FleetSnapshot
 from gpuctl.core.placement.fit import Workload
 from gpuctl.core.placement.model import FleetState, JobRequest, JobShape, Settings
-from gpuctl.core.workload import workload_for
 from gpuctl.errors import PlanError, UsageError
 
 if TYPE_CHECKING:

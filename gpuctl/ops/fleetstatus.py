@@ -3,8 +3,8 @@ node's state and the five numbers, from a snapshot and the state store.
 
 One service for `gpuctl status`, `nodes list|show`, the dashboard, metrics, reports and playbook
 conditions, so they all show the same figures and the same node states for the same state. The
-rules are the core's (`core.fleetview`, `core.nodestate`, `core.fleetnumbers`, `core.workload`);
-this module reads the store for them and keeps what a poller asks again.
+rules are the core's (`core.fleet.view`, `core.fleet.nodestate`, `core.fleet.numbers`,
+`core.fleet.workload`); this module reads the store for them and keeps what a poller asks again.
 """
 
 from __future__ import annotations
@@ -13,17 +13,17 @@ import dataclasses
 from collections.abc import Hashable
 
 from gpuctl.adapters.protocols import Store
-from gpuctl.core.fleetnumbers import FleetNumbers, fleet_numbers, no_jobs
-from gpuctl.core.fleetnumbers import fragmentation as measure_fragmentation
-from gpuctl.core.fleetview import PlacementMemo, fleet_state_from_snapshot, with_cordons
+from gpuctl.core.fleet.nodestate import CORDON_EVENT_KINDS, NodeStatus, node_statuses
+from gpuctl.core.fleet.numbers import FleetNumbers, fleet_numbers, no_jobs
+from gpuctl.core.fleet.numbers import fragmentation as measure_fragmentation
+from gpuctl.core.fleet.view import PlacementMemo, fleet_state_from_snapshot, with_cordons
+from gpuctl.core.fleet.workload import workload_for, workload_key
 from gpuctl.core.jobs.figures import JobFigures
 from gpuctl.core.jobs.model import IncarnationState, Job
 from gpuctl.core.model import FleetSnapshot
-from gpuctl.core.nodestate import CORDON_EVENT_KINDS, NodeStatus, node_statuses
 from gpuctl.core.placement.fit import Workload
 from gpuctl.core.placement.fragmentation import WorkloadIndex
 from gpuctl.core.placement.model import Allocation, FleetState
-from gpuctl.core.workload import workload_for, workload_key
 from gpuctl.errors import StateError
 
 NODE_EVENTS = 200  # cordon / uncordon / drain events read to tell a drain from a cordon
@@ -80,7 +80,7 @@ def fleet_state(
     memo: PlacementMemo | None = None,
 ) -> FleetState:
     """Placement's view: the snapshot, the cards gpuctl granted, and the cordons. `versioned`,
-    `memo`: see `core.fleetview.fleet_state_from_snapshot`."""
+    `memo`: see `core.fleet.view.fleet_state_from_snapshot`."""
     if store is None:
         return fleet_state_from_snapshot(snapshot, versioned=versioned, memo=memo)
     allocations, _ = store_allocations(store)
@@ -89,8 +89,8 @@ def fleet_state(
 
 
 def node_states(snapshot: FleetSnapshot, store: Store | None) -> dict[str, NodeStatus]:
-    """Each node's state (`core.nodestate`) by name: its answer and the store's cordons, drains
-    and moves (none without a store)."""
+    """Each node's state (`core.fleet.nodestate`) by name: its answer and the store's cordons,
+    drains and moves (none without a store)."""
     if store is None:
         return node_statuses(snapshot.nodes, {})
     holding: dict[str, set[str]] = {}
@@ -125,13 +125,14 @@ def numbers(
 
 def fragmentation(state: FleetState, store: Store | None, now: float) -> tuple[float | None, float]:
     """Fragmentation % and stranded GiB over schedulable nodes, against the target workload,
-    exactly as consolidation measures them (`core.fleetnumbers.fragmentation`)."""
+    exactly as consolidation measures them (`core.fleet.numbers.fragmentation`)."""
     return measure_fragmentation(state, _index(workload_of(state, store, now)))
 
 
 def workload_of(state: FleetState, store: Store | None, now: float) -> Workload:
-    """The target workload of the store's jobs (`core.workload.workload_for`), kept from one
-    call to the next while what it depends on (`core.workload.workload_key`) stays the same."""
+    """The target workload of the store's jobs (`core.fleet.workload.workload_for`), kept from one
+    call to the next while what it depends on (`core.fleet.workload.workload_key`) stays the
+    same."""
     jobs = store.jobs() if store else []
     key = workload_key(state, jobs, now)
     last = _WORKLOADS[0] if _WORKLOADS else None

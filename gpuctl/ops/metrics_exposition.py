@@ -15,9 +15,9 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from gpuctl.core.band import TARGET_BAND, BandName
-from gpuctl.core.fleetnumbers import FleetNumbers
+from gpuctl.core.fleet.nodestate import NODE_STATES
+from gpuctl.core.fleet.numbers import FleetNumbers
 from gpuctl.core.health import Verdict
-from gpuctl.core.nodestate import NODE_STATES
 
 MIB = float(1 << 20)
 GIB = float(1 << 30)
@@ -164,7 +164,7 @@ class NodeReading:
     up: bool | None  # answered the poll (from the store: not down); None: unknown
     schedulable: bool | None
     verdict: Verdict | None  # None: not judged (--from-store)
-    state: str | None = None  # `core.nodestate` (None: not polled, --from-store)
+    state: str | None = None  # `core.fleet.nodestate` (None: not polled, --from-store)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

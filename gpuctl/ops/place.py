@@ -1,7 +1,7 @@
 """Placement as a service: the fleet to place on, from a snapshot (live or saved), and a plan.
 
 The fleet view itself (ghost memory, schedulability, cordons) is the core's
-(`gpuctl.core.fleetview`); `fleetstatus.fleet_state` adds the store's allocations and cordons.
+(`gpuctl.core.fleet.view`); `fleetstatus.fleet_state` adds the store's allocations and cordons.
 Nothing here changes the fleet.
 """
 

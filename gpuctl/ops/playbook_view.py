@@ -63,7 +63,7 @@ class View:
 def observe(services: Services, health: Mapping[str, str], targets: int | None = None) -> View:
     """One gather, the store's cordons and allocations: every node's facts (its state as
     `gpuctl status` shows it: `fleetstatus.node_states`) and the numbers."""
-    from gpuctl.core.nodestate import node_status
+    from gpuctl.core.fleet.nodestate import node_status
     from gpuctl.ops.fleetstatus import node_states, numbers
 
     loop = services.loop

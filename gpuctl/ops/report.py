@@ -17,12 +17,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpuctl.adapters.protocols import Store
-from gpuctl.core.fleetnumbers import FleetNumbers
+from gpuctl.core.fleet.nodestate import NodeStatus
+from gpuctl.core.fleet.numbers import FleetNumbers
 from gpuctl.core.health import HealthRules, NodeVerdict, evaluate_fleet
 from gpuctl.core.jobs.figures import job_figures
 from gpuctl.core.jobs.model import Event
 from gpuctl.core.model import FleetSnapshot, Inventory, NodeSnapshot, Reach
-from gpuctl.core.nodestate import NodeStatus
 from gpuctl.core.placement.model import FleetState
 from gpuctl.errors import UsageError
 from gpuctl.ops import fleetstatus

@@ -19,7 +19,7 @@ from textual.binding import Binding, BindingType
 from textual.notifications import SeverityLevel
 from textual.worker import Worker, WorkerState
 
-from gpuctl.core.fleetview import PlacementMemo
+from gpuctl.core.fleet.view import PlacementMemo
 from gpuctl.errors import GpuctlError
 from gpuctl.tui.actions import ActionPlan
 from gpuctl.tui.data import DashData, HealthKeeper, collect

@@ -12,12 +12,12 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 
 from gpuctl.adapters.protocols import Store
-from gpuctl.core.fleetnumbers import FleetNumbers
-from gpuctl.core.fleetview import PlacementMemo
+from gpuctl.core.fleet.nodestate import CORDON_EVENT_KINDS, NodeStatus, node_statuses
+from gpuctl.core.fleet.numbers import FleetNumbers
+from gpuctl.core.fleet.view import PlacementMemo
 from gpuctl.core.health import HealthRules, NodeVerdict
 from gpuctl.core.jobs.model import Cordon, Event, JobState
 from gpuctl.core.model import FleetSnapshot, NodeSnapshot, Reach
-from gpuctl.core.nodestate import CORDON_EVENT_KINDS, NodeStatus, node_statuses
 from gpuctl.core.placement.model import Card, FleetState, PlacementNode, Settings
 from gpuctl.errors import GpuctlError, StateError
 from gpuctl.ops.jobs import JobView
@@ -34,7 +34,7 @@ HEALTH_KEEP = 10  # samples per node kept for the rules that look back (sustaine
 @dataclasses.dataclass(frozen=True, slots=True)
 class NodeView:
     name: str
-    status: NodeStatus  # ready, cordoned, draining, down, unknown (`core.nodestate`)
+    status: NodeStatus  # ready, cordoned, draining, down, unknown (`core.fleet.nodestate`)
     snapshot: NodeSnapshot
     placement: PlacementNode | None
     verdict: NodeVerdict | None  # None without health rules

@@ -17,7 +17,7 @@ from rich.cells import cell_len
 from rich.text import Span, Text
 
 from gpuctl.core.band import TARGET_BAND, BandName
-from gpuctl.core.fleetnumbers import FleetNumbers
+from gpuctl.core.fleet.numbers import FleetNumbers
 from gpuctl.core.units import human_s as human_s  # re-exported for callers of this module
 
 NA = "N/A"

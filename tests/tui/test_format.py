@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpuctl.core.fleetnumbers import FleetNumbers
+from gpuctl.core.fleet.numbers import FleetNumbers
 from gpuctl.core.jobs.figures import job_figures
 from gpuctl.tui import format as fmt
 

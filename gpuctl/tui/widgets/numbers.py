@@ -9,7 +9,7 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal
 from textual.widgets import Static
 
-from gpuctl.core.fleetnumbers import FleetNumbers
+from gpuctl.core.fleet.numbers import FleetNumbers
 from gpuctl.tui import format as fmt
 
 SPARK_POINTS = 60

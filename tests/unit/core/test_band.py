@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpuctl.core.band import TARGET_BAND, Band, BandName, band_of
-from gpuctl.core.fleetnumbers import fleet_numbers, no_jobs
+from gpuctl.core.fleet.numbers import fleet_numbers, no_jobs
 from gpuctl.core.model import FleetSnapshot
 from gpuctl.core.placement import Card, FleetState, JobRequest, JobShape, PlacementNode, Settings
 from gpuctl.core.placement.engine import plan

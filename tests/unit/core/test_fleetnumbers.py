@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpuctl.core.band import BandName
-from gpuctl.core.fleetnumbers import FleetNumbers, fleet_numbers, no_jobs
+from gpuctl.core.fleet.numbers import FleetNumbers, fleet_numbers, no_jobs
 from gpuctl.core.model import FleetSnapshot
 from gpuctl.core.placement import Card, FleetState, PlacementNode
 from gpuctl.core.placement.fit import Demand, NodeFree, Workload

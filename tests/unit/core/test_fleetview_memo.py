@@ -6,7 +6,7 @@ import dataclasses
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuctl.core.fleetview import PlacementMemo, fleet_state_from_snapshot
+from gpuctl.core.fleet.view import PlacementMemo, fleet_state_from_snapshot
 from gpuctl.core.model import (
     FleetSnapshot,
     GpuSnapshot,

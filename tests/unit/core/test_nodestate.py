@@ -4,9 +4,9 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gpuctl.core.fleet.nodestate import NODE_STATES, NodeStatus, draining_nodes, node_status
 from gpuctl.core.jobs.model import Cordon, Event
 from gpuctl.core.model import NodeSnapshot, NodeState, Observation, Reach
-from gpuctl.core.nodestate import NODE_STATES, NodeStatus, draining_nodes, node_status
 
 T = 1_700_000_000.0
 ECC = Cordon("n1", "GPU 1: 3 uncorrected ECC errors", "gpuctl", "health", T)

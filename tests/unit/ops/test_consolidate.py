@@ -8,12 +8,12 @@ from collections.abc import Sequence
 import pytest
 
 from gpuctl.core.consolidation import ConsolidationPlan, FleetFigures, Migration
+from gpuctl.core.fleet.workload import workload_key
 from gpuctl.core.health.autodrain import AutoDrainPolicy
 from gpuctl.core.jobs.model import Cordon, Event, IncarnationState
 from gpuctl.core.placement.fit import Demand
 from gpuctl.core.placement.fragmentation import default_workload
 from gpuctl.core.placement.model import Tier
-from gpuctl.core.workload import workload_key
 from gpuctl.errors import PlanError, UsageError
 from gpuctl.ops import consolidate as service
 from gpuctl.ops.consolidate import MoveResult, OutsideWindow, Window

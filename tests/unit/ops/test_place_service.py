@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuctl.core.fleetview import fleet_state_from_snapshot
+from gpuctl.core.fleet.view import fleet_state_from_snapshot
 from gpuctl.core.model import (
     FleetSnapshot,
     GpuSnapshot,

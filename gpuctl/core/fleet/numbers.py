@@ -10,7 +10,7 @@ Definitions (docs/design.md):
 - **Utilization %**: allocated GPU memory / total GPU memory of healthy cards on schedulable
   nodes, with its band (`core.band`).
 - **Fragmentation %**: the share of free GPU memory on schedulable nodes the target workload
-  (`core.workload`) cannot use: stranded / free × 100 (None when nothing is free); stranded
+  (`core.fleet.workload`) cannot use: stranded / free × 100 (None when nothing is free); stranded
   memory also in GiB.
 - **Observed SM utilization**: NVML `utilization.gpu` averaged over the GPUs that answered.
 """
