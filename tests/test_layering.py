@@ -74,10 +74,10 @@ BAD_IMPORTS = [
         id="core-imports-ops",
     ),
     pytest.param(
-        "gpuctl/adapters/ssh.py",
+        "gpuctl/adapters/ssh/_transport.py",
         "from gpuctl.config import paths\n",
         "gpuctl: cli | tui | testing > ops",
-        "gpuctl.adapters.ssh -> gpuctl.config.paths",
+        "gpuctl.adapters.ssh._transport -> gpuctl.config.paths",
         id="adapter-reads-config",
     ),
     pytest.param(
@@ -169,7 +169,7 @@ def test_ruff_bans_a_heavy_library_outside_its_room(path: str, source: str, libr
 @pytest.mark.parametrize(
     ("path", "source"),
     [
-        ("gpuctl/adapters/ssh_x.py", "import paramiko\n"),
+        ("gpuctl/adapters/ssh/_x.py", "import paramiko\n"),
         ("gpuctl/tui/widgets/x.py", "from textual.widget import Widget\n"),
         ("gpuctl/cli/x.py", "import typer\n"),
         ("gpuctl/adapters/store/x.py", "import sqlite3\n"),
@@ -188,6 +188,6 @@ def test_ruff_still_refuses_autoaddpolicy_in_the_ssh_adapter() -> None:
         "    client.set_missing_host_key_policy(paramiko.AutoAddPolicy())\n"
         "    return client\n"
     )
-    out = ruff("gpuctl/adapters/ssh_connect.py", source)
+    out = ruff("gpuctl/adapters/ssh/_connect.py", source)
     assert out.returncode == 1, out.stdout + out.stderr
     assert "S507" in out.stdout

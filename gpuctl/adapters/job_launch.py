@@ -12,6 +12,7 @@ import dataclasses
 import re
 from collections.abc import Mapping
 
+from gpuctl.adapters.exec_wrapper import wrap_command
 from gpuctl.adapters.jobexec import check_incarnation, check_job_id
 from gpuctl.adapters.node_script import (
     TILDE_FUNCTION,
@@ -20,7 +21,6 @@ from gpuctl.adapters.node_script import (
     marked_lines,
     sh_command,
 )
-from gpuctl.adapters.ssh_exec import wrap_command
 from gpuctl.core.jobs.model import LaunchRequest
 from gpuctl.errors import UsageError
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from typing import Any, Protocol
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
 
 from gpuctl.core.health.autodrain import NodeHealth
 from gpuctl.core.jobs.migration import Phase, Reservation
@@ -25,6 +26,7 @@ from gpuctl.core.jobs.model import (
     RunStatus,
 )
 from gpuctl.core.model import NodeSpec
+from gpuctl.errors import GpuctlError
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -59,6 +61,43 @@ class Transport(Protocol):
     ) -> ExecResult: ...
 
     def close(self) -> None: ...
+
+
+class TreeExists(GpuctlError):
+    """The destination of a copy already exists."""
+
+
+class TreeTooLarge(GpuctlError):
+    """The tree passed the byte or file limit of a copy."""
+
+
+@runtime_checkable
+class TreeTransport(Protocol):
+    """A transport that can also copy folders (`gpuctl.adapters.ssh.SshTransport` does, by SFTP):
+    a destination that exists is refused (`TreeExists`), never merged; a tree past `max_bytes` (or
+    the file limit) stops the copy (`TreeTooLarge`)."""
+
+    def get_tree(
+        self,
+        node: NodeSpec,
+        remote_dir: str,
+        local_dir: str | Path,
+        *,
+        timeout_s: float,
+        max_bytes: int,
+        last: Sequence[str] = (),
+    ) -> int: ...
+
+    def put_tree(
+        self,
+        node: NodeSpec,
+        local_dir: str | Path,
+        remote_dir: str,
+        *,
+        timeout_s: float,
+        max_bytes: int,
+        last: Sequence[str] = (),
+    ) -> int: ...
 
 
 class Clock(Protocol):

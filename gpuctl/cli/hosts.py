@@ -86,9 +86,9 @@ def trust(
     Exit 0 when every key is trusted, 1 when one was declined, 5 when a changed key was refused
     (needs --replace), 3/4 when some/all nodes could not be reached.
     """
-    from gpuctl.adapters import ssh_known_hosts as kh
-    from gpuctl.adapters.ssh_connect import fetch_host_key
-    from gpuctl.adapters.ssh_known_hosts import record_host_key
+    from gpuctl.adapters.ssh import fetch_host_key
+    from gpuctl.adapters.ssh import known_hosts as kh
+    from gpuctl.adapters.ssh.known_hosts import record_host_key
     from gpuctl.errors import TransportError
     from gpuctl.ops.fanout import fanout
 
@@ -149,7 +149,7 @@ def list_keys(
     output: Output = OUTPUT_OPTION,
 ) -> None:
     """The keys recorded for each node and where (no network). Exit 1 when a node has none."""
-    from gpuctl.adapters import ssh_known_hosts as kh
+    from gpuctl.adapters.ssh import known_hosts as kh
 
     nodes = _nodes(ctx, names, all_nodes=not names)
     transport, _ = _transport(ctx, known_hosts)

@@ -27,7 +27,7 @@ KIND = "job spec"
 # The launch command (adapters/job_launch.py) carries the job's command, its plain env, workdir
 # and checkpoint dir on the command line of one SSH exec request. sshd hands that line to the
 # node's login shell as one argument, which Linux caps at 128 KiB (MAX_ARG_STRLEN); gpuctl's exec
-# wrapper (adapters/ssh_exec.py) quotes the command again and holds it twice, so on a lab node
+# wrapper (adapters/exec_wrapper.py) quotes the command again and holds it twice, so on a lab node
 # (OpenSSH 9.2) the largest launch command that starts is 65,476 bytes, and one of 128 KiB makes
 # sshd drop the connection ("Bad packet length"). A spec's share is capped at 48 KiB, counted as
 # it travels (`launch_bytes`), which leaves over 12 KiB for the launch script and the checkpoint

@@ -15,15 +15,12 @@ import posixpath
 import secrets
 import shlex
 import shutil
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol, runtime_checkable
 
 from gpuctl.adapters import job_checkpoints, job_launch, jobexec
 from gpuctl.adapters.files import fsync_dir
 from gpuctl.adapters.node_script import RemoteCommand
-from gpuctl.adapters.protocols import ExecResult, Transport
-from gpuctl.adapters.ssh_sftp import TreeExists
+from gpuctl.adapters.protocols import ExecResult, Transport, TreeExists, TreeTransport
 from gpuctl.core.jobs import checkpoints
 from gpuctl.core.jobs.model import CheckpointMarker, Fenced, JobProcess, LaunchRequest, RunStatus
 from gpuctl.core.model import NodeSpec
@@ -56,33 +53,6 @@ class RunNotFound(GpuctlError):
 
 class CheckpointCopyError(GpuctlError):
     """A checkpoint folder could not be copied, or its copy did not verify."""
-
-
-@runtime_checkable
-class TreeTransport(Protocol):
-    """A transport that can also copy folders (`gpuctl.adapters.ssh.SshTransport` does, by SFTP)."""
-
-    def get_tree(
-        self,
-        node: NodeSpec,
-        remote_dir: str,
-        local_dir: str | Path,
-        *,
-        timeout_s: float,
-        max_bytes: int,
-        last: Sequence[str] = (),
-    ) -> int: ...
-
-    def put_tree(
-        self,
-        node: NodeSpec,
-        local_dir: str | Path,
-        remote_dir: str,
-        *,
-        timeout_s: float,
-        max_bytes: int,
-        last: Sequence[str] = (),
-    ) -> int: ...
 
 
 class SshJobRunner:

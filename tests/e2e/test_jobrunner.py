@@ -14,9 +14,8 @@ from typing import TypeVar
 
 import pytest
 
-from gpuctl.adapters.protocols import ExecResult
+from gpuctl.adapters.protocols import ExecResult, TreeExists, TreeTooLarge
 from gpuctl.adapters.ssh import SshTransport
-from gpuctl.adapters.ssh_sftp import TreeExists, TreeTooLarge
 from gpuctl.core.jobs.model import LaunchRequest, RunStatus
 from gpuctl.core.model import NodeSpec
 from gpuctl.errors import TransportTimeout

@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuctl.adapters.ssh import SshTransport
-from gpuctl.adapters.ssh_connect import PhaseTimeout
+from gpuctl.adapters.ssh import PhaseTimeout, SshTransport
 from gpuctl.errors import (
     AuthFailed,
     ConnectRefused,

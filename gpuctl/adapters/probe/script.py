@@ -21,7 +21,7 @@ Nothing variable is interpolated into the script except `step_timeout_s`, an int
 
 from __future__ import annotations
 
-from gpuctl.adapters.ssh_exec import SELF_BOUNDED
+from gpuctl.adapters.exec_wrapper import SELF_BOUNDED
 
 PROBE_VERSION = "1"
 HEADER_PREFIX = "@@gpuctl-probe "

@@ -12,7 +12,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from gpuctl.adapters import ssh_known_hosts as kh
+from gpuctl.adapters.ssh import known_hosts as kh
 from gpuctl.core.model import NodeSpec
 from gpuctl.errors import ExitCode, HostKeyChanged, HostKeyUnknown
 

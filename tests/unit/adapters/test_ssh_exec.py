@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuctl.adapters import ssh_exec
+from gpuctl.adapters import exec_wrapper
+from gpuctl.adapters.ssh import _exec as ssh_exec
 
 SHELLS = [s for s in ("/bin/sh", "/bin/dash", "/bin/bash") if shutil.which(s)]
 
@@ -50,17 +51,17 @@ def split_marker(stdout: bytes) -> tuple[int, bytes]:
 
 @pytest.mark.parametrize("shell", SHELLS)
 def test_the_wrapper_reports_the_process_group_the_command_runs_in(shell: str) -> None:
-    done = run_like_sshd(shell, ssh_exec.wrap_command("ps -o pgid= -p $$; exit 7", timeout_s=5))
+    done = run_like_sshd(shell, exec_wrapper.wrap_command("ps -o pgid= -p $$; exit 7", timeout_s=5))
     pgid, rest = split_marker(done.stdout)
     assert done.returncode == 7
     assert int(rest.strip()) == pgid
 
 
 @pytest.mark.parametrize("shell", SHELLS)
-@pytest.mark.parametrize("head", ["", ssh_exec.SELF_BOUNDED])
+@pytest.mark.parametrize("head", ["", exec_wrapper.SELF_BOUNDED])
 def test_the_wrapper_passes_a_hostile_command_through_unchanged(shell: str, head: str) -> None:
     command = head + "printf '%s|' 'a;b' \"\\$(x)\" '`y`' \"it's\" \"$0\"; printf '\\n'"
-    wrapped = run_like_sshd(shell, ssh_exec.wrap_command(command, timeout_s=5))
+    wrapped = run_like_sshd(shell, exec_wrapper.wrap_command(command, timeout_s=5))
     assert split_marker(wrapped.stdout)[1] == b"a;b|$(x)|`y`|it's|sh|\n"
 
 
@@ -68,14 +69,16 @@ def test_the_wrapper_passes_a_hostile_command_through_unchanged(shell: str, head
 def test_a_self_bounded_command_runs_in_place_of_the_login_shell(shell: str) -> None:
     """No `timeout` backstop: the command is the session's own process (two processes fewer),
     in the group the client kills on its deadline; any other command runs under `timeout`."""
-    probe = ssh_exec.SELF_BOUNDED + "echo $$; tr '\\0' ' ' </proc/$$/cmdline | head -c 12; exit 7"
-    done = run_like_sshd(shell, ssh_exec.wrap_command(probe, timeout_s=5))
+    probe = (
+        exec_wrapper.SELF_BOUNDED + "echo $$; tr '\\0' ' ' </proc/$$/cmdline | head -c 12; exit 7"
+    )
+    done = run_like_sshd(shell, exec_wrapper.wrap_command(probe, timeout_s=5))
     pgid, rest = split_marker(done.stdout)
     pid, running = rest.decode().splitlines()
     assert (done.returncode, int(pid)) == (7, pgid)
     # a login shell that is `sh` runs it itself (eval), any other execs sh in its place
     assert running == ("sh -c printf" if Path(shell).name == "sh" else "sh -c # gpuc")
-    other = run_like_sshd(shell, ssh_exec.wrap_command("echo $$; exit 7", timeout_s=5))
+    other = run_like_sshd(shell, exec_wrapper.wrap_command("echo $$; exit 7", timeout_s=5))
     pgid, rest = split_marker(other.stdout)
     assert other.returncode == 7 and int(rest) != pgid  # a child of timeout, in the same group
 
@@ -88,7 +91,7 @@ def test_the_kill_command_kills_the_whole_process_group(shell: str) -> None:
         stdout=subprocess.DEVNULL,
     )
     try:
-        killer = subprocess.run([shell, "-c", ssh_exec.kill_command(group.pid)], check=False)
+        killer = subprocess.run([shell, "-c", exec_wrapper.kill_command(group.pid)], check=False)
         assert killer.returncode == 0
         assert group.wait(timeout=5) == -signal.SIGKILL
         deadline = time.monotonic() + 2  # SIGKILL is sent; the kernel finishes them a moment later
@@ -105,7 +108,7 @@ def test_noise_from_the_login_shell_before_the_marker_is_kept() -> None:
     out = ssh_exec.ReadResult()
     head = bytearray(b"welcome\n")
     assert ssh_exec._take_pgid(out, head) == b""  # no marker yet: wait for more
-    head += ssh_exec.PGID_MARK + b"12"
+    head += exec_wrapper.PGID_MARK + b"12"
     assert ssh_exec._take_pgid(out, head) == b""  # marker line not complete yet
     head += b"34\nresult\n"
     assert ssh_exec._take_pgid(out, head) == b"welcome\nresult\n"

@@ -7,7 +7,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519, rsa
 
-from gpuctl.adapters.ssh_keys import KeyCache
+from gpuctl.adapters.ssh._keys import KeyCache
 from gpuctl.core.model import NodeSpec
 from gpuctl.errors import AuthFailed, ExitCode
 
@@ -68,7 +68,7 @@ def test_root_is_never_the_login_user_by_default_not_even_when_gpuctl_runs_as_ro
             ssh.run(unnamed, "true", timeout_s=1.0)  # refused before any connection is tried
         assert raised.value.exit_code is ExitCode.ERROR
         assert ssh.connects == 0
-    from gpuctl.adapters.ssh_connect import login_user
+    from gpuctl.adapters.ssh import login_user
 
     assert login_user(NodeSpec(name="n1", host="h", allow_root=True)) == "root"
     with pytest.raises(AuthFailed, match="would log in as root"):

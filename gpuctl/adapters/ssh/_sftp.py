@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
 from gpuctl.adapters.files import fsync_dir
+from gpuctl.adapters.protocols import TreeExists, TreeTooLarge
 from gpuctl.errors import GpuctlError, TransportError, TransportTimeout
 
 if TYPE_CHECKING:
@@ -46,14 +47,6 @@ SFTP_FALLBACK = (
     + '; do [ -x "$p" ] && exec "$p"; done; '
     + 'echo "gpuctl: no sftp-server on this node" >&2; exit 127'
 )
-
-
-class TreeExists(GpuctlError):
-    """The destination of a copy already exists."""
-
-
-class TreeTooLarge(GpuctlError):
-    """The tree passed the byte or file limit of a copy."""
 
 
 class TransferTimeout(TransportTimeout):

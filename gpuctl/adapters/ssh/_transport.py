@@ -6,10 +6,10 @@ per-host semaphore bounds concurrent channels. A connection that died in between
 sshd restarted) is noticed and reopened once.
 
 Deadlines: `node.connect_timeout_s` covers TCP connect, SSH banner, key exchange and auth together
-(see `gpuctl.adapters.ssh_connect`); `timeout_s` covers the exec request and reading the output.
+(see `_connect`); `timeout_s` covers the exec request and reading the output.
 Both are enforced by gpuctl (socket timeouts, select with a monotonic deadline, and a watchdog
 thread for the waits paramiko cannot bound); a command past its deadline is killed on the node
-(see `gpuctl.adapters.ssh_exec`).
+(see `_exec` and `gpuctl.adapters.exec_wrapper`).
 """
 
 from __future__ import annotations
@@ -22,16 +22,19 @@ from typing import Any
 
 import paramiko
 
-from gpuctl.adapters import ssh_exec, ssh_keys, ssh_sftp
-from gpuctl.adapters import ssh_known_hosts as kh
+from gpuctl.adapters import exec_wrapper
 from gpuctl.adapters.protocols import ExecResult
-from gpuctl.adapters.ssh_connect import (
+from gpuctl.adapters.ssh import _sftp
+from gpuctl.adapters.ssh import known_hosts as kh
+from gpuctl.adapters.ssh._connect import (
     PhaseTimeout,
     error_reason,
     login_user,
     open_client,
     open_socket,
 )
+from gpuctl.adapters.ssh._exec import Watchdog, read_channel, send_stdin
+from gpuctl.adapters.ssh._keys import KeyCache
 from gpuctl.core.model import NodeSpec
 from gpuctl.errors import TransportError
 
@@ -76,8 +79,8 @@ class SshTransport:
         self._system = tuple(system_known_hosts)
         self._per_host_limit = per_host_limit
         self._known = kh.KnownHostsFiles()
-        self._keys = ssh_keys.KeyCache()
-        self._watchdog = ssh_exec.Watchdog()
+        self._keys = KeyCache()
+        self._watchdog = Watchdog()
         self._lock = threading.Lock()
         self._conns: dict[tuple[Any, ...], _Conn] = {}
         self.connects = 0  # connections opened so far (reuse is visible in tests and benchmarks)
@@ -140,7 +143,7 @@ class SshTransport:
             timeout_s,
             max_bytes,
             f"the copy of {remote_dir}",
-            lambda sftp, limits: ssh_sftp.download(sftp, remote_dir, local, limits, last),
+            lambda sftp, limits: _sftp.download(sftp, remote_dir, local, limits, last),
         )
 
     def put_tree(
@@ -161,7 +164,7 @@ class SshTransport:
             timeout_s,
             max_bytes,
             f"the copy to {remote_dir}",
-            lambda sftp, limits: ssh_sftp.upload(sftp, local, remote_dir, limits, last),
+            lambda sftp, limits: _sftp.upload(sftp, local, remote_dir, limits, last),
         )
 
     def _with_sftp(
@@ -170,10 +173,10 @@ class SshTransport:
         timeout_s: float,
         max_bytes: int,
         what: str,
-        action: Callable[[paramiko.SFTPClient, ssh_sftp.Limits], int],
+        action: Callable[[paramiko.SFTPClient, _sftp.Limits], int],
     ) -> int:
         start = time.monotonic()
-        limits = ssh_sftp.Limits(
+        limits = _sftp.Limits(
             deadline=start + node.connect_timeout_s + timeout_s,
             max_bytes=max_bytes,
             where=kh.node_where(node),
@@ -196,13 +199,13 @@ class SshTransport:
             if transport is None or not transport.is_active():
                 conn.drop(client)
                 raise TransportError(f"{limits.where}: the connection closed before {what}")
-            sftp = ssh_sftp.open_sftp(transport, limits, channels)
+            sftp = _sftp.open_sftp(transport, limits, channels)
             try:
                 return action(sftp, limits)
             finally:
                 sftp.close()
         except (paramiko.SSHException, OSError, EOFError) as exc:
-            raise ssh_sftp.translate(exc, limits, what) from None
+            raise _sftp.translate(exc, limits, what) from None
         finally:
             timer.cancel()
             close_all()
@@ -302,9 +305,9 @@ class SshTransport:
         try:
             timer = self._watchdog.arm(deadline, chan.close)
             try:
-                chan.exec_command(ssh_exec.wrap_command(command, timeout_s))
+                chan.exec_command(exec_wrapper.wrap_command(command, timeout_s))
                 if stdin:
-                    ssh_exec.send_stdin(chan, stdin)
+                    send_stdin(chan, stdin)
                 chan.shutdown_write()  # the command gets EOF on stdin, never waits for input
             except (paramiko.SSHException, OSError, EOFError) as exc:
                 if timer.cancel():  # sshd never answered the exec request: the node hangs
@@ -312,7 +315,7 @@ class SshTransport:
                     raise self._exec_timeout(node, timeout_s) from None
                 raise TransportError(f"{where}: exec failed: {error_reason(exc)}") from None
             timer.cancel()
-            out = ssh_exec.read_channel(chan, deadline, max_output_bytes)
+            out = read_channel(chan, deadline, max_output_bytes)
         finally:
             chan.close()
         if not out.finished:
@@ -352,7 +355,7 @@ class SshTransport:
             return False
         timer = self._watchdog.arm(deadline, chan.close)
         try:
-            chan.exec_command(ssh_exec.kill_command(pgid))
+            chan.exec_command(exec_wrapper.kill_command(pgid))
             chan.shutdown_write()
             return chan.status_event.wait(max(0.0, deadline - time.monotonic()))
         except (paramiko.SSHException, OSError, EOFError):

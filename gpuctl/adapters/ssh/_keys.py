@@ -9,7 +9,7 @@ from pathlib import Path
 
 import paramiko
 
-from gpuctl.adapters.ssh_connect import error_reason
+from gpuctl.adapters.ssh._connect import error_reason
 from gpuctl.core.model import NodeSpec
 from gpuctl.errors import AuthFailed, TransportError
 

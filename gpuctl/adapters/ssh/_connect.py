@@ -20,8 +20,8 @@ from typing import Any
 
 import paramiko
 
-from gpuctl.adapters import ssh_exec
-from gpuctl.adapters import ssh_known_hosts as kh
+from gpuctl.adapters.ssh import known_hosts as kh
+from gpuctl.adapters.ssh._exec import Watchdog
 from gpuctl.core.model import NodeSpec
 from gpuctl.errors import (
     AuthFailed,
@@ -95,7 +95,7 @@ def open_client(
     deadline: float,
     pkey: paramiko.PKey | None,
     recorded: Sequence[kh.KnownKey],
-    watchdog: ssh_exec.Watchdog,
+    watchdog: Watchdog,
 ) -> paramiko.SSHClient:
     """Handshake and authenticate over `sock` (from `open_socket`) by `deadline`; the host key
     must be one of `recorded`. Without `pkey`, ssh-agent and the default keys are tried."""
@@ -208,7 +208,7 @@ def fetch_host_key(
     """The key the node offers: (key type, SHA256 fingerprint, key). Nothing is authenticated."""
     deadline = time.monotonic() + timeout_s
     sock = open_socket(node, deadline)
-    watchdog = ssh_exec.Watchdog()
+    watchdog = Watchdog()
     timer = watchdog.arm(deadline, lambda: _shutdown(sock))
     transport = paramiko.Transport(sock)
     transport.set_log_channel(WIRE_LOG)

@@ -1,15 +1,11 @@
-"""The parts of an SSH exec that paramiko leaves to us: a deadline on every wait, the remote
-wrapper that lets gpuctl kill a command on the node, and a bounded read of its output.
+"""The parts of an SSH exec that paramiko leaves to us: a deadline on every wait and a bounded
+read of the command's output, process group first.
 
-The remote command runs as `printf MARK$$; exec timeout -k 2 LIMIT sh -c COMMAND`: sshd starts
-every session command in a new session, so `$$` is the process group of the command and everything
-it starts (bar daemons that call `setsid`). The client reads that number first; when its own
-deadline passes it closes the channel and kills the group with a second, short exec. coreutils
+The command runs inside the wrapper of `gpuctl.adapters.exec_wrapper`, which prints its process
+group before anything else. The client reads that number first; when its own deadline passes it
+closes the channel and kills the group with a second, short exec (`kill_command`). coreutils
 `timeout` on the node is the backstop when the client is gone (it stops the group a little after
-the client's deadline). A command that starts with the `SELF_BOUNDED` line bounds every step it
-takes itself (the gather probe: each step under its own `timeout`) and runs without that
-backstop, as `printf MARK$$; exec sh -c COMMAND`: two processes fewer per run (three when the
-login shell is itself `sh`: it then runs the command with `eval`).
+the client's deadline).
 """
 
 from __future__ import annotations
@@ -17,44 +13,18 @@ from __future__ import annotations
 import contextlib
 import heapq
 import itertools
-import math
 import select
-import shlex
 import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from gpuctl.adapters.exec_wrapper import PGID_MARK
+
 if TYPE_CHECKING:
     from paramiko import Channel
 
-PGID_MARK = b"\x1egpuctl-pgid="
-SELF_BOUNDED = "# gpuctl: every step of this command has its own time limit\n"
 _READ_CHUNK = 1 << 16
-
-
-def wrap_command(command: str, timeout_s: float) -> str:
-    """The command line sent to sshd (`command` itself is already quoted by the caller)."""
-    limit = math.ceil(timeout_s) + 2
-    inner = shlex.quote(command)
-    mark = PGID_MARK.decode("ascii").replace("\x1e", "\\036")
-    if command.startswith(SELF_BOUNDED):
-        # sshd runs `SHELL -c` with the shell's name as $0: a login shell that is `sh` runs the
-        # command itself (one exec fewer, the same $0); any other hands it to sh
-        return (
-            f"printf '{mark}%s\\n' \"$$\"; gpuctl_c={inner}; "
-            'case $0 in sh) eval "$gpuctl_c"; exit ;; esac; exec sh -c "$gpuctl_c"'
-        )
-    return (
-        f"printf '{mark}%s\\n' \"$$\"; "
-        f"command -v timeout >/dev/null 2>&1 && exec timeout -k 2 {limit} sh -c {inner}; "
-        f"exec sh -c {inner}"
-    )
-
-
-def kill_command(pgid: int) -> str:
-    # `kill -9 -PGID`: the one spelling dash, bash and zsh all read as "the process group"
-    return f"kill -9 -{int(pgid)} 2>/dev/null || kill -9 {int(pgid)} 2>/dev/null; true"
 
 
 def send_stdin(chan: Channel, data: bytes) -> None:

@@ -50,7 +50,7 @@ class KnownKey:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class Verdict:
+class KeyMatch:
     """How an offered key compares with what is recorded for the host."""
 
     trusted: KnownKey | None  # the entry that trusts the offered key
@@ -166,11 +166,11 @@ class KnownHostsFiles:
         return tuple(k for p in paths for k in self.keys(p) if hosts_match(k.hosts, name))
 
 
-def verdict(recorded: Sequence[KnownKey], key_type: str, blob: bytes) -> Verdict:
+def verdict(recorded: Sequence[KnownKey], key_type: str, blob: bytes) -> KeyMatch:
     for entry in recorded:
         if entry.blob == blob and entry.key_type == key_type:
-            return Verdict(trusted=entry, recorded=tuple(recorded))
-    return Verdict(trusted=None, recorded=tuple(recorded))
+            return KeyMatch(trusted=entry, recorded=tuple(recorded))
+    return KeyMatch(trusted=None, recorded=tuple(recorded))
 
 
 def check(node: NodeSpec, recorded: Sequence[KnownKey], key_type: str, blob: bytes) -> KnownKey:
