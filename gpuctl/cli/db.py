@@ -92,10 +92,10 @@ def check(
 
 def _check_fleet(ctx: typer.Context) -> FleetCheck:
     """Poll the inventory's nodes and list their job processes, over one transport."""
+    from gpuctl.adapters.node import SshJobRunner
     from gpuctl.cli import fleet
     from gpuctl.ops.fleetcheck import check_fleet
     from gpuctl.ops.gather import Gatherer, default_transport
-    from gpuctl.ops.jobrunner import SshJobRunner
 
     app_ctx = context.get(ctx)
     inventory = fleet.load_inventory(ctx)

@@ -112,11 +112,11 @@ def open_loop(
     health`), not at samples kept in memory. Nothing is left open when building any part
     fails."""
     from gpuctl.adapters.clock import SystemClock
+    from gpuctl.adapters.node import SshJobRunner
     from gpuctl.adapters.store import open_store
     from gpuctl.config.paths import state_dir
     from gpuctl.ops.gather import Gatherer, default_transport
     from gpuctl.ops.health import SampleHistory
-    from gpuctl.ops.jobrunner import SshJobRunner
     from gpuctl.ops.reconcile import Reconciler, ReconcileSettings
 
     app_ctx = context.get(ctx)

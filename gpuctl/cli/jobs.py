@@ -138,8 +138,8 @@ def logs(
 
 
 def _runner(app_ctx: context.AppContext) -> tuple[Any, Any]:
+    from gpuctl.adapters.node import SshJobRunner
     from gpuctl.ops.gather import default_transport
-    from gpuctl.ops.jobrunner import SshJobRunner
 
     factory = app_ctx.transport_factory
     transport = factory() if factory is not None else default_transport()

@@ -24,7 +24,7 @@ from gpuctl.core.placement.model import JobRequest
 from gpuctl.errors import JobSpecError
 
 KIND = "job spec"
-# The launch command (adapters/job_launch.py) carries the job's command, its plain env, workdir
+# The launch command (adapters/node/_launch.py) carries the job's command, its plain env, workdir
 # and checkpoint dir on the command line of one SSH exec request. sshd hands that line to the
 # node's login shell as one argument, which Linux caps at 128 KiB (MAX_ARG_STRLEN); gpuctl's exec
 # wrapper (adapters/exec_wrapper.py) quotes the command again and holds it twice, so on a lab node

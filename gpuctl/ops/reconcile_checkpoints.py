@@ -165,7 +165,7 @@ def resume_point(p: Pass, job: Job, n: int, node: str) -> Resume:
 
 
 def _local_marker(c: Checkpoint) -> CheckpointMarker:
-    from gpuctl.ops.jobrunner import verify_local
+    from gpuctl.adapters.node import verify_local
 
     problem = verify_local(Path(c.path))
     return CheckpointMarker(c.path, c.incarnation, c.step, c.committed_at, problem is None, problem)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
+from gpuctl.adapters.node import LaunchFailed, LaunchRefused
 from gpuctl.core.jobs.model import (
     EndReason,
     Incarnation,
@@ -24,7 +25,6 @@ from gpuctl.core.placement.plan import Placed, apply_plan
 from gpuctl.errors import ConfigError, GpuctlError, StateError, StoreConflict, TransportError
 from gpuctl.ops import fleetstatus, reconcile_checkpoints, reconcile_jobs
 from gpuctl.ops import jobs as jobspecs
-from gpuctl.ops.jobrunner import LaunchFailed, LaunchRefused
 
 if TYPE_CHECKING:
     from gpuctl.ops.reconcile import Pass

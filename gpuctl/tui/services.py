@@ -215,9 +215,9 @@ def live_services(
 ) -> Services:
     """The dashboard over a live fleet: one transport shared by the Gatherer, the log reader and
     the actions (drain and consolidation move jobs through the job runner)."""
+    from gpuctl.adapters.node import SshJobRunner
     from gpuctl.config.health_rules import load_rules
     from gpuctl.ops.gather import Gatherer, default_transport
-    from gpuctl.ops.jobrunner import SshJobRunner
     from gpuctl.tui.actions import FleetActions
 
     transport = transport_factory() if transport_factory else default_transport()

@@ -12,6 +12,7 @@ import pytest
 from typer.testing import CliRunner, Result
 
 from gpuctl.adapters.clock import SystemClock
+from gpuctl.adapters.node import SshJobRunner
 from gpuctl.adapters.store import open_store
 from gpuctl.cli.context import AppContext
 from gpuctl.cli.main import app
@@ -19,7 +20,6 @@ from gpuctl.config.inventory import load_inventory
 from gpuctl.config.jobspec_files import load_specs
 from gpuctl.core.jobs.model import IncarnationState, JobState
 from gpuctl.ops import jobs as service
-from gpuctl.ops.jobrunner import SshJobRunner
 from gpuctl.testing.fakes import ShellTransport, shell_fleet
 
 NODES = ("gpu01", "gpu02")

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from gpuctl.adapters.clock import SystemClock
+from gpuctl.adapters.node import SshJobRunner
 from gpuctl.adapters.protocols import Store
 from gpuctl.adapters.ssh import SshTransport
 from gpuctl.adapters.store import open_store
@@ -31,7 +32,6 @@ from gpuctl.core.model import Inventory
 from gpuctl.ops import jobs as service
 from gpuctl.ops.gather import Gatherer
 from gpuctl.ops.invariants import check_invariants
-from gpuctl.ops.jobrunner import SshJobRunner
 from gpuctl.ops.reconcile import PassReport, Reconciler, ReconcileSettings
 from gpuctl.testing import waiting
 from gpuctl.testing.lab import LabFleet

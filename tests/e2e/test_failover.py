@@ -13,6 +13,7 @@ from typing import TypeVar
 import pytest
 
 from gpuctl.adapters.clock import SystemClock
+from gpuctl.adapters.node import SshJobRunner
 from gpuctl.adapters.protocols import Store
 from gpuctl.adapters.ssh import SshTransport
 from gpuctl.adapters.store import open_store
@@ -22,7 +23,6 @@ from gpuctl.core.model import Inventory
 from gpuctl.ops import jobs as service
 from gpuctl.ops.gather import Gatherer
 from gpuctl.ops.invariants import check_invariants
-from gpuctl.ops.jobrunner import SshJobRunner
 from gpuctl.ops.reconcile import Reconciler, ReconcileSettings
 from gpuctl.testing import waiting
 from gpuctl.testing.lab import LabFleet

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from gpuctl.adapters.clock import SystemClock
+from gpuctl.adapters.node import SshJobRunner
 from gpuctl.adapters.ssh import SshTransport
 from gpuctl.adapters.store import open_store
 from gpuctl.config.jobspec_files import load_specs
@@ -24,7 +25,6 @@ from gpuctl.core.model import Inventory
 from gpuctl.ops import jobs as service
 from gpuctl.ops.gather import Gatherer
 from gpuctl.ops.invariants import LIVE, check_database, check_invariants
-from gpuctl.ops.jobrunner import SshJobRunner
 from gpuctl.ops.jobs import ACTIVE
 from gpuctl.ops.reconcile import Pass, Reconciler, ReconcileSettings
 from gpuctl.testing.lab import LabFleet

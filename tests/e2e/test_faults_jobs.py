@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuctl.adapters import job_checkpoints
+from gpuctl.adapters.node import _checkpoints as job_checkpoints
 from gpuctl.core.jobs.model import IncarnationState, JobState
 from gpuctl.testing.lab import LabFleet
 from tests.e2e.faults import (

@@ -14,6 +14,7 @@ from typing import TypeVar
 
 import pytest
 
+from gpuctl.adapters.node import CheckpointCopyError, SshJobRunner
 from gpuctl.adapters.protocols import ExecResult, TreeExists, TreeTooLarge
 from gpuctl.adapters.ssh import SshTransport
 from gpuctl.core.jobs.model import LaunchRequest, RunStatus
@@ -21,7 +22,6 @@ from gpuctl.core.model import NodeSpec
 from gpuctl.errors import TransportTimeout
 from gpuctl.lab.sshd import alive
 from gpuctl.ops.gather import Gatherer
-from gpuctl.ops.jobrunner import CheckpointCopyError, SshJobRunner
 from gpuctl.testing import waiting
 from gpuctl.testing.lab import LabFleet
 

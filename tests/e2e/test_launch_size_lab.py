@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from gpuctl.adapters.node import SshJobRunner
 from gpuctl.adapters.ssh import SshTransport
 from gpuctl.config.jobspec_files import load_specs
-from gpuctl.ops.jobrunner import SshJobRunner
 from gpuctl.testing import waiting
 from gpuctl.testing.lab import LabFleet
 from tests.unit.adapters.test_launch_size import largest_argument, worst_request

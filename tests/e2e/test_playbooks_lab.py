@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner, Result
 
+from gpuctl.adapters.node import SshJobRunner
 from gpuctl.adapters.protocols import Store
 from gpuctl.adapters.ssh import SshTransport
 from gpuctl.adapters.store import open_store
@@ -21,7 +22,6 @@ from gpuctl.cli.context import AppContext
 from gpuctl.cli.main import app
 from gpuctl.core.jobs.model import IncarnationState, Job, JobState
 from gpuctl.core.model import Inventory
-from gpuctl.ops.jobrunner import SshJobRunner
 from gpuctl.testing.lab import LabFleet
 
 pytestmark = pytest.mark.e2e

@@ -16,19 +16,20 @@ from typing import TypeVar
 
 import pytest
 
-from gpuctl.adapters import job_launch, jobexec
-from gpuctl.adapters.protocols import ExecResult
-from gpuctl.core.jobs.model import Fenced, LaunchRequest, RunStatus
-from gpuctl.core.model import NodeSpec
-from gpuctl.errors import UsageError
-from gpuctl.lab.sshd import alive
-from gpuctl.ops.jobrunner import (
+from gpuctl.adapters.node import (
     CheckpointCopyError,
     LaunchFailed,
     LaunchRefused,
     RunNotFound,
     SshJobRunner,
 )
+from gpuctl.adapters.node import _launch as job_launch
+from gpuctl.adapters.node import _runs as jobexec
+from gpuctl.adapters.protocols import ExecResult
+from gpuctl.core.jobs.model import Fenced, LaunchRequest, RunStatus
+from gpuctl.core.model import NodeSpec
+from gpuctl.errors import UsageError
+from gpuctl.lab.sshd import alive
 from gpuctl.testing import waiting
 from gpuctl.testing.fakes import FakeTransport, ShellTransport
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuctl.adapters.job_launch import MAX_COMMAND_LINE_BYTES, command_line_bytes, launch_command
+from gpuctl.adapters.node._launch import MAX_COMMAND_LINE_BYTES, command_line_bytes, launch_command
 from gpuctl.config.jobspec_files import MAX_LAUNCH_BYTES, launch_bytes, load_specs
 from gpuctl.core.jobs.model import LaunchRequest
 from gpuctl.core.jobs.spec import JobSpec

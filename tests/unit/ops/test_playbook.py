@@ -470,8 +470,8 @@ class Shells:
 
     def stop_jobs(self) -> None:
         """Kill every job process the tests launched on the nodes."""
+        from gpuctl.adapters.node import SshJobRunner
         from gpuctl.config.inventory import load_inventory
-        from gpuctl.ops.jobrunner import SshJobRunner
         from gpuctl.testing.fakes import ShellTransport
 
         if not (self.state / "state.db").exists():

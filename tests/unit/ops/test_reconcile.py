@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from gpuctl.adapters.node import LaunchFailed
 from gpuctl.adapters.protocols import Store
 from gpuctl.adapters.store import open_store
 from gpuctl.core.health.autodrain import AutoDrainPolicy
@@ -28,7 +29,6 @@ from gpuctl.core.placement.model import Settings
 from gpuctl.errors import StoreConflict
 from gpuctl.ops import jobs as jobs_service
 from gpuctl.ops.invariants import check_invariants
-from gpuctl.ops.jobrunner import LaunchFailed
 from gpuctl.ops.reconcile import PassReport, Reconciler, ReconcileSettings
 from gpuctl.testing.drainkit import Kit, LoopKit
 from gpuctl.testing.fakerunner import FakeCluster, FakeFleet, FakeRunner, ManualClock

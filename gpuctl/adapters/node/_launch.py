@@ -1,7 +1,7 @@
 """The remote `sh` script that launches one incarnation of a job on a node, with the wrapper it
-leaves there, and the parser of what it prints. PURE: no I/O; `gpuctl.ops.jobrunner` sends it over
-a `Transport`. The run dir it makes is laid out as `gpuctl.adapters.jobexec` says; every value
-reaches the script as a positional parameter (`gpuctl.adapters.node_script`), and secret values
+leaves there, and the parser of what it prints. PURE: no I/O; `gpuctl.adapters.node` sends it over
+a `Transport`. The run dir it makes is laid out as `gpuctl.adapters.node._runs` says; every value
+reaches the script as a positional parameter (`gpuctl.adapters.node._script`), and secret values
 never appear on the command line: they travel on the launch command's stdin (`encode_secrets`).
 """
 
@@ -13,8 +13,8 @@ import re
 from collections.abc import Mapping
 
 from gpuctl.adapters.exec_wrapper import wrap_command
-from gpuctl.adapters.jobexec import check_incarnation, check_job_id
-from gpuctl.adapters.node_script import (
+from gpuctl.adapters.node._runs import check_incarnation, check_job_id
+from gpuctl.adapters.node._script import (
     TILDE_FUNCTION,
     RemoteCommand,
     check_text,

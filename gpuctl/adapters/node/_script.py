@@ -1,8 +1,9 @@
 """A remote `sh` script as gpuctl sends it to a node, and what all of gpuctl's scripts share: the
 command line with its stdin (`RemoteCommand`, `sh_command`), the `gpuctl_tilde` shell function,
 the check on text a script takes as a parameter, and the reading of the lines a script marks in
-its output. PURE: no I/O. The scripts: `gpuctl.adapters.jobexec` (observe, signal, logs),
-`gpuctl.adapters.job_launch` (launch) and `gpuctl.adapters.job_checkpoints` (checkpoint folders).
+its output. PURE: no I/O. The scripts: `gpuctl.adapters.node._runs` (observe, signal, logs),
+`gpuctl.adapters.node._launch` (launch) and `gpuctl.adapters.node._checkpoints` (checkpoint
+folders).
 
 Every script is a constant; the values that vary reach it as positional parameters through
 `shlex.quote` (`sh_command`), so a value is never parsed as shell code.

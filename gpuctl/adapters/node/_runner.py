@@ -1,7 +1,7 @@
 """`JobRunner` over a `Transport`: launch, observe, signal, logs and checkpoints of jobs on nodes.
 
-Each call is one remote exec of a script from `gpuctl.adapters.job_launch`, `.jobexec` (observe,
-signal, logs) or `.job_checkpoints` (checkpoints: two, one to list the markers and one to hash the
+Each call is one remote exec of a script from `_launch`, `_runs` (observe, signal, fence,
+processes, logs) or `_checkpoints` (checkpoints: two, one to list the markers and one to hash the
 files they name). Checkpoint folders are copied with the transport's `get_tree` / `put_tree` (SFTP
 in `SshTransport`).
 """
@@ -17,9 +17,9 @@ import shlex
 import shutil
 from pathlib import Path
 
-from gpuctl.adapters import job_checkpoints, job_launch, jobexec
 from gpuctl.adapters.files import fsync_dir
-from gpuctl.adapters.node_script import RemoteCommand
+from gpuctl.adapters.node import _checkpoints, _launch, _runs
+from gpuctl.adapters.node._script import RemoteCommand
 from gpuctl.adapters.protocols import ExecResult, Transport, TreeExists, TreeTransport
 from gpuctl.core.jobs import checkpoints
 from gpuctl.core.jobs.model import CheckpointMarker, Fenced, JobProcess, LaunchRequest, RunStatus
@@ -28,7 +28,7 @@ from gpuctl.errors import GpuctlError, TransportError
 
 log = logging.getLogger(__name__)
 
-MARKER = job_checkpoints.MARKER_NAME
+MARKER = _checkpoints.MARKER_NAME
 DEFAULT_MAX_CHECKPOINTS = 8
 DEFAULT_TRANSFER_BYTES = 256 << 30
 
@@ -99,11 +99,11 @@ class SshJobRunner:
     def launch(self, node: NodeSpec, request: LaunchRequest) -> RunStatus:
         """Start one incarnation detached on the node. Raises `LaunchRefused` when the node
         already has it, `LaunchFailed` when nothing started (or the outcome is unknown)."""
-        command = job_launch.launch_command(request)
+        command = _launch.launch_command(request)
         # the launcher waits up to LAUNCH_WAIT_S for the wrapper to report its pid
-        timeout_s = max(node.command_timeout_s, job_launch.LAUNCH_WAIT_S + 5.0)
+        timeout_s = max(node.command_timeout_s, _launch.LAUNCH_WAIT_S + 5.0)
         result = self._run(node, command, timeout_s=timeout_s, max_output_bytes=64 << 10)
-        outcome = job_launch.parse_launch(result.stdout)
+        outcome = _launch.parse_launch(result.stdout)
         what = f"{node.name}: job {request.job_id} incarnation {request.incarnation}"
         if outcome.result == "started" and outcome.pid is not None:
             log.debug("%s started: pgid %s, MPS limit %s", what, outcome.pid, outcome.mps_limited)
@@ -133,8 +133,8 @@ class SshJobRunner:
     def observe(self, node: NodeSpec) -> list[RunStatus]:
         """Every incarnation's run on the node. Raises `TransportError` unless the listing arrived
         whole (the script's end line, exit status 0): a listing cut short is not an observation."""
-        result = self._run(node, jobexec.observe_command())
-        runs = None if _incomplete(result) else jobexec.parse_observe(result.stdout)
+        result = self._run(node, _runs.observe_command())
+        runs = None if _incomplete(result) else _runs.parse_observe(result.stdout)
         if runs is None:
             raise TransportError(f"{node.name}: observe {_why_incomplete(result)}")
         return runs
@@ -144,8 +144,8 @@ class SshJobRunner:
         carrying its job id and incarnation) and claim its launch, so that it can never start
         there; `Fenced.gone` once none is left. Raises `TransportError` when the node's answer
         did not arrive whole: then nothing is known."""
-        result = self._run(node, jobexec.fence_command(job_id, incarnation))
-        fenced = None if _incomplete(result) else jobexec.parse_fence(result.stdout)
+        result = self._run(node, _runs.fence_command(job_id, incarnation))
+        fenced = None if _incomplete(result) else _runs.parse_fence(result.stdout)
         if fenced is None:
             raise TransportError(
                 f"{node.name}: fence of {job_id}/{incarnation} {_why_incomplete(result)}"
@@ -154,16 +154,16 @@ class SshJobRunner:
 
     def processes(self, node: NodeSpec) -> list[JobProcess]:
         """Every live process on the node that carries a job's contract environment."""
-        result = self._run(node, jobexec.processes_command())
-        found = None if _incomplete(result) else jobexec.parse_processes(result.stdout)
+        result = self._run(node, _runs.processes_command())
+        found = None if _incomplete(result) else _runs.parse_processes(result.stdout)
         if found is None:
             raise TransportError(f"{node.name}: process listing {_why_incomplete(result)}")
         return found
 
     def signal(self, node: NodeSpec, job_id: str, incarnation: int, signal: str) -> bool:
         """Signal the incarnation's process group; False when it is not alive there."""
-        result = self._run(node, jobexec.signal_command(job_id, incarnation, signal))
-        return jobexec.parse_signal(result.stdout)
+        result = self._run(node, _runs.signal_command(job_id, incarnation, signal))
+        return _runs.parse_signal(result.stdout)
 
     def logs(
         self,
@@ -174,13 +174,13 @@ class SshJobRunner:
         offset: int = 0,
         limit: int = 1 << 20,
     ) -> tuple[bytes, int]:
-        limit = min(limit, jobexec.MAX_LOG_CHUNK_BYTES)
+        limit = min(limit, _runs.MAX_LOG_CHUNK_BYTES)
         result = self._run(
             node,
-            jobexec.logs_command(job_id, incarnation, offset, limit),
+            _runs.logs_command(job_id, incarnation, offset, limit),
             max_output_bytes=limit + 4096,
         )
-        parsed = jobexec.parse_logs(result.stdout, offset, limit)
+        parsed = _runs.parse_logs(result.stdout, offset, limit)
         if parsed is None:
             raise RunNotFound(f"{node.name}: job {job_id} incarnation {incarnation} has no run dir")
         return parsed
@@ -192,22 +192,22 @@ class SshJobRunner:
         on the node (sha256 of every file its marker names). Empty when the dir does not exist."""
         listing = self._run(
             node,
-            job_checkpoints.list_checkpoints_command(checkpoint_dir, self._max_checkpoints),
-            max_output_bytes=(job_checkpoints.MAX_MARKER_BYTES * 2) * self._max_checkpoints + 65536,
+            _checkpoints.list_checkpoints_command(checkpoint_dir, self._max_checkpoints),
+            max_output_bytes=(_checkpoints.MAX_MARKER_BYTES * 2) * self._max_checkpoints + 65536,
         )
-        listed = job_checkpoints.parse_checkpoint_listing(listing.stdout)
+        listed = _checkpoints.parse_checkpoint_listing(listing.stdout)
         if not listed:
             return []
         sums: dict[str, str] = {}
         if any(item.marker is not None for item in listed):
             hashed = self._run(
                 node,
-                job_checkpoints.hash_command(checkpoint_dir, listed),
+                _checkpoints.hash_command(checkpoint_dir, listed),
                 timeout_s=self._hash_timeout_s,
-                max_output_bytes=200 * job_checkpoints.MAX_MANIFEST_FILES * self._max_checkpoints,
+                max_output_bytes=200 * _checkpoints.MAX_MANIFEST_FILES * self._max_checkpoints,
             )
-            sums = job_checkpoints.parse_hashes(hashed.stdout)
-        markers = job_checkpoints.verify(checkpoint_dir, listed, sums)
+            sums = _checkpoints.parse_hashes(hashed.stdout)
+        markers = _checkpoints.verify(checkpoint_dir, listed, sums)
         for m in markers:
             if m.problem and m.problem != "no marker":
                 log.warning("%s: checkpoint %s is not valid: %s", node.name, m.path, m.problem)
@@ -297,7 +297,7 @@ class SshJobRunner:
         result = self._run(
             node,
             RemoteCommand(f"cat -- {shlex.quote(path)}"),
-            max_output_bytes=job_checkpoints.MAX_MARKER_BYTES,
+            max_output_bytes=_checkpoints.MAX_MARKER_BYTES,
         )
         return result.stdout if result.exit_code == 0 else None
 

@@ -1,7 +1,8 @@
 """Remote `sh` scripts that watch, signal and read jobs on a node, and parsers of what they
-print. PURE: no I/O; `gpuctl.ops.jobrunner` sends these over a `Transport`. The launch script
-is `gpuctl.adapters.job_launch`, the checkpoint scripts `gpuctl.adapters.job_checkpoints`, and
-what every script shares (the command line, `~`, marked output lines) `gpuctl.adapters.node_script`.
+print. PURE: no I/O; `gpuctl.adapters.node` sends these over a `Transport`. The launch script
+is `gpuctl.adapters.node._launch`, the checkpoint scripts `gpuctl.adapters.node._checkpoints`, and
+what every script shares (the command line, `~`, marked output lines)
+`gpuctl.adapters.node._script`.
 
 Every script is a constant; the values that vary (job id, incarnation, argv, env, paths) reach it
 as positional parameters through `shlex.quote`, so a value is never parsed as shell code. Secret
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import re
 
-from gpuctl.adapters.node_script import RemoteCommand, marked_lines, sh_command
+from gpuctl.adapters.node._script import RemoteCommand, marked_lines, sh_command
 from gpuctl.core.jobs.model import Fenced, JobProcess, RunStatus
 from gpuctl.errors import UsageError
 

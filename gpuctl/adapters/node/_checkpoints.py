@@ -1,6 +1,6 @@
 """Remote `sh` scripts that list a job's checkpoint folders on a node and hash the files their
 markers name, the parsers of what they print, and the verdict on each folder from both (`verify`).
-PURE: no I/O; `gpuctl.ops.jobrunner` sends these over a `Transport` (two execs per look: one lists
+PURE: no I/O; `gpuctl.adapters.node` sends these over a `Transport` (two execs per look: one lists
 the markers, one hashes the files they name). The checkpoint dir's layout and the marker's format
 are `gpuctl.core.jobs.checkpoints`.
 """
@@ -14,7 +14,7 @@ import posixpath
 import re
 from collections.abc import Mapping, Sequence
 
-from gpuctl.adapters.node_script import (
+from gpuctl.adapters.node._script import (
     TILDE_FUNCTION,
     RemoteCommand,
     check_text,
