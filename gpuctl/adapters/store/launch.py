@@ -13,7 +13,7 @@ import json
 import sqlite3
 from collections.abc import Mapping
 
-from gpuctl.adapters.store import rows
+from gpuctl.adapters.store import codec
 from gpuctl.core.jobs.migration import Reservation
 from gpuctl.core.jobs.model import Incarnation, IncarnationState, JobState
 from gpuctl.errors import StoreConflict
@@ -44,7 +44,7 @@ def check_allowed(
         )
     live = c.execute(
         "SELECT n, state FROM incarnations WHERE job_id = ? AND state IN (?, ?, ?)",
-        (inc.job_id, *rows.LIVE),
+        (inc.job_id, *codec.LIVE),
     ).fetchone()
     if live is not None:
         raise StoreConflict(f"{where}: incarnation {live[0]} is still {live[1]}")
@@ -112,21 +112,21 @@ def check_not_cordoned(c: sqlite3.Connection, node: str, where: str) -> None:
 
 
 def reservation(c: sqlite3.Connection, job_id: str) -> Reservation | None:
-    row = c.execute(f"SELECT {rows.RES_COLS} FROM reservations WHERE job_id = ?", (job_id,))
+    row = c.execute(f"SELECT {codec.RES_COLS} FROM reservations WHERE job_id = ?", (job_id,))
     found = row.fetchone()
-    return None if found is None else rows.res_from(found)
+    return None if found is None else codec.res_from(found)
 
 
 def holders(c: sqlite3.Connection, node: str, card: int, *, job_id: str) -> list[Holder]:
     """Who holds (node, card): incarnations holding cards, and other jobs' reservations."""
-    marks = ", ".join("?" * len(rows.HOLDING))
+    marks = ", ".join("?" * len(codec.HOLDING))
     held: list[Holder] = [
         (str(r[0]), int(r[1]), int(r[2]), bool(r[3]))
         for r in c.execute(
             "SELECT a.job_id, a.n, a.mib, a.whole FROM allocations a JOIN incarnations i "
             "ON i.job_id = a.job_id AND i.n = a.n "
             f"WHERE a.node = ? AND a.card = ? AND i.state IN ({marks}) ORDER BY a.job_id, a.n",
-            (node, card, *rows.HOLDING),
+            (node, card, *codec.HOLDING),
         )
     ]
     for r in c.execute(

@@ -11,7 +11,7 @@ import dataclasses
 import sqlite3
 from collections.abc import Callable
 
-from gpuctl.adapters.store import rows
+from gpuctl.adapters.store import codec
 from gpuctl.errors import StateError
 
 V1 = """
@@ -218,14 +218,14 @@ def _v4(conn: sqlite3.Connection) -> None:
     that cannot be read stops the migration (the store stays as it was, at its old version)."""
     for job_id, text in conn.execute("SELECT id, spec FROM jobs").fetchall():
         try:
-            spec = rows.spec_from(text, job_id)
+            spec = codec.spec_from(text, job_id)
         except StateError as exc:
             raise StateError(
                 f"cannot migrate the store to schema v4: {exc.message}",
                 hint="the store was left as it was; use the gpuctl that wrote it to cancel and "
                 "remove that job, or restore a backup",
             ) from None
-        new = rows.dumps(spec.to_dict(), f"job {job_id}: spec")
+        new = codec.dumps(spec.to_dict(), f"job {job_id}: spec")
         if new != text:
             conn.execute("UPDATE jobs SET spec = ? WHERE id = ?", (new, job_id))
 

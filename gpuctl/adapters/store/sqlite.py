@@ -6,7 +6,7 @@ The connection is shared by threads behind one lock. Opening (fail-closed checks
 migrations) is in `opening.py`.
 
 SQL text is built only from constants (column lists, `?` placeholders) and from field names
-checked against a fixed set (`rows.job_changes`, `rows.inc_changes`); values are always bound.
+checked against a fixed set (`codec.job_changes`, `codec.inc_changes`); values are always bound.
 """
 # ruff: noqa: S608  (see the paragraph above: no value is ever formatted into SQL)
 
@@ -19,7 +19,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
-from gpuctl.adapters.store import failures, integrity, launch, lock, rows
+from gpuctl.adapters.store import codec, failures, integrity, launch, lock
 from gpuctl.adapters.store.opening import LOCK_NAME, MARKER_NAME, Opened
 from gpuctl.core.health.autodrain import NodeHealth
 from gpuctl.core.jobs.migration import Phase, Reservation, check_changes
@@ -54,12 +54,12 @@ class SqliteStore:
         self.ephemeral = opened.ephemeral  # nothing stored yet; an empty, read-only view
         # an older database opened for reading (never migrated) lacks the newer columns
         self._inc_cols = (
-            rows.INC_COLS
+            codec.INC_COLS
             if self.schema_version >= CLOCK_OFFSET_SINCE
-            else rows.INC_COLS.replace("clock_offset_s", "NULL")
+            else codec.INC_COLS.replace("clock_offset_s", "NULL")
         )
         self._lock = threading.RLock()
-        self._specs = rows.SpecMemo()  # a job's spec, decoded once: the loop reads jobs often
+        self._specs = codec.SpecMemo()  # a job's spec, decoded once: the loop reads jobs often
         # the loop's long-lived connection would go on past a truncated or replaced file
         self._file = (
             failures.DatabaseFile(self.path) if self.writable and not self.ephemeral else None
@@ -125,50 +125,50 @@ class SqliteStore:
         cur = conn.execute(
             "INSERT INTO events (at, actor, kind, message, job_id, node, outcome, data) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            rows.event_values(event),
+            codec.event_values(event),
         )
         return int(cur.lastrowid or 0)
 
     def _job_row(self, conn: sqlite3.Connection, job_id: str) -> Job | None:
-        row = conn.execute(f"SELECT {rows.JOB_COLS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
-        return None if row is None else rows.job_from(row, self._specs)
+        row = conn.execute(f"SELECT {codec.JOB_COLS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        return None if row is None else codec.job_from(row, self._specs)
 
     def _inc_row(self, conn: sqlite3.Connection, job_id: str, n: int) -> Incarnation | None:
         row = conn.execute(
             f"SELECT {self._inc_cols} FROM incarnations WHERE job_id = ? AND n = ?", (job_id, n)
         ).fetchone()
-        return None if row is None else rows.inc_from(row)
+        return None if row is None else codec.inc_from(row)
 
     # --- jobs --------------------------------------------------------------------------------
 
     def add_job(self, job: Job, event: Event) -> None:
-        values = rows.job_values(job)
+        values = codec.job_values(job)
         with self._tx() as c:
             if self._job_row(c, job.id) is not None:
                 raise StoreConflict(f"job {job.id} already exists")
-            c.execute(f"INSERT INTO jobs ({rows.JOB_COLS}) VALUES ({_marks(13)})", values)
+            c.execute(f"INSERT INTO jobs ({codec.JOB_COLS}) VALUES ({_marks(13)})", values)
             self._append(c, event)
 
     def job(self, ref: str) -> Job | None:
         """By id; else the newest job of that name."""
-        found = self._read(f"SELECT {rows.JOB_COLS} FROM jobs WHERE id = ?", (ref,))
+        found = self._read(f"SELECT {codec.JOB_COLS} FROM jobs WHERE id = ?", (ref,))
         if not found:
             found = self._read(
-                f"SELECT {rows.JOB_COLS} FROM jobs WHERE name = ? "
+                f"SELECT {codec.JOB_COLS} FROM jobs WHERE name = ? "
                 "ORDER BY submitted_at DESC, rowid DESC LIMIT 1",
                 (ref,),
             )
-        return rows.job_from(found[0], self._specs) if found else None
+        return codec.job_from(found[0], self._specs) if found else None
 
     def jobs(self, states: Iterable[JobState] | None = None) -> list[Job]:
         """Oldest submission first."""
-        sql = f"SELECT {rows.JOB_COLS} FROM jobs"
+        sql = f"SELECT {codec.JOB_COLS} FROM jobs"
         params: list[str] = []
         if states is not None:
             params = [JobState(s).value for s in states]
             sql += f" WHERE state IN ({_marks(len(params))})"
         found = self._read(sql + " ORDER BY submitted_at, id", params)
-        return [rows.job_from(r, self._specs) for r in found]
+        return [codec.job_from(r, self._specs) for r in found]
 
     def update_job(
         self,
@@ -179,7 +179,7 @@ class SqliteStore:
         **changes: Any,
     ) -> Job:
         """Compare-and-set. `updated_at` defaults to the event's time when an event is given."""
-        values = rows.job_changes(changes)
+        values = codec.job_changes(changes)
         if event is not None:
             values.setdefault("updated_at", event.at)
         with self._tx() as c:
@@ -205,15 +205,16 @@ class SqliteStore:
         """Write the intent to launch `inc` and grant its cards, or raise StoreConflict (also
         for a cordoned node). A reservation the job holds is consumed: `inc` must take its
         cards."""
-        rows.check_launch(inc)
-        values = rows.inc_values(inc)
+        codec.check_launch(inc)
+        values = codec.inc_values(inc)
         with self._tx() as c:
             own = launch.check_allowed(c, inc, capacity_mib)
             if own is not None:
                 capacity_mib = {**own.capacity(), **capacity_mib}
                 c.execute("DELETE FROM reservations WHERE job_id = ?", (inc.job_id,))
             c.execute(
-                f"INSERT INTO incarnations ({rows.INC_COLS}) VALUES ({_marks(rows.INC_N)})", values
+                f"INSERT INTO incarnations ({codec.INC_COLS}) VALUES ({_marks(codec.INC_N)})",
+                values,
             )
             c.executemany(
                 "INSERT INTO allocations (job_id, n, node, card, mib, whole, capacity_mib) "
@@ -244,7 +245,7 @@ class SqliteStore:
         **changes: Any,
     ) -> Incarnation:
         """Compare-and-set. An incarnation that released its cards cannot take them back."""
-        values = rows.inc_changes(changes)
+        values = codec.inc_changes(changes)
         with self._tx() as c:
             inc = self._inc_row(c, job_id, n)
             if inc is None:
@@ -284,12 +285,12 @@ class SqliteStore:
             where.append("node = ?")
             params.append(node)
         if holding is not None:
-            where.append(f"state {'' if holding else 'NOT '}IN ({_marks(len(rows.HOLDING))})")
-            params.extend(rows.HOLDING)
+            where.append(f"state {'' if holding else 'NOT '}IN ({_marks(len(codec.HOLDING))})")
+            params.extend(codec.HOLDING)
         sql = f"SELECT {self._inc_cols} FROM incarnations"
         if where:
             sql += " WHERE " + " AND ".join(where)
-        return [rows.inc_from(r) for r in self._read(sql + " ORDER BY job_id, n", params)]
+        return [codec.inc_from(r) for r in self._read(sql + " ORDER BY job_id, n", params)]
 
     # --- checkpoints -------------------------------------------------------------------------
 
@@ -300,7 +301,7 @@ class SqliteStore:
             if self._job_row(c, cp.job_id) is None:
                 raise StoreConflict(f"checkpoint of job {cp.job_id}: the job does not exist")
             c.execute(
-                f"INSERT INTO checkpoints ({rows.CHECKPOINT_COLS}) VALUES ({_marks(6)}) "
+                f"INSERT INTO checkpoints ({codec.CHECKPOINT_COLS}) VALUES ({_marks(6)}) "
                 "ON CONFLICT (job_id, incarnation, step, location) "
                 "DO UPDATE SET path = excluded.path, committed_at = excluded.committed_at",
                 (cp.job_id, cp.incarnation, cp.step, cp.path, cp.committed_at, cp.location),
@@ -309,11 +310,11 @@ class SqliteStore:
     def checkpoints(self, job_id: str) -> list[Checkpoint]:
         """Newest step first."""
         found = self._read(
-            f"SELECT {rows.CHECKPOINT_COLS} FROM checkpoints WHERE job_id = ? "
+            f"SELECT {codec.CHECKPOINT_COLS} FROM checkpoints WHERE job_id = ? "
             "ORDER BY step DESC, incarnation DESC, committed_at DESC, location",
             (job_id,),
         )
-        return [rows.checkpoint_from(r) for r in found]
+        return [codec.checkpoint_from(r) for r in found]
 
     # --- the audit log -----------------------------------------------------------------------
 
@@ -342,25 +343,25 @@ class SqliteStore:
             wanted = list(kinds)
             where.append(f"kind IN ({_marks(len(wanted))})")
             params.extend(wanted)
-        sql = f"SELECT {rows.EVENT_COLS} FROM events"
+        sql = f"SELECT {codec.EVENT_COLS} FROM events"
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY id DESC"
         if limit is not None:
             sql += " LIMIT ?"
             params.append(max(0, int(limit)))
-        return [rows.event_from(r) for r in reversed(self._read(sql, params))]
+        return [codec.event_from(r) for r in reversed(self._read(sql, params))]
 
     # --- reservations (migration targets) -----------------------------------------------------
 
     def reserve(self, reservation: Reservation, *, event: Event) -> None:
         """Hold cards for the job's next incarnation, or raise StoreConflict (a card taken, the
         target cordoned, the job not running `from_incarnation`, already being moved)."""
-        values = rows.res_values(reservation)
+        values = codec.res_values(reservation)
         with self._tx() as c:
             launch.check_reserve(c, reservation)
             c.execute(
-                f"INSERT INTO reservations ({rows.RES_COLS}) VALUES ({_marks(rows.RES_N)})",
+                f"INSERT INTO reservations ({codec.RES_COLS}) VALUES ({_marks(codec.RES_N)})",
                 values,
             )
             self._append(c, event)
@@ -370,11 +371,11 @@ class SqliteStore:
         without migrating has none.)"""
         if self.schema_version < RESERVATIONS_SINCE:
             return []
-        sql = f"SELECT {rows.RES_COLS} FROM reservations"
+        sql = f"SELECT {codec.RES_COLS} FROM reservations"
         params: tuple[str, ...] = ()
         if node is not None:
             sql, params = sql + " WHERE node = ?", (node,)
-        return [rows.res_from(r) for r in self._read(sql + " ORDER BY job_id", params)]
+        return [codec.res_from(r) for r in self._read(sql + " ORDER BY job_id", params)]
 
     def update_reservation(
         self,
@@ -429,7 +430,7 @@ class SqliteStore:
                 if there.fetchone() is not None:
                     return False
             c.execute(
-                f"INSERT INTO cordons ({rows.CORDON_COLS}) VALUES ({_marks(5)}) "
+                f"INSERT INTO cordons ({codec.CORDON_COLS}) VALUES ({_marks(5)}) "
                 "ON CONFLICT (node) DO UPDATE SET reason = excluded.reason, "
                 "operator = excluded.operator, source = excluded.source, at = excluded.at",
                 (cordon.node, cordon.reason, cordon.operator, cordon.source, cordon.at),
@@ -445,22 +446,22 @@ class SqliteStore:
         gpuctl lifting its own health cordon never lifts one a person put there meanwhile."""
         with self._tx() as c:
             row = c.execute(
-                f"SELECT {rows.CORDON_COLS} FROM cordons WHERE node = ?", (node,)
+                f"SELECT {codec.CORDON_COLS} FROM cordons WHERE node = ?", (node,)
             ).fetchone()
             if expect_source is not None and (row is None or row[3] != expect_source):
                 now = "not cordoned" if row is None else f"cordoned by {row[2]} ({row[3]})"
                 raise StoreConflict(f"{node} is {now}, not by {expect_source}")
             c.execute("DELETE FROM cordons WHERE node = ?", (node,))
             self._append(c, event)
-        return None if row is None else rows.cordon_from(row)
+        return None if row is None else codec.cordon_from(row)
 
     def cordons(self) -> list[Cordon]:
-        found = self._read(f"SELECT {rows.CORDON_COLS} FROM cordons ORDER BY node")
-        return [rows.cordon_from(r) for r in found]
+        found = self._read(f"SELECT {codec.CORDON_COLS} FROM cordons ORDER BY node")
+        return [codec.cordon_from(r) for r in found]
 
     def liveness(self) -> dict[str, NodeLiveness]:
         found = self._read("SELECT node, last_ok_at, failing_since, down FROM liveness")
-        return {r[0]: rows.liveness_from(r) for r in sorted(found)}
+        return {r[0]: codec.liveness_from(r) for r in sorted(found)}
 
     def set_liveness(self, liveness: NodeLiveness) -> None:
         lv = liveness
@@ -475,18 +476,18 @@ class SqliteStore:
     def node_health(self) -> dict[str, NodeHealth]:
         if self.schema_version < RESERVATIONS_SINCE:
             return {}
-        found = self._read(f"SELECT {rows.HEALTH_COLS} FROM node_health ORDER BY node")
-        return {r[0]: rows.health_from(r) for r in found}
+        found = self._read(f"SELECT {codec.HEALTH_COLS} FROM node_health ORDER BY node")
+        return {r[0]: codec.health_from(r) for r in found}
 
     def set_node_health(self, health: NodeHealth) -> None:
         with self._tx() as c:
             c.execute(
-                f"INSERT INTO node_health ({rows.HEALTH_COLS}) VALUES ({_marks(8)}) "
+                f"INSERT INTO node_health ({codec.HEALTH_COLS}) VALUES ({_marks(8)}) "
                 "ON CONFLICT (node) DO UPDATE SET action = excluded.action, "
                 "streak = excluded.streak, since = excluded.since, "
                 "healthy_since = excluded.healthy_since, reason = excluded.reason, "
                 "drain_started_at = excluded.drain_started_at, updated_at = excluded.updated_at",
-                rows.health_values(health),
+                codec.health_values(health),
             )
 
     def card_capacities(self) -> dict[tuple[str, int], int]:

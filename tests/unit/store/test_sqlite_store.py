@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuctl.adapters.store import SCHEMA_VERSION, open_store, rows
+from gpuctl.adapters.store import SCHEMA_VERSION, codec, open_store
 from gpuctl.adapters.store.sqlite import SqliteStore
 from gpuctl.core.jobs.model import (
     Checkpoint,
@@ -258,9 +258,9 @@ def test_a_jobs_spec_is_decoded_once_however_often_it_is_read(
 ) -> None:
     submitted(store)
     decoded: list[str] = []
-    decode = rows.spec_from
+    decode = codec.spec_from
     monkeypatch.setattr(
-        rows, "spec_from", lambda text, job_id: decoded.append(job_id) or decode(text, job_id)
+        codec, "spec_from", lambda text, job_id: decoded.append(job_id) or decode(text, job_id)
     )
     for _ in range(3):
         assert [j.spec for j in store.jobs()] == [SPEC]

@@ -1,4 +1,4 @@
-"""Rows <-> the frozen job vocabulary, and the checks on what may be written.
+"""The store's codec: rows <-> the frozen job vocabulary, and the checks on what may be written.
 
 A job's spec is the JSON of `JobSpec.to_dict` (schema v4); a row still in the pre-v4 form (the
 spec file's keys: a store opened read-only before it is migrated) is read by `legacy_spec`."""
