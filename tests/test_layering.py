@@ -102,6 +102,27 @@ BAD_IMPORTS = [
         id="core-runs-a-process",
     ),
     pytest.param(
+        "gpuctl/ops/report.py",
+        "from gpuctl.core.consolidation._search import search\n",
+        "a private module (_name.py) is imported only inside its package",
+        "gpuctl.ops.report -> gpuctl.core.consolidation._search",
+        id="private-piece-imported-from-outside-its-package",
+    ),
+    pytest.param(
+        "gpuctl/core/placement/fit.py",
+        "def _bad() -> None:\n    from gpuctl.core.fleet import numbers\n",
+        "core: the fleet rules > consolidation, health, playbooks > jobs > placement",
+        "gpuctl.core.placement.fit -> gpuctl.core.fleet.numbers",
+        id="placement-imports-the-fleet-rules",
+    ),
+    pytest.param(
+        "gpuctl/core/consolidation/model.py",
+        "def _bad() -> None:\n    from gpuctl.core.consolidation import _plan\n",
+        "core.consolidation: planning > the search and drain-and-refill",
+        "gpuctl.core.consolidation.model -> gpuctl.core.consolidation._plan",
+        id="consolidation-values-import-the-planner",
+    ),
+    pytest.param(
         "gpuctl/checkpoint.py",
         "from gpuctl.errors import GpuctlError\n",
         "gpuctl: cli | tui | testing > ops",

@@ -1,5 +1,5 @@
 """Reading a playbook condition: the tokenizer, the parser, and `parse`, which type-checks the
-tree (`playbook_expr_check`) and returns an `Expr` (`playbook_expr`).
+tree (`_check`) and returns an `Expr` (`model`).
 
 Grammar (no function calls, no attribute access beyond the names listed, no `eval`):
 

@@ -9,8 +9,8 @@ Names are the fleet numbers (`FLEET_NAMES`) and the facts of a node (`NODE_NAMES
 `node.labels.KEY`). Evaluation: an unknown value (null) makes `<`, `<=`, `>`, `>=` false, so a
 condition on a number gpuctl could not measure never fires.
 
-Text becomes a checked `Expr` through `playbook_expr_parse.parse` (the grammar, tokenizer and
-parser), which type-checks the tree with `playbook_expr_check`.
+Text becomes a checked `Expr` through the package's `parse` (`_parse`: the grammar, tokenizer and
+parser), which type-checks the tree with `_check`.
 """
 
 from __future__ import annotations
