@@ -47,9 +47,9 @@ from gpuctl.core.model import (
     Observation,
     Reach,
 )
+from gpuctl.ops.dashboard import DashData, Services
+from gpuctl.ops.stores import KeptStore
 from gpuctl.tui.app import DashApp
-from gpuctl.tui.data import DashData
-from gpuctl.tui.services import KeptStore, Services
 
 MIB = 81_559
 VARIANTS = 16  # distinct snapshots cycled through (the source itself should cost nothing)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
@@ -14,12 +13,9 @@ from gpuctl.cli.render import OUTPUT_OPTION, Output, emit_document, safe
 from gpuctl.errors import ExitCode, UsageError, exit_for_apply, exit_for_plan
 
 if TYPE_CHECKING:
-    from gpuctl.adapters.protocols import Store
     from gpuctl.core.consolidation import ConsolidationPlan
-    from gpuctl.core.model import FleetSnapshot
     from gpuctl.core.placement.model import JobRequest
     from gpuctl.ops.consolidate import ApplyResult, Window
-    from gpuctl.ops.migrate import MigrationResult
 
 
 def consolidate(
@@ -63,7 +59,7 @@ def consolidate(
     _show(plan, output)
     if apply:  # --apply --dry-run
         sys.stderr.write("dry run: nothing changed\n")
-        if win is not None and not win.contains(_minute_of_day()):
+        if win is not None and not win.contains(context.root(ctx).minute_of_day()):
             sys.stderr.write(f"note: outside the window {win.text}, --apply would refuse\n")
     _exit_for(plan)
 
@@ -80,24 +76,20 @@ def _target(path: Path) -> JobRequest:
 def _plan_only(
     ctx: typer.Context, snapshot: Path | None, max_moves: int, target: JobRequest | None
 ) -> ConsolidationPlan:
+    """The plan alone, on a saved snapshot or a gather with a progress bar (no inventory is
+    needed for a saved snapshot)."""
     from gpuctl.cli import fleet
+    from gpuctl.ops import consolidate as service
     from gpuctl.ops.place import load_snapshot
 
     snap = (
         load_snapshot(snapshot) if snapshot else fleet.gather(ctx, fleet.load_inventory(ctx).nodes)
     )
-    with fleet.open_state(ctx, write=False) as store:
-        return _plan(snap, store, max_moves, target)
-
-
-def _plan(
-    snap: FleetSnapshot, store: Store, max_moves: int, target: JobRequest | None
-) -> ConsolidationPlan:
-    from gpuctl.ops import consolidate as service
-
-    now = time.time()
-    inputs = service.gather_inputs(snap, store, now)
-    return service.plan(inputs, now=now, max_moves=max_moves, target=target)
+    root = context.root(ctx)
+    with root.store(write=False) as store:
+        now = root.clock.now()
+        inputs = service.gather_inputs(snap, store, now)
+        return service.plan(inputs, now=now, max_moves=max_moves, target=target)
 
 
 def _apply(
@@ -109,42 +101,33 @@ def _apply(
     parallel: int,
     output: Output,
 ) -> None:
-    from gpuctl.cli.nodeops import build_loop
+    """Plan on a fresh gather, show the plan, ask, then carry it out through the actions
+    service (`gpuctl.ops.actions`, as the dashboard's `x`)."""
+    from gpuctl.cli import fleet
     from gpuctl.ops import consolidate as service
-    from gpuctl.ops.jobs import operator
 
     document = output in (Output.JSON, Output.YAML)
-    loop, snap, close = build_loop(ctx, write=True)
-    try:
-        plan = _plan(snap, loop.store, max_moves, target)
+    with context.root(ctx).actions(fleet.load_inventory(ctx)) as actions:
+        planned = actions.plan_consolidation(
+            max_moves=max_moves, target=target, window=win, parallel=parallel
+        )
+        plan: ConsolidationPlan = planned.value.plan
         # the plan before the question: stdout as a table, stderr when stdout is a document
         _show(plan, Output.TABLE, stream=sys.stderr if document else sys.stdout)
         if plan.empty:
             if document:
                 emit_document(service.ApplyResult(plan, ()).to_dict(), output)
             _exit_for(plan)
-        service.check_window(win, _minute_of_day())
+        service.check_window(win, actions.minute_of_day())
         if not yes:
             _ask(f"move {len(plan.moves)} job(s) as planned?")
-        fresh = loop.fleet.gather(loop.inventory)
-        migrator = service.loop_migrator(
-            loop, operator=operator(context.get(ctx).env), snapshot=fresh, on_result=_progress
-        )
-        result = service.apply(
-            plan,
-            current_version=service.current_version(fresh, loop.store),
-            migrator=migrator,
-            window=win,
-            minute_of_day=_minute_of_day(),
-            parallel=parallel,
-        )
-    finally:
-        close()
+        done = actions.carry_out(planned, _progress)
+    result: ApplyResult = done.value
     if document:
         emit_document(result.to_dict(), output)
     else:
         sys.stdout.write(safe(render_result(result)))
-    raise typer.Exit(int(exit_for_apply(complete=result.complete)))
+    raise typer.Exit(int(exit_for_apply(complete=done.complete)))
 
 
 def _show(plan: ConsolidationPlan, output: Output, stream: TextIO | None = None) -> None:
@@ -166,13 +149,9 @@ def _ask(question: str) -> None:
         raise typer.Exit(int(ExitCode.ERROR))
 
 
-def _minute_of_day() -> int:
-    t = time.localtime()
-    return t.tm_hour * 60 + t.tm_min
-
-
-def _progress(result: MigrationResult) -> None:
-    sys.stderr.write(safe(f"{result.job_id}: {result.outcome}: {result.message}") + "\n")
+def _progress(line: str) -> None:
+    """Each move's outcome as it comes, on stderr."""
+    sys.stderr.write(safe(line) + "\n")
     sys.stderr.flush()
 
 

@@ -6,11 +6,18 @@ import dataclasses
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
-from gpuctl.adapters.protocols import Transport
+from gpuctl.adapters.clock import SystemClock
+from gpuctl.adapters.protocols import Clock, Transport
 from gpuctl.errors import UsageError
+from gpuctl.ops.parts import LinkFactory, ssh_link
+from gpuctl.ops.stores import StoreOpener, open_sqlite
+
+if TYPE_CHECKING:
+    from gpuctl.ops.compose import Root
 
 
 @dataclasses.dataclass
@@ -21,6 +28,28 @@ class AppContext:
     env: Mapping[str, str] = dataclasses.field(default_factory=lambda: dict(os.environ))
     # Tests inject a transport here; commands otherwise build the SSH transport lazily.
     transport_factory: Callable[[], Transport] | None = None
+    # How the parts are made (`gpuctl.ops.compose.Root`); tests inject their own here. A clock
+    # with a `sleep` method (a test's manual clock) also decides how waits pass.
+    clock: Clock = dataclasses.field(default_factory=SystemClock)
+    store_opener: StoreOpener = open_sqlite  # the SQLite store of the state folder
+    fleet_link: LinkFactory | None = (
+        None  # None: the gatherer and SSH job runner over the transport
+    )
+
+    def root(self) -> Root:
+        """The composition root for this run: the state folder of --state-dir /
+        GPUCTL_STATE_DIR / the XDG state dir, and the parts above."""
+        from gpuctl.config.paths import state_dir
+        from gpuctl.ops import compose
+
+        return compose.Root(
+            env=self.env,
+            state_dir=state_dir(self.env, self.state_dir),
+            clock=self.clock,
+            open_store=self.store_opener,
+            transport=self.transport_factory or compose.default_transport,
+            link=self.fleet_link or ssh_link,
+        )
 
     def resolve_inventory_path(self) -> Path:
         """-i/--inventory, then GPUCTL_INVENTORY. No implicit default: gpuctl never scans a fleet
@@ -34,6 +63,10 @@ class AppContext:
             "no inventory given",
             hint="pass -i/--inventory FILE|DIR or set GPUCTL_INVENTORY",
         )
+
+
+def root(ctx: typer.Context) -> Root:
+    return get(ctx).root()
 
 
 def get(ctx: typer.Context) -> AppContext:

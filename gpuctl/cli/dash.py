@@ -35,43 +35,23 @@ def dash(
     With --once, or when stdout is not a terminal: one poll, printed as text; exit 0 when every
     node answered, 3 when some did not, 4 when none did, 5 when a host key is unknown or changed.
     """
-    from gpuctl.adapters.clock import SystemClock
-    from gpuctl.config.paths import state_dir
-    from gpuctl.ops.jobs import operator
-    from gpuctl.tui.services import KeptStore, live_services, saved_services
+    from gpuctl.tui import entry
 
     app_ctx = context.get(ctx)
-    folder = state_dir(app_ctx.env, app_ctx.state_dir)
-    opener = KeptStore(folder)
-    clock = SystemClock()
+    root = app_ctx.root()
     if snapshot is not None:
-        services = saved_services(snapshot, open_store=opener, clock=clock)
+        services = root.saved_dashboard(snapshot)
     else:
-        inventory = fleet.load_inventory(ctx)
-        services = live_services(
-            inventory,
+        services = root.dashboard(
+            fleet.load_inventory(ctx),
             label=f"live {app_ctx.resolve_inventory_path()}",
-            open_store=opener,
-            clock=clock,
-            operator=operator(app_ctx.env),
-            transport_factory=app_ctx.transport_factory,
             readonly=readonly,
-            env=app_ctx.env,
-            state_dir=folder,
         )
     if once or not sys.stdout.isatty():
-        from gpuctl.tui.data import collect
-        from gpuctl.tui.rows import once_text
-
-        try:
-            data = collect(services)
-        finally:
-            services.close()
-        sys.stdout.write(once_text(data))
+        text, data = entry.once(services)
+        sys.stdout.write(text)
         raise typer.Exit(int(exit_for_poll(n.reach for n in data.snapshot.nodes)))
-    from gpuctl.tui.app import DashApp
-
-    DashApp(services, refresh_s=refresh, readonly=readonly).run()
+    entry.run(services, refresh_s=refresh, readonly=readonly)
 
 
 def register(app: typer.Typer) -> None:

@@ -24,12 +24,6 @@ if TYPE_CHECKING:
 app = typer.Typer(help="Submitted jobs: list them, show one.", no_args_is_help=True)
 
 
-def _clock() -> Any:
-    from gpuctl.adapters.clock import SystemClock
-
-    return SystemClock()
-
-
 def submit(
     ctx: typer.Context,
     files: list[Path] = typer.Argument(..., metavar="JOB.yaml", help="Job spec files."),
@@ -50,7 +44,7 @@ def submit(
     app_ctx = context.get(ctx)
     with open_state(ctx, write=True) as store:
         actor = service.operator(app_ctx.env)
-        clock = _clock()
+        clock = app_ctx.clock
         added = service.submit(
             store, specs, actor=actor, clock=clock, env=app_ctx.env, replace=replace
         )
@@ -163,7 +157,7 @@ def cancel(
         if not yes:
             _confirm(found.id, f"cancel {found.id} ({found.state})?")
         done = service.cancel(
-            store, found.id, actor=service.operator(app_ctx.env), clock=_clock(), force=force
+            store, found.id, actor=service.operator(app_ctx.env), clock=app_ctx.clock, force=force
         )
         view = next(v for v in service.list_jobs(store, include_done=True) if v.job.id == done.id)
     if output in (Output.JSON, Output.YAML):

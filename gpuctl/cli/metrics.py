@@ -98,30 +98,12 @@ def dump(ctx: typer.Context, from_store: bool = FROM_STORE, rules: Path | None =
 def _refresher(
     ctx: typer.Context, from_store: bool, rules_file: Path | None
 ) -> Iterator[Refresher]:
-    from gpuctl.adapters.clock import SystemClock
-    from gpuctl.adapters.store import open_store
     from gpuctl.config.health_rules import load_rules
-    from gpuctl.config.paths import state_dir
-    from gpuctl.ops.gather import Gatherer, default_transport
-    from gpuctl.ops.metrics import Refresher
 
-    app_ctx = context.get(ctx)
-    folder = state_dir(app_ctx.env, app_ctx.state_dir)
-    opener = lambda: open_store(folder, write=False)  # noqa: E731
     rules = load_rules(rules_file)
-    if from_store:
-        yield Refresher(open_store=opener, clock=SystemClock(), rules=rules)
-        return
-    inventory = fleet.load_inventory(ctx)
-    transport = app_ctx.transport_factory() if app_ctx.transport_factory else default_transport()
-    with Gatherer(transport) as gatherer:
-        yield Refresher(
-            open_store=opener,
-            clock=SystemClock(),
-            rules=rules,
-            inventory=inventory,
-            gatherer=gatherer,
-        )
+    inventory = None if from_store else fleet.load_inventory(ctx)
+    with context.root(ctx).refresher(rules, inventory) as refresher:
+        yield refresher
 
 
 @contextmanager

@@ -1,4 +1,5 @@
-"""`gpuctl cordon`, `gpuctl uncordon`, `gpuctl drain`: thin shells over `gpuctl.ops.nodeops`.
+"""`gpuctl cordon`, `gpuctl uncordon`, `gpuctl drain`: thin shells over the plan-then-apply actions
+of `gpuctl.ops.actions` (the dashboard's keys call the same).
 
 Each shows what it is about to do and asks (on stderr; `--yes` for scripts). The operator recorded
 with every cordon and drain is $USER. Exit status: 0 done (drain: every job on the node moved, or
@@ -11,9 +12,6 @@ the loop lock too long.
 from __future__ import annotations
 
 import sys
-import time
-from collections.abc import Callable
-from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING
 
 import typer
@@ -23,11 +21,8 @@ from gpuctl.cli.render import OUTPUT_OPTION, Output, emit_document, safe
 from gpuctl.errors import ExitCode, UsageError, exit_for_apply
 
 if TYPE_CHECKING:
-    from gpuctl.adapters.protocols import Clock, Store
-    from gpuctl.core.model import FleetSnapshot
-    from gpuctl.ops.migrate import MigrationResult
+    from gpuctl.core.model import Inventory
     from gpuctl.ops.nodeops import DrainPlan, DrainResult
-    from gpuctl.ops.reconcile import Reconciler
 
 
 def cordon(
@@ -37,14 +32,13 @@ def cordon(
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask."),
 ) -> None:
     """Place no new work on NODE; the jobs running there stay. Exit 0 when cordoned."""
-    from gpuctl.ops import nodeops
-
-    _known(ctx, node)
-    if not yes:
-        _ask(f"cordon {node} (no new work lands there; running jobs stay)?")
-    with _store(ctx) as store:
-        done = nodeops.cordon(store, node, reason=reason, operator=_operator(ctx), clock=_clock())
-    sys.stdout.write(safe(f"{node} cordoned by {done.operator}: {done.reason}") + "\n")
+    inventory = _known(ctx, node)
+    with context.root(ctx).actions(inventory, moves=False) as actions:
+        plan = actions.plan_cordon(node, reason)
+        if not yes:
+            _ask(f"cordon {node} (no new work lands there; running jobs stay)?")
+        done = actions.carry_out(plan)
+    sys.stdout.write(safe(done.message) + "\n")
 
 
 def uncordon(
@@ -53,21 +47,20 @@ def uncordon(
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask."),
 ) -> None:
     """Let NODE take new work again (whoever cordoned it). Exit 0 when it is not cordoned."""
-    from gpuctl.ops import nodeops
-
-    _known(ctx, node)
-    with _store(ctx) as store:
-        there = {c.node: c for c in store.cordons()}.get(node)
+    inventory = _known(ctx, node)
+    with context.root(ctx).actions(inventory, moves=False) as actions:
+        plan = actions.plan_uncordon(node)
+        there = plan.value
         if there is None:
-            sys.stderr.write(f"{node} is not cordoned; nothing to do\n")
+            sys.stderr.write(safe(plan.text) + "\n")
             return
         if not yes:
             _ask(
-                f"uncordon {node} (cordoned {_ago(there.at)} by {there.operator}, source "
-                f"{there.source}: {there.reason})?"
+                f"uncordon {node} (cordoned {_ago(there.at, actions.clock.now())} by "
+                f"{there.operator}, source {there.source}: {there.reason})?"
             )
-        nodeops.uncordon(store, node, operator=_operator(ctx), clock=_clock())
-    sys.stdout.write(safe(f"{node} uncordoned (was: {there.reason}, by {there.operator})") + "\n")
+        done = actions.carry_out(plan)
+    sys.stdout.write(safe(done.message) + "\n")
 
 
 def drain(
@@ -95,89 +88,52 @@ def drain(
 
     Exit 0 when every job moved; 3 when some stay on the node (each with the reason).
     """
-    from gpuctl.ops import nodeops
-
     if (grace is not None and grace < 0) or (checkpoint_wait is not None and checkpoint_wait < 0):
         raise UsageError("--grace and --checkpoint-wait are never negative")
     if timeout <= 0 or parallel < 1:
         raise UsageError("--timeout must be positive and --parallel 1 or more")
-    _known(ctx, node)
-    loop, snapshot, close = build_loop(ctx, write=not dry_run)
-    try:
-        plan = nodeops.plan_drain(nodeops.tick(loop, snapshot), node, reason=reason)
-        document = output in (Output.JSON, Output.YAML)
-        if dry_run:
-            if document:
-                emit_document({"dry_run": True, "plan": plan.to_dict()}, output)
-            else:
-                sys.stdout.write(render_plan(plan))
-            sys.stderr.write("dry run: nothing changed\n")
-            return
-        # the plan before the question: on stdout as a table, on stderr when stdout is a document
-        (sys.stderr if document else sys.stdout).write(render_plan(plan))
-        if not yes:
-            _ask(f"cordon {node} and move {len(plan.movable)} job(s) off it?")
-        result = nodeops.drain(
-            loop,
-            plan,
-            operator=_operator(ctx),
+    inventory = _known(ctx, node)
+    document = output in (Output.JSON, Output.YAML)
+    with context.root(ctx).actions(inventory) as actions:
+        plan = actions.plan_drain(
+            node,
+            reason,
             grace_s=grace,
             checkpoint_wait_s=checkpoint_wait,
             timeout_s=timeout,
             parallel=parallel,
-            snapshot=snapshot,
-            on_result=_progress,
         )
-    finally:
-        close()
+        drain_plan: DrainPlan = plan.value.plan
+        if dry_run:
+            if document:
+                emit_document({"dry_run": True, "plan": drain_plan.to_dict()}, output)
+            else:
+                sys.stdout.write(safe(plan.text) + "\n")
+            sys.stderr.write("dry run: nothing changed\n")
+            return
+        # the plan before the question: on stdout as a table, on stderr when stdout is a document
+        (sys.stderr if document else sys.stdout).write(safe(plan.text) + "\n")
+        if not yes:
+            _ask(f"cordon {node} and move {len(drain_plan.movable)} job(s) off it?")
+        done = actions.carry_out(plan, _progress)
+    result: DrainResult = done.value
     if document:
         emit_document(result.to_dict(), output)
     else:
-        sys.stdout.write(render_result(result))
-    raise typer.Exit(int(exit_for_apply(complete=result.complete)))
+        sys.stdout.write(render_result(result, done.message))
+    raise typer.Exit(int(exit_for_apply(complete=done.complete)))
 
 
-# --- building blocks (tests replace `build_loop`) ------------------------------------------
+# --- building blocks -----------------------------------------------------------------------
 
 
-def build_loop(
-    ctx: typer.Context, *, write: bool
-) -> tuple[Reconciler, FleetSnapshot, Callable[[], None]]:
-    """The store, the gatherer and the job runner over one SSH transport, as `gpuctl reconcile`
-    has them; one gather of the fleet; and what closes them."""
+def _known(ctx: typer.Context, node: str) -> Inventory:
+    """The inventory, which must name `node` (else a usage error naming it)."""
     from gpuctl.cli import fleet
 
-    parts = fleet.open_loop(ctx, write=write)
-    try:
-        snapshot = parts.gatherer.gather(parts.inventory)
-    except BaseException:
-        parts.close()
-        raise
-    return parts.loop, snapshot, parts.close
-
-
-def _store(ctx: typer.Context) -> AbstractContextManager[Store]:
-    from gpuctl.cli.fleet import open_state
-
-    return open_state(ctx, write=True)
-
-
-def _known(ctx: typer.Context, node: str) -> None:
-    from gpuctl.cli import fleet
-
-    fleet.select(fleet.load_inventory(ctx), [node])
-
-
-def _operator(ctx: typer.Context) -> str:
-    from gpuctl.ops.jobs import operator
-
-    return operator(context.get(ctx).env)
-
-
-def _clock() -> Clock:
-    from gpuctl.adapters.clock import SystemClock
-
-    return SystemClock()
+    inventory = fleet.load_inventory(ctx)
+    fleet.select(inventory, [node])
+    return inventory
 
 
 def _ask(question: str) -> None:
@@ -192,8 +148,8 @@ def _ask(question: str) -> None:
         raise typer.Exit(int(ExitCode.ERROR))
 
 
-def _ago(at: float) -> str:
-    s = max(0.0, time.time() - at)
+def _ago(at: float, now: float) -> str:
+    s = max(0.0, now - at)
     return (
         f"{s:.0f}s ago"
         if s < 120
@@ -203,8 +159,9 @@ def _ago(at: float) -> str:
     )
 
 
-def _progress(result: MigrationResult) -> None:
-    sys.stderr.write(safe(f"{result.job_id}: {result.outcome}: {result.message}") + "\n")
+def _progress(line: str) -> None:
+    """Each job's outcome as it comes, on stderr."""
+    sys.stderr.write(safe(line) + "\n")
     sys.stderr.flush()
 
 
@@ -219,35 +176,11 @@ def _table(rows: list[list[str]]) -> str:
     )
 
 
-def render_plan(plan: DrainPlan) -> str:
-    cordon = (
-        "not cordoned yet"
-        if plan.cordon is None
-        else f"cordoned by {plan.cordon.operator} ({plan.cordon.source}): {plan.cordon.reason}"
-    )
-    head = f"drain {plan.node}: {plan.reason} ({cordon})\n"
-    if not plan.moves:
-        return safe(head) + "no jobs on the node\n"
-    rows = [["JOB", "INC", "CARDS", "TO", "CARDS", "CHECKPOINT"]]
-    for m in plan.moves:
-        ckpt = "none"
-        if m.checkpoint_step is not None:
-            age = "" if m.checkpoint_age_s is None else f", {m.checkpoint_age_s:.0f}s old"
-            ckpt = f"step {m.checkpoint_step}{age}"
-        to = m.to_node or f"stays: {m.why_not}"
-        cards = ",".join(str(c) for c in m.to_cards) or "-"
-        rows.append(
-            [m.job_id, str(m.incarnation), ",".join(str(c) for c in m.cards), to, cards, ckpt]
-        )
-    return safe(head) + _table(rows)
-
-
-def render_result(result: DrainResult) -> str:
+def render_result(result: DrainResult, said: str) -> str:
+    """Each job's outcome, then what the drain did (`said`)."""
     rows = [["JOB", "OUTCOME", "WHAT"]]
     rows += [[r.job_id, r.outcome, r.message] for r in result.results]
-    moved = sum(1 for r in result.results if r.moved)
-    tail = f"{result.plan.node}: {moved} of {len(result.results)} job(s) moved; cordoned\n"
-    return (_table(rows) if result.results else "") + safe(tail)
+    return (_table(rows) if result.results else "") + safe(said) + "\n"
 
 
 def register(app: typer.Typer) -> None:

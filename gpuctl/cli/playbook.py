@@ -142,29 +142,11 @@ def _inventory(ctx: typer.Context, *, required: bool) -> Inventory | None:
 
 def build_services(ctx: typer.Context, *, write: bool) -> tuple[Services, Callable[[], None]]:
     """The store (read-only for a dry run: nothing is created), the gatherer, the job runner and
-    the transport, as `gpuctl reconcile` has them; and what closes them."""
+    the transport, as `gpuctl reconcile` has them (`gpuctl.ops.compose.Root.playbook`); and
+    what closes them."""
     from gpuctl.cli import fleet
-    from gpuctl.config.health_rules import load_rules
-    from gpuctl.ops.health import SampleHistory
-    from gpuctl.ops.jobs import operator
-    from gpuctl.ops.playbook import Services
 
-    app_ctx = context.get(ctx)
-    parts = fleet.open_loop(ctx, write=write)
-    try:
-        services = Services(
-            loop=parts.loop,
-            gatherer=parts.gatherer,
-            transport=parts.transport,
-            history=SampleHistory.in_state_dir(parts.state_dir),
-            rules=load_rules(None),
-            operator=operator(app_ctx.env),
-            env=app_ctx.env,
-        )
-    except BaseException:
-        parts.close()
-        raise
-    return services, parts.close
+    return context.root(ctx).playbook(fleet.load_inventory(ctx), write=write)
 
 
 def _confirm(document: bool) -> Callable[[RunPlan], bool]:

@@ -49,6 +49,11 @@ class ManualClock:
     def advance(self, seconds: float) -> None:
         self.t += seconds
 
+    def sleep(self, seconds: float) -> None:
+        """A wait on this clock moves it on (`gpuctl.ops.parts.sleep_of`): a migration driven
+        by a test polls without waiting in real time."""
+        self.advance(seconds)
+
 
 @dataclasses.dataclass
 class FakeRun:

@@ -1,6 +1,6 @@
 """`gpuctl dash`: the fleet, live, in the terminal.
 
-The app receives its services (`gpuctl.tui.services.Services`) and builds no plans itself. Polls
+The app receives its services (`gpuctl.ops.dashboard.Services`) and builds no plans itself. Polls
 run in a thread worker (`exit_on_error=False`); a poll that fails becomes a notification and the
 last view stays; a poll that takes longer than the source's deadline is reported as overdue and no
 second poll piles up behind it. Results reach the UI only through worker state messages.
@@ -21,8 +21,9 @@ from textual.worker import Worker, WorkerState
 
 from gpuctl.core.fleet.view import PlacementMemo
 from gpuctl.errors import GpuctlError
-from gpuctl.tui.actions import ActionPlan
-from gpuctl.tui.data import DashData, HealthKeeper, collect
+from gpuctl.ops.actions import ActionPlan
+from gpuctl.ops.dashboard import DashData, HealthKeeper, Services, collect
+from gpuctl.tui import format as fmt
 from gpuctl.tui.messages import ActionRequested, OpenJob, OpenNode
 from gpuctl.tui.quietgc import QuietGc
 from gpuctl.tui.screens.base import DashScreen
@@ -30,7 +31,6 @@ from gpuctl.tui.screens.job import JobScreen
 from gpuctl.tui.screens.jobs import JobsScreen, QueueScreen
 from gpuctl.tui.screens.node import NodeScreen
 from gpuctl.tui.screens.overview import OverviewScreen
-from gpuctl.tui.services import Services
 from gpuctl.tui.widgets.confirm import ConfirmDialog
 from gpuctl.tui.widgets.help import HelpScreen
 from gpuctl.tui.widgets.prompt import PromptScreen
@@ -345,10 +345,10 @@ class DashApp(App[None]):
         assert actions is not None
 
         def progress(line: str) -> None:  # from the worker thread
-            self.call_from_thread(self.notify, line)
+            self.call_from_thread(self.notify, fmt.safe(line))
 
         def done(said: str) -> None:
-            self.notify(said)
+            self.notify(fmt.safe(said))
             self.action_refresh()
 
         self.background(lambda: actions.apply(plan, progress), done, name=plan.action)

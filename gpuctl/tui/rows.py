@@ -8,9 +8,9 @@ from collections.abc import Iterable, Sequence
 from gpuctl.core.jobs.model import Event, Incarnation, JobState
 from gpuctl.core.model import GpuSnapshot
 from gpuctl.core.placement.model import Card
+from gpuctl.ops.dashboard import Alert, DashData, JobLine, NodeView
 from gpuctl.ops.jobs import placed
 from gpuctl.tui import format as fmt
-from gpuctl.tui.data import Alert, DashData, JobLine, NodeView
 from gpuctl.tui.format import DASH, Cell
 
 Row = tuple[str, tuple[Cell, ...]]

@@ -28,8 +28,9 @@ from gpuctl.core.model import (
     Reach,
     fleet_to_dict,
 )
-from gpuctl.ops import consolidate as service
+from gpuctl.ops.parts import FleetLink
 from gpuctl.testing.drainkit import Kit
+from gpuctl.testing.fakes import FakeTransport
 
 GIB = 1024
 CARD = 80 * GIB
@@ -181,7 +182,7 @@ def test_apply_dry_run_shows_the_plan_and_changes_nothing(fleet: tuple[Path, Pat
 
 
 @pytest.fixture
-def kit(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Kit:
+def kit(tmp_path: Path) -> Kit:
     """Jobs a (n1) and b (n2) running apart for an hour; `gpuctl consolidate --apply` drives
     them through the kit's control loop."""
     store = open_store(tmp_path / "state", write=True)
@@ -193,21 +194,32 @@ def kit(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Kit:
         store.uncordon(other, Event(0.0, "t", "uncordon", "u"))
         assert k.inc(k.store.jobs()[-1].id).node == node
     k.clock.advance(3600)
-    monkeypatch.setattr(
-        "gpuctl.cli.nodeops.build_loop",
-        lambda ctx, write: (k.loop, k.fleet.gather(k.loop.inventory), lambda: None),
-    )
-    real = service.loop_migrator
-    monkeypatch.setattr(
-        service,
-        "loop_migrator",
-        lambda loop, **kw: real(loop, sleep=k.clock.advance, **kw),
+    (tmp_path / "fleet.yaml").write_text(
+        "nodes:\n  - {name: n1, host: 127.0.0.1, port: 2201}\n"
+        "  - {name: n2, host: 127.0.0.1, port: 2202}\n"
     )
     return k
 
 
 def _apply(kit: Kit, *args: str, **kw: Any) -> Any:
-    return _invoke(Path("/nonexistent"), "--apply", *args, obj=AppContext(), **kw)
+    """`gpuctl consolidate --apply` over the kit: its store's folder, its nodes as the inventory,
+    its clock (a wait moves it on) and its scripted fleet and job runner."""
+    state: Path = kit.store.state_dir  # type: ignore[attr-defined]
+    ctx = AppContext(
+        clock=kit.clock,
+        transport_factory=lambda: FakeTransport({}),
+        fleet_link=lambda transport, clock: FleetLink(kit.fleet, kit.runner, transport),
+    )
+    inventory = str(state.parent / "fleet.yaml")
+    argv = ["-i", inventory, "--state-dir", str(state), "consolidate", "--apply", *args]
+    return CliRunner().invoke(app, argv, obj=ctx, **kw)
+
+
+def _at_local(kit: Kit, hour: int, minute: int) -> None:
+    """The kit's clock moved on to the next `hour:minute` local time."""
+    now = time.localtime(kit.clock.now())
+    to = (hour * 60 + minute - (now.tm_hour * 60 + now.tm_min)) % (24 * 60)
+    kit.clock.advance(to * 60 - now.tm_sec)
 
 
 def test_apply_asks_and_a_no_changes_nothing(kit: Kit) -> None:
@@ -231,10 +243,8 @@ def test_apply_yes_moves_the_job_and_reports_each_move(kit: Kit) -> None:
     assert "consolidation plan" in result.stderr  # the plan went to stderr: stdout is JSON
 
 
-def test_apply_outside_the_window_refuses_with_exit_1(
-    kit: Kit, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr("gpuctl.cli.consolidate._minute_of_day", lambda: 12 * 60)
+def test_apply_outside_the_window_refuses_with_exit_1(kit: Kit) -> None:
+    _at_local(kit, 12, 0)
     result = _apply(kit, "--yes", "--window", "22:00-04:00")
     assert result.exit_code == 1, result.output
     assert result.stderr.splitlines()[-2] == (

@@ -37,11 +37,11 @@ from gpuctl.core.model import (
     Reach,
 )
 from gpuctl.ops import jobs
+from gpuctl.ops.actions import FleetActions
+from gpuctl.ops.dashboard import Services
 from gpuctl.testing.fakerunner import FakeCluster, FakeRunner, ManualClock
 from gpuctl.testing.memstore import MemoryStore
-from gpuctl.tui.actions import FleetActions
 from gpuctl.tui.app import DashApp
-from gpuctl.tui.services import Services
 
 MIB = 81_559  # an H100 80GB as nvidia-smi reports it
 

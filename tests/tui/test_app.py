@@ -11,16 +11,16 @@ from textual.worker import Worker, WorkerState
 from gpuctl.core.jobs.model import Cordon, Event
 from gpuctl.core.model import Reach
 from gpuctl.ops import fleetstatus
+from gpuctl.ops.actions import ActionPlan
+from gpuctl.ops.dashboard import Services
 from gpuctl.testing.fakerunner import ManualClock
 from gpuctl.testing.memstore import MemoryStore
 from gpuctl.tui import format as fmt
-from gpuctl.tui.actions import ActionPlan
 from gpuctl.tui.app import DashApp
 from gpuctl.tui.screens.job import JobScreen
 from gpuctl.tui.screens.jobs import JobsScreen, QueueScreen
 from gpuctl.tui.screens.node import NodeScreen
 from gpuctl.tui.screens.overview import OverviewScreen
-from gpuctl.tui.services import Services
 from gpuctl.tui.widgets.confirm import ConfirmDialog
 from gpuctl.tui.widgets.fleet import EventsList, FleetTable
 from gpuctl.tui.widgets.help import HelpScreen

@@ -10,10 +10,9 @@ from gpuctl.core.jobs.model import Cordon, Event, JobState
 from gpuctl.core.model import Reach
 from gpuctl.errors import StateError
 from gpuctl.ops import fleetstatus
+from gpuctl.ops.dashboard import HealthKeeper, Services, collect
 from gpuctl.testing.fakerunner import ManualClock
 from gpuctl.testing.memstore import MemoryStore
-from gpuctl.tui.data import HealthKeeper, collect
-from gpuctl.tui.services import Services
 
 from .conftest import ScriptedSource, fleet, node, populate, submit
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 import pytest
 
 from gpuctl.config.jobspec import JobSpecModel
+from gpuctl.ops.dashboard import Services, collect
 from gpuctl.testing.fakerunner import ManualClock
 from gpuctl.testing.memstore import MemoryStore
-from gpuctl.tui.data import collect
-from gpuctl.tui.services import Services
 
 from .conftest import populate
 

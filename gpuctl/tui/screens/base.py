@@ -13,8 +13,8 @@ from textual.screen import Screen
 from textual.widget import Widget
 from textual.widgets import Footer, Static
 
+from gpuctl.ops.dashboard import DashData
 from gpuctl.tui import format as fmt
-from gpuctl.tui.data import DashData
 from gpuctl.tui.widgets.prompt import PromptScreen
 
 if TYPE_CHECKING:

@@ -12,12 +12,11 @@ from textual.containers import VerticalScroll
 from textual.widget import Widget
 from textual.widgets import Static
 
+from gpuctl.ops.dashboard import DashData, Services
 from gpuctl.ops.jobs import JobDetail
 from gpuctl.tui import format as fmt
 from gpuctl.tui import rows
-from gpuctl.tui.data import DashData
 from gpuctl.tui.screens.base import DashScreen
-from gpuctl.tui.services import Services
 
 LOG_LINES = 200
 

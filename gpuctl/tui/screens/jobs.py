@@ -9,8 +9,8 @@ from textual.binding import Binding, BindingType
 from textual.widget import Widget
 from textual.widgets import DataTable
 
+from gpuctl.ops.dashboard import DashData
 from gpuctl.tui import rows
-from gpuctl.tui.data import DashData
 from gpuctl.tui.messages import OpenJob
 from gpuctl.tui.screens.base import DashScreen
 from gpuctl.tui.widgets.table import KeyedTable

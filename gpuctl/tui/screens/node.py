@@ -12,9 +12,9 @@ from textual.containers import Horizontal
 from textual.widget import Widget
 from textual.widgets import Static
 
+from gpuctl.ops.dashboard import DashData
 from gpuctl.tui import format as fmt
 from gpuctl.tui import rows
-from gpuctl.tui.data import DashData
 from gpuctl.tui.messages import ActionRequested
 from gpuctl.tui.screens.base import DashScreen
 from gpuctl.tui.widgets.table import KeyedTable

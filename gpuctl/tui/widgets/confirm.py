@@ -10,8 +10,8 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Static
 
+from gpuctl.ops.actions import ActionPlan
 from gpuctl.tui import format as fmt
-from gpuctl.tui.actions import ActionPlan
 
 
 class ConfirmDialog(ModalScreen[bool]):

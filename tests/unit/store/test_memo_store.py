@@ -7,7 +7,7 @@ from gpuctl.adapters.store import open_store
 from gpuctl.core.jobs.model import Cordon, Event, Job, JobState
 from gpuctl.core.jobs.spec import JobSpec
 from gpuctl.core.placement.model import JobRequest
-from gpuctl.tui.services import KeptStore
+from gpuctl.ops.stores import KeptStore
 
 
 def ev(kind: str, job_id: str | None = None) -> Event:

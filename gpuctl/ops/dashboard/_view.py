@@ -1,9 +1,10 @@
 """One refresh of the dashboard, as values: the snapshot, the numbers, each node's placement view,
 health verdict and cordon, the jobs (and why each queued one waits), recent events and alerts.
 
-`collect` runs in a worker thread and only calls services: `fleetstatus.fleet_state/numbers`,
-`ops.jobs.list_jobs`, the placement engine's `plan` for the queue, `core.health.evaluate_fleet`.
-Nothing here decides anything of its own; it gathers what those say into one frozen value.
+`collect` runs in the dashboard's worker thread (once for `gpuctl dash --once`) and only calls
+services: `fleetstatus.fleet_state/numbers`, `ops.jobs.list_jobs`, the placement engine's `plan`
+for the queue, `core.health.evaluate_fleet`. Nothing here decides anything of its own; it gathers
+what those say into one frozen value.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from gpuctl.core.jobs.model import Cordon, Event, JobState
 from gpuctl.core.model import FleetSnapshot, NodeSnapshot, Reach
 from gpuctl.core.placement.model import Card, FleetState, PlacementNode, Settings
 from gpuctl.errors import GpuctlError, StateError
+from gpuctl.ops.dashboard._sources import Services
 from gpuctl.ops.jobs import JobView
-from gpuctl.tui.services import Services
 
 EVENT_WINDOW_S = 24 * 3600.0
 RECENT_EVENTS = 50

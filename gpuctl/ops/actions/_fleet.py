@@ -1,0 +1,329 @@
+"""`FleetActions`: cordon, uncordon, drain and consolidate, each planned then carried out (see
+the package's front), and the drain plan's text."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from gpuctl.adapters.protocols import Clock, JobRunner, Store
+from gpuctl.core.jobs.migration import DEFAULT_TIMEOUT_S
+from gpuctl.core.jobs.model import Cordon
+from gpuctl.core.model import Inventory
+from gpuctl.core.units import human_s
+from gpuctl.ops.actions.model import ACTIONS, ActionPlan, ActionRefused, Applied, Progress
+from gpuctl.ops.parts import FleetReader, control_loop, minute_of_day, sleep_of
+from gpuctl.ops.stores import SessionStore
+
+if TYPE_CHECKING:
+    from gpuctl.core.consolidation import ConsolidationPlan
+    from gpuctl.core.placement.model import JobRequest
+    from gpuctl.ops.consolidate import Window
+    from gpuctl.ops.migrate import MigrationResult
+    from gpuctl.ops.nodeops import DrainPlan
+    from gpuctl.ops.reconcile import Reconciler
+
+MAX_MOVES = 10  # consolidation moves per plan (`gpuctl consolidate --max-moves` default)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DrainOrder:
+    """A drain plan and how to carry it out (`nodeops.drain`'s waits and pace)."""
+
+    plan: DrainPlan
+    grace_s: float | None = None  # None: each job's own grace
+    checkpoint_wait_s: float | None = None  # None: the grace
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    parallel: int = 2
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ConsolidationOrder:
+    """A consolidation plan and how to carry it out: only inside `window`, `parallel` at once."""
+
+    plan: ConsolidationPlan
+    window: Window | None = None
+    parallel: int = 1
+
+
+class FleetActions:
+    """Cordon and uncordon on the store; drain and consolidation through the control loop's
+    migration primitive, over the caller's fleet reader and job runner (the dashboard's own, or
+    the command's; without them only cordon and uncordon can be planned: they never reach the
+    nodes). Waits pass on `clock` (`parts.sleep_of`)."""
+
+    def __init__(
+        self,
+        *,
+        open_store: SessionStore,
+        clock: Clock,
+        operator: str,
+        inventory: Inventory,
+        fleet: FleetReader | None = None,
+        runner: JobRunner | None = None,
+        env: Mapping[str, str] | None = None,
+        state_dir: Path | str | None = None,
+        max_moves: int = MAX_MOVES,
+    ) -> None:
+        self.open_store = open_store
+        self.clock = clock
+        self.operator = operator
+        self.inventory = inventory
+        self.fleet = fleet
+        self.runner = runner
+        self.env = dict(env or {})
+        self.state_dir = None if state_dir is None else Path(state_dir)
+        self.max_moves = max_moves
+
+    def minute_of_day(self) -> int:
+        """The local time now on the service's clock (maintenance windows read it)."""
+        return minute_of_day(self.clock)
+
+    # --- the dashboard's keys -------------------------------------------------------------------
+
+    def needs_reason(self, action: str) -> bool:
+        return action in ("cordon", "drain")
+
+    def plan(self, action: str, target: str | None, *, reason: str | None = None) -> ActionPlan:
+        """The plan for a dashboard key; a cordon or drain without a reason says it came from
+        the dashboard."""
+        if action not in ACTIONS:
+            raise ActionRefused(f"unknown action {action!r}")
+        if action == "consolidate":
+            return self.plan_consolidation()
+        if not target:
+            raise ActionRefused(f"{action} needs a node")
+        why = (reason or "").strip() or f"from gpuctl dash by {self.operator}"
+        if action == "cordon":
+            return self.plan_cordon(target, why)
+        if action == "drain":
+            return self.plan_drain(target, why)
+        return self.plan_uncordon(target)
+
+    def apply(self, plan: ActionPlan, progress: Progress | None = None) -> str:
+        return self.carry_out(plan, progress).message
+
+    # --- plans --------------------------------------------------------------------------------
+
+    def plan_cordon(self, node: str, reason: str) -> ActionPlan:
+        current = self._cordon_of(node)
+        lines = [
+            f"cordon {node}: no new work lands there; running jobs stay.",
+            f"  reason:   {reason}",
+            f"  operator: {self.operator} (source: operator)",
+        ]
+        if current is not None:
+            lines.append(
+                f"  replaces: the cordon by {current.operator} ({current.source}): {current.reason}"
+            )
+        return ActionPlan("cordon", node, "\n".join(lines), reason)
+
+    def plan_uncordon(self, node: str) -> ActionPlan:
+        """`value`: the cordon it lifts (the plan is not applicable when there is none)."""
+        current = self._cordon_of(node)
+        if current is None:
+            text = f"uncordon {node}: it is not cordoned; nothing to do."
+            return ActionPlan("uncordon", node, text, None, applicable=False)
+        text = (
+            f"uncordon {node}: new work may land there again.\n"
+            f"  lifts:    the cordon by {current.operator} ({current.source}): {current.reason}"
+        )
+        return ActionPlan("uncordon", node, text, current.reason, value=current)
+
+    def plan_drain(
+        self,
+        node: str,
+        reason: str,
+        *,
+        grace_s: float | None = None,
+        checkpoint_wait_s: float | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        parallel: int = 2,
+    ) -> ActionPlan:
+        """Each job on `node` and where it goes, on a fresh gather (`value`: a `DrainOrder`)."""
+        from gpuctl.ops import nodeops
+
+        self._known(node)
+        snapshot = self._fleet().gather(self.inventory)
+        with self.open_store(False) as store:
+            loop = self._loop(store, dry_run=True)
+            drain = nodeops.plan_drain(nodeops.tick(loop, snapshot), node, reason=reason)
+        order = DrainOrder(drain, grace_s, checkpoint_wait_s, timeout_s, parallel)
+        return ActionPlan("drain", node, drain_text(drain), reason, value=order)
+
+    def plan_consolidation(
+        self,
+        *,
+        max_moves: int | None = None,
+        target: JobRequest | None = None,
+        window: Window | None = None,
+        parallel: int = 1,
+    ) -> ActionPlan:
+        """Moves that free whole cards and nodes (or make room for `target`), on a fresh gather
+        (`value`: a `ConsolidationOrder`)."""
+        from gpuctl.core.consolidation import render_consolidation
+        from gpuctl.ops import consolidate as service
+
+        snapshot = self._fleet().gather(self.inventory)
+        now = self.clock.now()
+        with self.open_store(False) as store:
+            inputs = service.gather_inputs(snapshot, store, now)
+        moves = self.max_moves if max_moves is None else max_moves
+        plan = service.plan(inputs, now=now, max_moves=moves, target=target)
+        return ActionPlan(
+            "consolidate",
+            None,
+            render_consolidation(plan).rstrip("\n"),
+            value=ConsolidationOrder(plan, window, parallel),
+            applicable=not plan.empty,
+        )
+
+    # --- carrying a plan out -------------------------------------------------------------------
+
+    def carry_out(self, plan: ActionPlan, progress: Progress | None = None) -> Applied:
+        if not plan.applicable:
+            raise ActionRefused(f"{plan.action}: nothing to apply")
+        from gpuctl.ops import nodeops
+
+        if plan.action == "cordon" and plan.target is not None:
+            with self.open_store(True) as store:
+                done = nodeops.cordon(
+                    store, plan.target, reason=plan.reason or "", operator=self.operator,
+                    clock=self.clock,
+                )  # fmt: skip
+            return Applied(f"{plan.target} cordoned by {done.operator}: {done.reason}", done)
+        if plan.action == "uncordon" and plan.target is not None:
+            with self.open_store(True) as store:
+                lifted = nodeops.uncordon(
+                    store, plan.target, operator=self.operator, clock=self.clock
+                )
+            was = lifted or plan.value
+            what = "" if was is None else f" (was: {was.reason}, by {was.operator})"
+            return Applied(f"{plan.target} uncordoned{what}", lifted)
+        if plan.action == "drain":
+            return self._drain(plan.value, progress)
+        if plan.action == "consolidate":
+            return self._consolidate(plan.value, progress)
+        raise ActionRefused(f"{plan.action}: cannot apply")
+
+    def _drain(self, order: DrainOrder, progress: Progress | None) -> Applied:
+        from gpuctl.ops import nodeops
+
+        with self.open_store(True) as store:
+            loop = self._loop(store, dry_run=False)
+            result = nodeops.drain(
+                loop,
+                order.plan,
+                operator=self.operator,
+                grace_s=order.grace_s,
+                checkpoint_wait_s=order.checkpoint_wait_s,
+                timeout_s=order.timeout_s,
+                parallel=order.parallel,
+                on_result=_reporter(progress),
+                sleep=sleep_of(self.clock),
+            )
+        moved = sum(1 for r in result.results if r.moved)
+        said = f"{order.plan.node}: {moved} of {len(result.results)} job(s) moved; cordoned"
+        return Applied(said, result, result.complete)
+
+    def _consolidate(self, order: ConsolidationOrder, progress: Progress | None) -> Applied:
+        from gpuctl.ops import consolidate as service
+
+        with self.open_store(True) as store:
+            loop = self._loop(store, dry_run=False)
+            fresh = self._fleet().gather(self.inventory)
+            migrator = service.loop_migrator(
+                loop,
+                operator=self.operator,
+                snapshot=fresh,
+                on_result=_reporter(progress),
+                sleep=sleep_of(self.clock),
+            )
+            result = service.apply(
+                order.plan,
+                current_version=service.current_version(fresh, store),
+                migrator=migrator,
+                window=order.window,
+                minute_of_day=self.minute_of_day(),
+                parallel=order.parallel,
+            )
+        done = sum(1 for r in result.results if r.landed)
+        said = f"consolidation: {done} of {len(order.plan.moves)} move(s) done"
+        return Applied(said, result, result.complete)
+
+    # --- parts ---------------------------------------------------------------------------------
+
+    def _known(self, node: str) -> None:
+        if node not in self.inventory.by_name():
+            raise ActionRefused(f"{node} is not in the inventory")
+
+    def _cordon_of(self, node: str) -> Cordon | None:
+        self._known(node)
+        with self.open_store(False) as store:
+            return {c.node: c for c in store.cordons()}.get(node)
+
+    def _fleet(self) -> FleetReader:
+        if self.fleet is None:
+            raise ActionRefused("drain and consolidation need the fleet: none was given")
+        return self.fleet
+
+    def _loop(self, store: Store, *, dry_run: bool) -> Reconciler:
+        from gpuctl.ops.reconcile import ReconcileSettings
+
+        if self.runner is None:
+            raise ActionRefused("drain and consolidation need a job runner: none was given")
+        return control_loop(
+            store,
+            self._fleet(),
+            self.runner,
+            self.inventory,
+            self.clock,
+            settings=ReconcileSettings(dry_run=dry_run),
+            env=self.env,
+            state_dir=self.state_dir,
+        )
+
+
+def _reporter(progress: Progress | None) -> Callable[[MigrationResult], None] | None:
+    if progress is None:
+        return None
+    say = progress
+    return lambda r: say(f"{r.job_id}: {r.outcome}: {r.message}")
+
+
+def drain_text(plan: DrainPlan) -> str:
+    """The drain plan as `gpuctl drain` prints it and the dashboard's confirm dialog shows it:
+    each job on the node and where it goes."""
+    cordon = (
+        "not cordoned yet"
+        if plan.cordon is None
+        else f"cordoned by {plan.cordon.operator} ({plan.cordon.source}): {plan.cordon.reason}"
+    )
+    if not plan.moves:
+        return f"drain {plan.node}: {plan.reason} ({cordon})\nno jobs on the node"
+    head = (
+        f"drain {plan.node}: {plan.reason} ({cordon})\n"
+        f"cordon it, then move {len(plan.movable)} of {len(plan.moves)} job(s) off it "
+        "(checkpoint, stop, restart there from the checkpoint)"
+    )
+    rows = []
+    for m in plan.moves:
+        ckpt = "none"
+        if m.checkpoint_step is not None:
+            age = "" if m.checkpoint_age_s is None else f", {human_s(m.checkpoint_age_s)} old"
+            ckpt = f"step {m.checkpoint_step}{age}"
+        to = m.to_node or f"stays: {m.why_not}"
+        cards = ",".join(str(c) for c in m.to_cards) or "-"
+        rows.append([m.job_id, str(m.incarnation), ",".join(map(str, m.cards)), to, cards, ckpt])
+    return f"{head}\n{_table(['JOB', 'INC', 'CARDS', 'TO', 'CARDS', 'CHECKPOINT'], rows)}"
+
+
+def _table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A plain-text table: columns padded to their widest cell, trailing blanks stripped."""
+    widths = [max(len(r[i]) for r in (head, *rows)) for i in range(len(head))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+        for r in (head, *rows)
+    )

@@ -1,0 +1,53 @@
+"""The dashboard's headless services: what `gpuctl dash` shows, worked out without a terminal.
+
+`Services` is what the dashboard is given (a snapshot source, the store, the clock, the actions of
+`gpuctl.ops.actions`, the health rules, job logs; `gpuctl.ops.compose` builds it). `collect` makes
+one refresh of it into one frozen `DashData`: the snapshot, the numbers, each node's placement
+view, state, health verdict and cordon, the jobs (and why each queued one waits), recent events
+and alerts. The TUI draws a `DashData`; `gpuctl dash --once` prints one.
+
+This front re-exports the package's public names; the pieces are private: the sources and the
+services bundle (`_sources`), one refresh's values and how they are collected (`_view`).
+"""
+
+from __future__ import annotations
+
+from gpuctl.ops.dashboard._sources import (
+    LOG_TAIL_BYTES,
+    LiveSource,
+    LogReader,
+    Poller,
+    RemoteLogs,
+    SavedSource,
+    Services,
+    SnapshotSource,
+)
+from gpuctl.ops.dashboard._view import (
+    Alert,
+    DashData,
+    HealthKeeper,
+    JobLine,
+    NodeView,
+    alerts,
+    collect,
+    waiting_reasons,
+)
+
+__all__ = [
+    "LOG_TAIL_BYTES",
+    "Alert",
+    "DashData",
+    "HealthKeeper",
+    "JobLine",
+    "LiveSource",
+    "LogReader",
+    "NodeView",
+    "Poller",
+    "RemoteLogs",
+    "SavedSource",
+    "Services",
+    "SnapshotSource",
+    "alerts",
+    "collect",
+    "waiting_reasons",
+]
