@@ -60,14 +60,6 @@ class Loop:
     inventory: Inventory
     state_dir: Path
 
-    @property
-    def gatherer(self) -> FleetLink:
-        return self.link
-
-    @property
-    def transport(self) -> Transport:
-        return self.link.transport
-
     def close(self) -> None:
         try:
             self.link.close()
@@ -253,7 +245,7 @@ class Root:
             services = Services(
                 loop=parts.loop,
                 gatherer=parts.link.gatherer,
-                transport=parts.transport,
+                transport=parts.link.transport,
                 history=SampleHistory.in_state_dir(self.state_dir),
                 rules=load_rules(None),
                 operator=self.operator,
