@@ -16,7 +16,7 @@ from gpuctl.errors import UsageError
 if TYPE_CHECKING:
     from gpuctl.adapters.protocols import Store
     from gpuctl.ops.compose import Loop
-    from gpuctl.ops.reconcile import Action, ReconcileSettings
+    from gpuctl.ops.loop import Action, ReconcileSettings
 
 
 def load_inventory(ctx: typer.Context) -> Inventory:

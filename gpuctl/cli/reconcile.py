@@ -1,6 +1,6 @@
 """`gpuctl reconcile [--watch]`: run the control loop, once or until Ctrl-C.
 
-A thin shell over `gpuctl.ops.reconcile`: it opens the store, builds the gatherer and the job
+A thin shell over `gpuctl.ops.loop`: it opens the store, builds the gatherer and the job
 runner over one SSH transport, runs a pass (or passes), and prints what they did. With `--watch`,
 what happens is streamed on stderr; Ctrl-C lets the current step finish, releases the loop lock
 and exits 0 (a second Ctrl-C stops at once).
@@ -23,7 +23,7 @@ from gpuctl.cli.render import OUTPUT_OPTION, Output, emit_document, safe
 from gpuctl.errors import ExitCode, StateError, StoreConflict, UsageError
 
 if TYPE_CHECKING:
-    from gpuctl.ops.reconcile import PassReport, Reconciler
+    from gpuctl.ops.loop import PassReport, Reconciler
 
 
 def reconcile(
@@ -69,7 +69,7 @@ def _build(
     import dataclasses
 
     from gpuctl.cli import fleet
-    from gpuctl.ops.reconcile import ReconcileSettings
+    from gpuctl.ops.loop import ReconcileSettings
 
     settings = ReconcileSettings(lock_wait_s=wait, dry_run=dry_run)
     if grace is not None:

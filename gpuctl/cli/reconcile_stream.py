@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from gpuctl.cli.render import safe
 
 if TYPE_CHECKING:
-    from gpuctl.ops.reconcile_report import Action
+    from gpuctl.ops.loop.model import Action
 
 QUIET = frozenset({"waiting", "skipped"})
 Key = tuple[str, str | None, str | None]  # kind, job, node

@@ -37,9 +37,9 @@ if TYPE_CHECKING:
     from gpuctl.ops.actions import FleetActions
     from gpuctl.ops.dashboard import Services as DashServices
     from gpuctl.ops.gather import Gatherer
+    from gpuctl.ops.loop import Action, Reconciler, ReconcileSettings
     from gpuctl.ops.metrics import Refresher
     from gpuctl.ops.playbook_view import Services as PlaybookServices
-    from gpuctl.ops.reconcile import Action, Reconciler, ReconcileSettings
 
 
 def default_transport() -> Transport:
@@ -133,7 +133,7 @@ class Root:
         health rules look back at the state dir's `health-history.json` (shared with `gpuctl
         health`), not at samples kept in memory."""
         from gpuctl.ops.health import SampleHistory
-        from gpuctl.ops.reconcile import ReconcileSettings
+        from gpuctl.ops.loop import ReconcileSettings
 
         store = self.open_store(self.state_dir, write=write)
         try:

@@ -35,8 +35,8 @@ from gpuctl.core.placement.model import FleetState, JobRequest, JobShape, Settin
 from gpuctl.errors import PlanError, UsageError
 
 if TYPE_CHECKING:
+    from gpuctl.ops.loop import Reconciler
     from gpuctl.ops.migrate import MigrationResult
-    from gpuctl.ops.reconcile import Reconciler
 
 # --- inputs ----------------------------------------------------------------------------------
 
@@ -292,8 +292,8 @@ def loop_migrator(
     goes to `run_migrations` (`poll_s`, `lock_wait_s`, `sleep`)."""
     from gpuctl.core.jobs.migration import DEFAULT_TIMEOUT_S, Source
     from gpuctl.core.placement.model import Allocation
+    from gpuctl.ops.loop import Target
     from gpuctl.ops.migrate import MigrationRequest, run_migrations
-    from gpuctl.ops.reconcile_launch import Target
 
     first = [snapshot]  # the first wave may use the caller's gather; later ones gather afresh
 

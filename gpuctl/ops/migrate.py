@@ -24,19 +24,20 @@ from gpuctl.core.jobs.migration import DEFAULT_TIMEOUT_S, Reservation, Source
 from gpuctl.core.jobs.model import Incarnation, IncarnationState, Job, JobState
 from gpuctl.core.model import FleetSnapshot
 from gpuctl.errors import StoreConflict
-from gpuctl.ops import reconcile_launch
-from gpuctl.ops.migrate_steps import (
+from gpuctl.ops.loop import (
+    Pass,
+    Target,
     advance,
     advance_all,
     choose_target,
+    fleet_state,
     incarnation_of,
     moving_off,
     reserve,
 )
-from gpuctl.ops.reconcile_launch import Target
 
 if TYPE_CHECKING:
-    from gpuctl.ops.reconcile import Pass, Reconciler
+    from gpuctl.ops.loop import Reconciler
 
 __all__ = [
     "MigrationRequest",
@@ -178,8 +179,6 @@ def run_migrations(
 
 
 def _tick(loop: Reconciler, snapshot: FleetSnapshot) -> Pass:
-    from gpuctl.ops.reconcile import Pass
-
     p = Pass(loop, None)
     p.snapshot = snapshot
     return p
@@ -236,7 +235,7 @@ def _resolve(
     if target is None:
         return choose_target(p, job, inc)
     try:
-        node = reconcile_launch.fleet_state(p)[0].node(target.node)
+        node = fleet_state(p)[0].node(target.node)
     except KeyError:
         return f"{target.node} is not in the fleet"
     uuids = {c.index: c.uuid or "" for c in node.cards}

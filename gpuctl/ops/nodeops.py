@@ -26,11 +26,12 @@ from gpuctl.core.placement.engine import plan
 from gpuctl.core.placement.model import Allocation
 from gpuctl.core.placement.plan import apply_plan
 from gpuctl.errors import PlanError, UsageError
-from gpuctl.ops import migrate, reconcile_launch
+from gpuctl.ops import migrate
+from gpuctl.ops.loop import Pass, fleet_state, placement_request
 from gpuctl.ops.migrate import MigrationRequest, MigrationResult, Target
 
 if TYPE_CHECKING:
-    from gpuctl.ops.reconcile import Pass, Reconciler
+    from gpuctl.ops.loop import Reconciler
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 MAX_REASON = 500
@@ -166,7 +167,7 @@ def plan_drain(p: Pass, node: str, *, reason: str) -> DrainPlan:
     _check(node, reason)
     if node not in p.specs:
         raise UsageError(f"unknown node {node!r}", hint="see `gpuctl inventory list`")
-    state, _ = reconcile_launch.fleet_state(p)
+    state, _ = fleet_state(p)
     state = dataclasses.replace(
         state,
         nodes=tuple(
@@ -209,7 +210,7 @@ def plan_drain(p: Pass, node: str, *, reason: str) -> DrainPlan:
             moves.append(dataclasses.replace(base, why_not=why))
             continue
         moving_state = dataclasses.replace(state, allocations=migrate.moving_off(state, job.id))
-        request = reconcile_launch.placement_request(job, jobs)
+        request = placement_request(job, jobs)
         result = plan(moving_state, [request], settings)
         if not result.placed:
             moves.append(dataclasses.replace(base, why_not=result.unplaced[0].reason))
@@ -274,8 +275,6 @@ class DrainResult:
 
 def tick(loop: Reconciler, snapshot: FleetSnapshot | None = None) -> Pass:
     """A pass that only carries the gather and the store (for planning outside the loop)."""
-    from gpuctl.ops.reconcile import Pass
-
     p = Pass(loop, None)
     p.snapshot = snapshot if snapshot is not None else loop.fleet.gather(loop.inventory)
     return p

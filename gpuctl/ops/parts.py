@@ -20,7 +20,7 @@ from gpuctl.core.model import FleetSnapshot, Inventory, NodeSpec
 
 if TYPE_CHECKING:
     from gpuctl.ops.health import HistoryKeeper
-    from gpuctl.ops.reconcile import Action, Reconciler, ReconcileSettings
+    from gpuctl.ops.loop import Action, Reconciler, ReconcileSettings
 
 # --- the fleet link ------------------------------------------------------------------------------
 
@@ -101,7 +101,7 @@ def control_loop(
     """The control loop as `gpuctl reconcile` runs it, over `store`, the fleet and its job runner
     (a `FleetLink`'s two): what drain, consolidation, playbooks and the dashboard's actions drive
     too."""
-    from gpuctl.ops.reconcile import Reconciler
+    from gpuctl.ops.loop import Reconciler
 
     return Reconciler(
         store,

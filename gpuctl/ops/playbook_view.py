@@ -16,7 +16,7 @@ from gpuctl.core.playbook import TargetFacts
 from gpuctl.ops.health import HistoryKeeper
 
 if TYPE_CHECKING:
-    from gpuctl.ops.reconcile import Reconciler
+    from gpuctl.ops.loop import Reconciler
 
 
 class FleetGatherer(Protocol):

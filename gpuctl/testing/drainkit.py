@@ -22,7 +22,7 @@ from gpuctl.core.jobs.model import Event, Incarnation, Job, JobState, LaunchRequ
 from gpuctl.core.jobs.restarts import RestartPolicy
 from gpuctl.core.model import FleetSnapshot, Inventory, NodeSnapshot, NodeSpec, XidEvent
 from gpuctl.core.placement.model import Settings
-from gpuctl.ops.reconcile import PassReport, Reconciler, ReconcileSettings
+from gpuctl.ops.loop import PassReport, Reconciler, ReconcileSettings
 from gpuctl.testing.fakerunner import FakeCluster, FakeFleet, FakeRunner, ManualClock
 
 GIB = 1024

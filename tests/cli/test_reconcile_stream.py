@@ -16,7 +16,7 @@ from gpuctl.cli.reconcile import _stream, _watch
 from gpuctl.cli.reconcile_stream import Stream
 from gpuctl.cli.render import Output
 from gpuctl.core.health.autodrain import AutoDrainPolicy
-from gpuctl.ops.reconcile import Action, PassReport
+from gpuctl.ops.loop import Action, PassReport
 from gpuctl.testing.drainkit import Kit
 from gpuctl.testing.memstore import MemoryStore
 

@@ -32,7 +32,7 @@ from gpuctl.core.model import Inventory
 from gpuctl.ops import jobs as service
 from gpuctl.ops.gather import Gatherer
 from gpuctl.ops.invariants import check_invariants
-from gpuctl.ops.reconcile import PassReport, Reconciler, ReconcileSettings
+from gpuctl.ops.loop import PassReport, Reconciler, ReconcileSettings
 from gpuctl.testing import waiting
 from gpuctl.testing.lab import LabFleet
 

@@ -33,7 +33,7 @@ from gpuctl.ops import jobs as service
 from gpuctl.ops import nodeops
 from gpuctl.ops.gather import Gatherer
 from gpuctl.ops.invariants import check_invariants
-from gpuctl.ops.reconcile import Reconciler, ReconcileSettings
+from gpuctl.ops.loop import Reconciler, ReconcileSettings
 from gpuctl.testing import waiting
 from gpuctl.testing.lab import LabFleet
 

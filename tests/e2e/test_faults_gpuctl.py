@@ -26,7 +26,7 @@ from gpuctl.ops import jobs as service
 from gpuctl.ops.gather import Gatherer
 from gpuctl.ops.invariants import LIVE, check_database, check_invariants
 from gpuctl.ops.jobs import ACTIVE
-from gpuctl.ops.reconcile import Pass, Reconciler, ReconcileSettings
+from gpuctl.ops.loop import Pass, Reconciler, ReconcileSettings, run_pass
 from gpuctl.testing.lab import LabFleet
 from tests.e2e.faults import (
     EXAMPLES,
@@ -233,7 +233,7 @@ def test_two_passes_that_skip_the_loop_lock_are_kept_apart_by_the_store(
                 SystemClock(),
                 settings,
             )
-            reports.append(Pass(loop, None).run())  # a pass without the loop lock
+            reports.append(run_pass(Pass(loop, None)))  # a pass without the loop lock
 
     try:
         threads = [threading.Thread(target=one_pass, args=(k,)) for k in range(2)]

@@ -1,7 +1,7 @@
 """The job lifecycle vocabulary: jobs, incarnations, checkpoints, events, cordons.
 
 Frozen values shared by the state store (`gpuctl.adapters.store`), the control loop
-(`gpuctl.ops.reconcile`) and the CLI. A *job* is what an operator submitted (stable id, its
+(`gpuctl.ops.loop`) and the CLI. A *job* is what an operator submitted (stable id, its
 `gpuctl.core.jobs.spec.JobSpec`); an *incarnation* is one run of it on one node
 (`GPUCTL_INCARNATION`, +1 at every (re)start). Cards are held by incarnations that are launching,
 running, or lost-but-not-yet-fenced, so a node that comes back is never double-booked before its

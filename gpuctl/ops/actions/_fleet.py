@@ -21,9 +21,9 @@ if TYPE_CHECKING:
     from gpuctl.core.consolidation import ConsolidationPlan
     from gpuctl.core.placement.model import JobRequest
     from gpuctl.ops.consolidate import Window
+    from gpuctl.ops.loop import Reconciler
     from gpuctl.ops.migrate import MigrationResult
     from gpuctl.ops.nodeops import DrainPlan
-    from gpuctl.ops.reconcile import Reconciler
 
 MAX_MOVES = 10  # consolidation moves per plan (`gpuctl consolidate --max-moves` default)
 
@@ -270,7 +270,7 @@ class FleetActions:
         return self.fleet
 
     def _loop(self, store: Store, *, dry_run: bool) -> Reconciler:
-        from gpuctl.ops.reconcile import ReconcileSettings
+        from gpuctl.ops.loop import ReconcileSettings
 
         if self.runner is None:
             raise ActionRefused("drain and consolidation need a job runner: none was given")

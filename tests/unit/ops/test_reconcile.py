@@ -29,7 +29,7 @@ from gpuctl.core.placement.model import Settings
 from gpuctl.errors import StoreConflict
 from gpuctl.ops import jobs as jobs_service
 from gpuctl.ops.invariants import check_invariants
-from gpuctl.ops.reconcile import PassReport, Reconciler, ReconcileSettings
+from gpuctl.ops.loop import PassReport, Reconciler, ReconcileSettings
 from gpuctl.testing.drainkit import Kit, LoopKit
 from gpuctl.testing.fakerunner import FakeCluster, FakeFleet, FakeRunner, ManualClock
 from gpuctl.testing.memstore import MemoryStore

@@ -1,17 +1,19 @@
-"""What one control-loop pass did: per node (liveness, ghost memory), per action, as a value that
-`gpuctl reconcile -o json` prints and `--watch` streams."""
+"""The control loop's values: its settings, what one pass did (per node: liveness, ghost memory;
+per action) as a value that `gpuctl reconcile -o json` prints and `--watch` streams, the fleet
+source it polls and where an incarnation starts (`Target`)."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from gpuctl.core.health.autodrain import AutoDrainPolicy
 from gpuctl.core.jobs.liveness import DEFAULT_GRACE_S, DEFAULT_MASS_FAILURE_FRACTION
 from gpuctl.core.jobs.restarts import RestartPolicy
 from gpuctl.core.jobs.stall import StallPolicy
-from gpuctl.core.placement.model import Settings
+from gpuctl.core.model import FleetSnapshot, Inventory
+from gpuctl.core.placement.model import Allocation, Settings
 
 DEFAULT_LAUNCH_SETTLE_S = 20.0
 DEFAULT_CHECKPOINT_SCAN_S = 30.0
@@ -101,3 +103,26 @@ class PassReport:
 
     def of(self, kind: str) -> tuple[Action, ...]:
         return tuple(a for a in self.actions if a.kind == kind)
+
+
+class FleetSource(Protocol):
+    """One poll of the fleet (`gpuctl.ops.gather.Gatherer` is one)."""
+
+    def gather(self, nodes: Inventory) -> FleetSnapshot: ...
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Target:
+    """Where an incarnation starts: a placement's allocation, or a migration's reserved cards,
+    and the UUIDs of those cards (empty: not known yet)."""
+
+    allocation: Allocation
+    gpu_uuids: tuple[str, ...] = ()
+
+    @property
+    def node(self) -> str:
+        return self.allocation.node
+
+    @property
+    def cards(self) -> tuple[int, ...]:
+        return self.allocation.cards

@@ -17,11 +17,11 @@ from gpuctl.core.jobs.model import (
 )
 from gpuctl.core.model import Reach
 from gpuctl.errors import StoreConflict, TransportError
-from gpuctl.ops import reconcile_jobs
-from gpuctl.ops.reconcile_report import NodeReport
+from gpuctl.ops.loop import _jobs
+from gpuctl.ops.loop.model import NodeReport
 
 if TYPE_CHECKING:
-    from gpuctl.ops.reconcile import Pass
+    from gpuctl.ops.loop._pass import Pass
 
 LIVENESS_REFRESH_S = 60.0
 
@@ -136,7 +136,7 @@ def fence(p: Pass) -> None:
 
 
 def _fence_one(p: Pass, inc: Incarnation, run: RunStatus | None) -> None:
-    fenced = reconcile_jobs.confirm_gone(p, inc)
+    fenced = _jobs.confirm_gone(p, inc)
     if fenced is None:
         return  # not known to be gone: it stays lost, holding its cards, until it is
     alive = fenced.killed > 0 or (p.dry and run is not None and run.alive)

@@ -1,4 +1,4 @@
-"""The steps of a migration, taken inside a pass (`gpuctl.ops.reconcile.Pass`): choose a target,
+"""The steps of a migration, taken inside a pass (`gpuctl.ops.loop.Pass`): choose a target,
 reserve it, then `advance`: the next step `gpuctl.core.jobs.migration.next_step` decides from what
 the store and the node say, carried out (SIGUSR1, SIGTERM, SIGKILL, the end recorded, the launch on
 the reserved cards, or the rollback), each an event. `advance_all` is the control loop's step.
@@ -23,11 +23,12 @@ from gpuctl.core.jobs.model import EndReason, Incarnation, IncarnationState, Job
 from gpuctl.core.placement.engine import plan
 from gpuctl.core.placement.model import Allocation, FleetState
 from gpuctl.errors import GpuctlError, StoreConflict, TransportError
-from gpuctl.ops import reconcile_checkpoints, reconcile_jobs, reconcile_launch
-from gpuctl.ops.reconcile_launch import Target
+from gpuctl.ops.loop import _checkpoints, _jobs
+from gpuctl.ops.loop import _launch as launches
+from gpuctl.ops.loop.model import Target
 
 if TYPE_CHECKING:
-    from gpuctl.ops.reconcile import Pass
+    from gpuctl.ops.loop._pass import Pass
 
 
 CHAINED = (StepKind.RECORD_END, StepKind.KILL)  # after these, the job can go on at once
@@ -42,7 +43,7 @@ def choose_target(
     """Where the job could go (never its own node): (target, card capacities), or why nowhere.
     Drains and consolidations may use the failover headroom, as a failover does."""
     if state is None:
-        state, _ = reconcile_launch.fleet_state(p)
+        state, _ = launches.fleet_state(p)
     nodes = tuple(
         dataclasses.replace(n, schedulable=False, reason="the job is moving off it")
         if n.name == inc.node
@@ -51,7 +52,7 @@ def choose_target(
     )
     state = dataclasses.replace(state, nodes=nodes, allocations=moving_off(state, job.id))
     jobs = {j.id: j for j in p.store.jobs()}
-    req = reconcile_launch.placement_request(job, jobs)
+    req = launches.placement_request(job, jobs)
     settings = dataclasses.replace(p.settings.placement, band_max=1.0, headroom=0.0)
     result = plan(state, [req], settings)
     if not result.placed:
@@ -201,7 +202,7 @@ def _apply(
     if kind is StepKind.STOP:
         return _stop(p, res, source, step.why)
     if kind is StepKind.KILL:
-        if reconcile_jobs.confirm_gone(p, source) is None:
+        if _jobs.confirm_gone(p, source) is None:
             return res  # not known to be gone yet: the target waits, the next pass tries again
         done = p.update_inc(
             source,
@@ -212,11 +213,11 @@ def _apply(
             "checkpoint)",
             state=IncarnationState.KILLED,
         )
-        reconcile_jobs.settle_job(p, done)
+        _jobs.settle_job(p, done)
         return res
     if kind is StepKind.RECORD_END:
         run = p.observed.get(source.node, {}).get((source.job_id, source.n))
-        reconcile_jobs.ended(
+        _jobs.ended(
             p, source, None if run is None else run.exit_code, None if run else "its run is gone"
         )
         return res
@@ -276,7 +277,7 @@ def _launch(p: Pass, res: Reservation, job: Job, source: Incarnation | None) -> 
         return
     if source is not None and source.node in p.answering:
         # its newest checkpoints (the one written on SIGTERM too), copied for `sync: pull`
-        p.guard(reconcile_checkpoints.sync_one, p, job, source)
+        p.guard(_checkpoints.sync_one, p, job, source)
     held = Allocation(
         res.job_id,
         res.node,
@@ -288,7 +289,7 @@ def _launch(p: Pass, res: Reservation, job: Job, source: Incarnation | None) -> 
     )
     target = Target(held, res.gpu_uuids)
     try:
-        started = reconcile_launch.launch_on(
+        started = launches.launch_on(
             p, job, target, res.capacity(), why=f" (moved from {res.source_node}: {res.reason})"
         )
     except StoreConflict as exc:
@@ -319,7 +320,7 @@ def _elsewhere(p: Pass, res: Reservation, job: Job, source: Incarnation | None) 
         return
     target, capacity = chosen
     try:
-        started = reconcile_launch.launch_on(
+        started = launches.launch_on(
             p, job, target, capacity, why=f" (moved from {res.source_node}: {res.reason})"
         )
     except GpuctlError as exc:
@@ -377,6 +378,6 @@ def _alive(p: Pass, inc: Incarnation | None) -> bool | None:
 def _newest_step(p: Pass, job: Job, inc: Incarnation, *, sync: bool) -> int | None:
     """The newest committed step of `inc` the store knows of (read from its node first)."""
     if sync:
-        p.guard(reconcile_checkpoints.sync_one, p, job, inc)
+        p.guard(_checkpoints.sync_one, p, job, inc)
     steps = [c.step for c in p.store.checkpoints(job.id) if c.incarnation == inc.n]
     return max(steps) if steps else None

@@ -5,7 +5,7 @@ decides: cordon at first sight, unknown health cordons only, drains after a verd
 a health cordon lifted only after a cool-down, never a person's cordon. A node that keeps dropping
 off and coming back (counted from the store's `node_recovered` / `node_back` events, so a one-shot
 run from cron sees them too) is cordoned the same way, its jobs left running. The step also
-alerts on running jobs that stopped committing checkpoints (`gpuctl.ops.reconcile_stall`).
+alerts on running jobs that stopped committing checkpoints (`gpuctl.ops.loop._stall`).
 
 A drained node's running jobs are moved with the migration primitive (`gpuctl.ops.migrate`):
 each gets a target reserved here; the loop's migration step takes them further every pass.
@@ -31,11 +31,11 @@ from gpuctl.core.health.autodrain import (
 from gpuctl.core.health.model import Action, HealthRules
 from gpuctl.core.jobs.model import Cordon, Incarnation, IncarnationState, Job
 from gpuctl.errors import StateError
-from gpuctl.ops import migrate_steps, reconcile_stall
-from gpuctl.ops.reconcile_launch import Target
+from gpuctl.ops.loop import _migrations, _stall
+from gpuctl.ops.loop.model import Target
 
 if TYPE_CHECKING:
-    from gpuctl.ops.reconcile import Pass
+    from gpuctl.ops.loop._pass import Pass
 
 ACTOR = "gpuctl"
 HOUR_S = 3600.0
@@ -50,7 +50,7 @@ def rules(p: Pass) -> HealthRules:
 
 
 def health(p: Pass) -> None:
-    reconcile_stall.stalls(p)  # jobs that stopped committing checkpoints: an alert, no action
+    _stall.stalls(p)  # jobs that stopped committing checkpoints: an alert, no action
     policy = p.settings.health
     if not policy.enabled or not p.snapshot.nodes:
         return
@@ -246,7 +246,7 @@ def _drain(p: Pass, step: NodeStep, h: NodeHealth, *, start: bool, counted: bool
         job = p.store.job(inc.job_id)
         if job is None or job.cancel_requested:
             continue
-        chosen = migrate_steps.choose_target(p, job, inc)
+        chosen = _migrations.choose_target(p, job, inc)
         if isinstance(chosen, str):
             p.note(
                 "drain",
@@ -263,7 +263,7 @@ def _drain(p: Pass, step: NodeStep, h: NodeHealth, *, start: bool, counted: bool
             target: Target = target,
             capacity: dict[tuple[str, int], int] = capacity,
         ) -> None:
-            migrate_steps.reserve(
+            _migrations.reserve(
                 p,
                 job,
                 inc,

@@ -20,14 +20,16 @@ from gpuctl.core.jobs.queue import queue_order
 from gpuctl.core.jobs.slices import SliceUse, slice_verdicts
 from gpuctl.core.jobs.spec import SliceEnforcement
 from gpuctl.core.placement.engine import plan
-from gpuctl.core.placement.model import Allocation, FleetState, JobRequest, Settings, Tier
+from gpuctl.core.placement.model import FleetState, JobRequest, Settings, Tier
 from gpuctl.core.placement.plan import Placed, apply_plan
 from gpuctl.errors import ConfigError, GpuctlError, StateError, StoreConflict, TransportError
-from gpuctl.ops import fleetstatus, reconcile_checkpoints, reconcile_jobs
+from gpuctl.ops import fleetstatus
 from gpuctl.ops import jobs as jobspecs
+from gpuctl.ops.loop import _checkpoints, _jobs
+from gpuctl.ops.loop.model import Target
 
 if TYPE_CHECKING:
-    from gpuctl.ops.reconcile import Pass
+    from gpuctl.ops.loop._pass import Pass
 
 
 # --- slices ------------------------------------------------------------------------------------
@@ -84,7 +86,7 @@ def _over_slice(p: Pass, inc: Incarnation, use: SliceUse) -> None:
             data={"over_mib": use.over_mib, "used_mib": use.used_mib, "slice_mib": use.slice_mib},
         )
     if policy is SliceEnforcement.STOP:
-        reconcile_jobs.stop(p, inc, EndReason.OVER_SLICE, "stop", "over its slice")
+        _jobs.stop(p, inc, EndReason.OVER_SLICE, "stop", "over its slice")
 
 
 # --- placement and launch ----------------------------------------------------------------------
@@ -97,7 +99,7 @@ def fleet_state(p: Pass) -> tuple[FleetState, dict[str, Job]]:
 
 
 def place_and_launch(p: Pass) -> None:
-    reconcile_jobs.repair(p)
+    _jobs.repair(p)
     state, jobs = fleet_state(p)
     moving = {r.job_id for r in p.store.reservations()}  # started on their reservation
     queued = [
@@ -204,7 +206,7 @@ def _preempt_for(
     incs = {(i.job_id): i for i in p.store.incarnations(holding=True)}
     for v in chosen:
         why = f"preempted for {job.id}"
-        p.guard(reconcile_jobs.stop, p, incs[v.job_id], EndReason.PREEMPTED, "preempt", why)
+        p.guard(_jobs.stop, p, incs[v.job_id], EndReason.PREEMPTED, "preempt", why)
         releasing.add(v.job_id)
 
 
@@ -217,23 +219,6 @@ def _launch(p: Pass, job: Job, placed: Placed, state: FleetState) -> bool:
     capacity = {(node, c.index): c.capacity_mib for c in state.node(node).cards}
     target = Target(placed.allocation, tuple(u or "" for u in placed.card_uuids))
     return launch_on(p, job, target, capacity)
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Target:
-    """Where an incarnation starts: a placement's allocation, or a migration's reserved cards,
-    and the UUIDs of those cards (empty: not known yet)."""
-
-    allocation: Allocation
-    gpu_uuids: tuple[str, ...] = ()
-
-    @property
-    def node(self) -> str:
-        return self.allocation.node
-
-    @property
-    def cards(self) -> tuple[int, ...]:
-        return self.allocation.cards
 
 
 def launch_on(
@@ -252,7 +237,7 @@ def launch_on(
     n = job.incarnation + 1
     node = target.node
     secrets = jobspecs.resolve_secrets(job, p.loop.environ)
-    resume = reconcile_checkpoints.resume_point(p, job, n, node)
+    resume = _checkpoints.resume_point(p, job, n, node)
     if resume.held is not None:
         _hold(p, job, resume.held)
         return False
@@ -307,13 +292,13 @@ def launch_on(
         if exc.unknown:
             _unknown(p, job, exc.message)
             return True
-        reconcile_jobs.launch_failed(p, inc, exc.message)
+        _jobs.launch_failed(p, inc, exc.message)
         return False
     except GpuctlError as exc:
-        reconcile_jobs.launch_failed(p, inc, exc.message)
+        _jobs.launch_failed(p, inc, exc.message)
         return False
     if not run.alive and run.exit_code is None:
-        reconcile_jobs.launch_failed(p, inc, "the node reports no process")
+        _jobs.launch_failed(p, inc, "the node reports no process")
         return False
     p.update_inc(
         inc,
