@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from gpuctl.ops.gather import Gatherer
     from gpuctl.ops.loop import Action, Reconciler, ReconcileSettings
     from gpuctl.ops.metrics import Refresher
-    from gpuctl.ops.playbook_view import Services as PlaybookServices
+    from gpuctl.ops.playbook.model import Services as PlaybookServices
 
 
 def default_transport() -> Transport:
@@ -238,7 +238,7 @@ class Root:
         built-in health rules; and what closes them."""
         from gpuctl.config.health_rules import load_rules
         from gpuctl.ops.health import SampleHistory
-        from gpuctl.ops.playbook_view import Services
+        from gpuctl.ops.playbook.model import Services
 
         parts = self.loop(inventory, write=write)
         try:

@@ -33,8 +33,7 @@ from gpuctl.core.playbook import Playbook
 from gpuctl.core.playbook.run import Journal
 from gpuctl.errors import StateError
 from gpuctl.ops import playbook as service
-from gpuctl.ops.playbook import RunReport, Services
-from gpuctl.ops.playbook_state import JournalFile, LockHeld, PlaybookLock
+from gpuctl.ops.playbook import JournalFile, LockHeld, PlaybookLock, RunReport, Services
 from gpuctl.testing import waiting
 from gpuctl.testing.drainkit import Kit
 from gpuctl.testing.fakes import FakeTransport

@@ -1,6 +1,7 @@
 """The fleet as playbook steps see it, and what they call: `Services` (the control loop, a
-gatherer, the transport, the health history and rules, who is acting) and `View` (one gather, the
-store's cordons and allocations: every node's facts and the fleet numbers of conditions)."""
+gatherer, the transport, the health history and rules, who is acting), `View` (one gather, the
+store's cordons and allocations: every node's facts and the fleet numbers of conditions), what a
+run carries from step to step (`RunContext`) and the shape of a step's executor (`Executor`)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from gpuctl.adapters.protocols import Transport
 from gpuctl.core.health import HealthRules
 from gpuctl.core.model import FleetSnapshot, NodeSpec
-from gpuctl.core.playbook import TargetFacts
+from gpuctl.core.playbook import Playbook, TargetFacts, Unit
+from gpuctl.core.playbook.run import Journal, StepResult
 from gpuctl.ops.health import HistoryKeeper
 
 if TYPE_CHECKING:
@@ -132,3 +134,31 @@ def node_line(f: TargetFacts) -> str:
     mem = "N/A" if f.mem_total_mib is None else f"{f.mem_used_mib or 0}/{f.mem_total_mib} MiB"
     gpus = "N/A" if f.gpus is None else str(f.gpus)
     return f"{f.state}, {gpus} GPU(s), {mem} used, {f.jobs} job(s)"
+
+
+# --- what a run carries from step to step ----------------------------------------------------
+
+
+class RunContext:
+    """What a run carries from step to step: the journal (targets, health verdicts) and the
+    newest view of the fleet (re-read before every step that looks at it)."""
+
+    def __init__(
+        self, services: Services, playbook: Playbook, journal: Journal, view: View
+    ) -> None:
+        self.services = services
+        self.playbook = playbook
+        self.journal = journal
+        self.health: dict[str, str] = dict(journal.health)
+        self._view: View | None = view
+
+    def view(self) -> View:
+        if self._view is None:
+            self._view = observe(self.services, self.health, self.journal.targets)
+        return self._view
+
+    def changed(self) -> None:
+        self._view = None
+
+
+Executor = Callable[[RunContext, Unit, tuple[str, ...]], StepResult]

@@ -12,8 +12,8 @@ from gpuctl.core.playbook import Unit
 from gpuctl.core.playbook.expr import Expr
 from gpuctl.errors import GpuctlError
 from gpuctl.ops import nodeops
-from gpuctl.ops.playbook_fleet_steps import cancel_choice
-from gpuctl.ops.playbook_view import Services, View, node_line, numbers_line
+from gpuctl.ops.playbook._fleet_steps import cancel_choice
+from gpuctl.ops.playbook.model import Services, View, node_line, numbers_line
 
 
 def preview(services: Services, unit: Unit, view: View) -> tuple[str | None, tuple[str, ...]]:

@@ -17,7 +17,7 @@ from gpuctl.errors import TransportError
 from gpuctl.ops import nodeops
 
 if TYPE_CHECKING:
-    from gpuctl.ops.playbook_steps import Executor, RunContext
+    from gpuctl.ops.playbook.model import Executor, RunContext
 
 MAX_RUN_OUTPUT_BYTES = 64 << 10
 _CONTROL = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|[\x00-\x1f\x7f-\x9f]")  # node output is untrusted

@@ -4,9 +4,10 @@ one run at a time, resumable after a crash).
 
 Every step is a call into gpuctl's own services (`ops.nodeops`, `ops.consolidate`, `ops.jobs`,
 `ops.health`, the control loop), never a shell-out to gpuctl; `run` steps go through the
-`Transport` with commands built by `shlex.join`. The steps themselves are in
-`gpuctl.ops.playbook_steps` (their dry-run detail in `playbook_preview`, the fleet view they read in
-`playbook_view`); the lock and the journal in `gpuctl.ops.playbook_state`.
+`Transport` with commands built by `shlex.join`. The steps themselves are the
+package's private `_steps` (the kinds in `_fleet_steps` and `_node_steps`, their dry-run detail in
+`_preview`); the fleet view they read and what a run carries in `model`; the lock and the journal
+in `_state`.
 """
 
 from __future__ import annotations
@@ -23,12 +24,23 @@ from gpuctl.core.jobs.model import Event
 from gpuctl.core.playbook import Playbook, TimeWindow, Unit
 from gpuctl.core.playbook.run import Journal, StepResult, in_play, step_result, stop_reason
 from gpuctl.errors import StateError
-from gpuctl.ops import playbook_steps as steps
-from gpuctl.ops.playbook_preview import preview
-from gpuctl.ops.playbook_state import JournalFile, PlaybookLock
-from gpuctl.ops.playbook_view import Services, View, observe
+from gpuctl.ops.playbook import _steps as steps
+from gpuctl.ops.playbook._preview import preview
+from gpuctl.ops.playbook._state import JournalFile, LockHeld, PlaybookLock
+from gpuctl.ops.playbook.model import RunContext, Services, View, observe
 
-__all__ = ["RunPlan", "RunReport", "Services", "View", "observe", "plan_run", "run"]
+__all__ = [
+    "JournalFile",
+    "LockHeld",
+    "PlaybookLock",
+    "RunPlan",
+    "RunReport",
+    "Services",
+    "View",
+    "observe",
+    "plan_run",
+    "run",
+]
 
 Notice = Callable[[str], None]
 
@@ -291,7 +303,7 @@ def _execute(
 ) -> RunReport:
     clock = services.loop.clock
     results: list[StepResult] = []
-    context = steps.RunContext(services, playbook, journal, view)
+    context = RunContext(services, playbook, journal, view)
     try:
         for unit in core.units(playbook, journal.batches):
             if unit.key in journal.done:

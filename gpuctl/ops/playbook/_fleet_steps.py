@@ -14,10 +14,10 @@ from gpuctl.core.jobs.model import JobState
 from gpuctl.core.playbook import Unit
 from gpuctl.core.playbook.expr import Expr
 from gpuctl.core.playbook.run import NodeResult, StepResult, node_step_result, step_result
-from gpuctl.ops.playbook_view import node_line, numbers_line
+from gpuctl.ops.playbook.model import node_line, numbers_line
 
 if TYPE_CHECKING:
-    from gpuctl.ops.playbook_steps import Executor, RunContext
+    from gpuctl.ops.playbook.model import Executor, RunContext
 
 
 def _status(ctx: RunContext, unit: Unit, nodes: tuple[str, ...]) -> StepResult:

@@ -1,19 +1,18 @@
 """Running one playbook step (`execute`): its `when`, then its kind, each kind a call into a gpuctl
-service with a result per node; and what a run carries from step to step (`RunContext`). A service
+service with a result per node; A service
 error (`GpuctlError`) fails the step as a value; anything else is a bug and propagates (the run is
-then resumable). The kinds: `gpuctl.ops.playbook_node_steps` (those that act on each target node)
-and `gpuctl.ops.playbook_fleet_steps` (the others); what each would do, for the dry run:
-`gpuctl.ops.playbook_preview`."""
+then resumable). The kinds: `_node_steps` (those that act on each target node)
+and `_fleet_steps` (the others); what each would do, for the dry run:
+`_preview`."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 from gpuctl.core import playbook as core
-from gpuctl.core.playbook import Playbook, Unit
+from gpuctl.core.playbook import Unit
 from gpuctl.core.playbook.run import (
-    Journal,
     NodeResult,
     StepResult,
     aggregate,
@@ -21,34 +20,9 @@ from gpuctl.core.playbook.run import (
     step_result,
 )
 from gpuctl.errors import GpuctlError
-from gpuctl.ops.playbook_fleet_steps import FLEET_STEPS
-from gpuctl.ops.playbook_node_steps import NODE_STEPS
-from gpuctl.ops.playbook_view import Services, View, observe
-
-
-class RunContext:
-    """What a run carries from step to step: the journal (targets, health verdicts) and the
-    newest view of the fleet (re-read before every step that looks at it)."""
-
-    def __init__(
-        self, services: Services, playbook: Playbook, journal: Journal, view: View
-    ) -> None:
-        self.services = services
-        self.playbook = playbook
-        self.journal = journal
-        self.health: dict[str, str] = dict(journal.health)
-        self._view: View | None = view
-
-    def view(self) -> View:
-        if self._view is None:
-            self._view = observe(self.services, self.health, self.journal.targets)
-        return self._view
-
-    def changed(self) -> None:
-        self._view = None
-
-
-Executor = Callable[[RunContext, Unit, tuple[str, ...]], StepResult]
+from gpuctl.ops.playbook._fleet_steps import FLEET_STEPS
+from gpuctl.ops.playbook._node_steps import NODE_STEPS
+from gpuctl.ops.playbook.model import Executor, RunContext
 
 
 def execute(ctx: RunContext, unit: Unit) -> StepResult:
