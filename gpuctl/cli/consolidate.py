@@ -15,7 +15,7 @@ from gpuctl.errors import ExitCode, UsageError, exit_for_apply, exit_for_plan
 if TYPE_CHECKING:
     from gpuctl.core.consolidation import ConsolidationPlan
     from gpuctl.core.placement.model import JobRequest
-    from gpuctl.ops.consolidate import ApplyResult, Window
+    from gpuctl.ops.moves.consolidate import ApplyResult, Window
 
 
 def consolidate(
@@ -44,7 +44,7 @@ def consolidate(
     2: bad options. 3: --for cannot be made to fit, or --apply left moves undone.
     6: the store refuses.
     """
-    from gpuctl.ops.consolidate import Window
+    from gpuctl.ops.moves.consolidate import Window
 
     if max_moves < 0 or parallel < 1:
         raise UsageError("--max-moves must be 0 or more and --parallel 1 or more")
@@ -79,7 +79,7 @@ def _plan_only(
     """The plan alone, on a saved snapshot or a gather with a progress bar (no inventory is
     needed for a saved snapshot)."""
     from gpuctl.cli import fleet
-    from gpuctl.ops import consolidate as service
+    from gpuctl.ops.moves import consolidate as service
     from gpuctl.ops.place import load_snapshot
 
     snap = (
@@ -104,7 +104,7 @@ def _apply(
     """Plan on a fresh gather, show the plan, ask, then carry it out through the actions
     service (`gpuctl.ops.actions`, as the dashboard's `x`)."""
     from gpuctl.cli import fleet
-    from gpuctl.ops import consolidate as service
+    from gpuctl.ops.moves import consolidate as service
 
     document = output in (Output.JSON, Output.YAML)
     with context.root(ctx).actions(fleet.load_inventory(ctx)) as actions:

@@ -22,7 +22,7 @@ from gpuctl.errors import ExitCode, UsageError, exit_for_apply
 
 if TYPE_CHECKING:
     from gpuctl.core.model import Inventory
-    from gpuctl.ops.nodeops import DrainPlan, DrainResult
+    from gpuctl.ops.moves.nodeops import DrainPlan, DrainResult
 
 
 def cordon(

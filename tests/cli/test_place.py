@@ -14,7 +14,7 @@ from gpuctl.cli.main import app
 from gpuctl.core.model import fleet_from_dict
 from gpuctl.errors import ConnectRefused
 from gpuctl.lab import node_tools, nodestate
-from gpuctl.ops import nodeops
+from gpuctl.ops.moves import nodeops
 from gpuctl.testing.fakes import FakeTransport, ShellTransport
 
 ROOT = Path(__file__).parents[2]

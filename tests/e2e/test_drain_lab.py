@@ -30,10 +30,10 @@ from gpuctl.core.health.autodrain import AutoDrainPolicy
 from gpuctl.core.jobs.model import EndReason, Incarnation, IncarnationState, JobState
 from gpuctl.core.model import Inventory
 from gpuctl.ops import jobs as service
-from gpuctl.ops import nodeops
 from gpuctl.ops.gather import Gatherer
 from gpuctl.ops.invariants import check_invariants
 from gpuctl.ops.loop import Reconciler, ReconcileSettings
+from gpuctl.ops.moves import nodeops
 from gpuctl.testing import waiting
 from gpuctl.testing.lab import LabFleet
 

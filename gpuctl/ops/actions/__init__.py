@@ -3,7 +3,7 @@ uncordon, drain and consolidate, behind both `gpuctl cordon|uncordon|drain|conso
 dashboard's action keys. A plan is text the operator reads (the same in a terminal and in the
 dashboard's confirm dialog) and the service's own plan, handed back to `carry_out`.
 
-Cordon and uncordon write the store (`gpuctl.ops.nodeops`). Drain and consolidation plan on a
+Cordon and uncordon write the store (`gpuctl.ops.moves.nodeops`). Drain and consolidation plan on a
 fresh gather of the fleet and a dry-run control loop over the store read-only; carrying them out
 opens the store for writing, gathers again and moves jobs through the control loop's migration
 primitive (checkpoint, stop, restart elsewhere), saying each job's outcome as it comes

@@ -20,10 +20,10 @@ from gpuctl.ops.stores import SessionStore
 if TYPE_CHECKING:
     from gpuctl.core.consolidation import ConsolidationPlan
     from gpuctl.core.placement.model import JobRequest
-    from gpuctl.ops.consolidate import Window
     from gpuctl.ops.loop import Reconciler
-    from gpuctl.ops.migrate import MigrationResult
-    from gpuctl.ops.nodeops import DrainPlan
+    from gpuctl.ops.moves.consolidate import Window
+    from gpuctl.ops.moves.migrate import MigrationResult
+    from gpuctl.ops.moves.nodeops import DrainPlan
 
 MAX_MOVES = 10  # consolidation moves per plan (`gpuctl consolidate --max-moves` default)
 
@@ -143,7 +143,7 @@ class FleetActions:
         parallel: int = 2,
     ) -> ActionPlan:
         """Each job on `node` and where it goes, on a fresh gather (`value`: a `DrainOrder`)."""
-        from gpuctl.ops import nodeops
+        from gpuctl.ops.moves import nodeops
 
         self._known(node)
         snapshot = self._fleet().gather(self.inventory)
@@ -164,7 +164,7 @@ class FleetActions:
         """Moves that free whole cards and nodes (or make room for `target`), on a fresh gather
         (`value`: a `ConsolidationOrder`)."""
         from gpuctl.core.consolidation import render_consolidation
-        from gpuctl.ops import consolidate as service
+        from gpuctl.ops.moves import consolidate as service
 
         snapshot = self._fleet().gather(self.inventory)
         now = self.clock.now()
@@ -185,7 +185,7 @@ class FleetActions:
     def carry_out(self, plan: ActionPlan, progress: Progress | None = None) -> Applied:
         if not plan.applicable:
             raise ActionRefused(f"{plan.action}: nothing to apply")
-        from gpuctl.ops import nodeops
+        from gpuctl.ops.moves import nodeops
 
         if plan.action == "cordon" and plan.target is not None:
             with self.open_store(True) as store:
@@ -209,7 +209,7 @@ class FleetActions:
         raise ActionRefused(f"{plan.action}: cannot apply")
 
     def _drain(self, order: DrainOrder, progress: Progress | None) -> Applied:
-        from gpuctl.ops import nodeops
+        from gpuctl.ops.moves import nodeops
 
         with self.open_store(True) as store:
             loop = self._loop(store, dry_run=False)
@@ -229,7 +229,7 @@ class FleetActions:
         return Applied(said, result, result.complete)
 
     def _consolidate(self, order: ConsolidationOrder, progress: Progress | None) -> Applied:
-        from gpuctl.ops import consolidate as service
+        from gpuctl.ops.moves import consolidate as service
 
         with self.open_store(True) as store:
             loop = self._loop(store, dry_run=False)

@@ -7,7 +7,7 @@ off and coming back (counted from the store's `node_recovered` / `node_back` eve
 run from cron sees them too) is cordoned the same way, its jobs left running. The step also
 alerts on running jobs that stopped committing checkpoints (`gpuctl.ops.loop._stall`).
 
-A drained node's running jobs are moved with the migration primitive (`gpuctl.ops.migrate`):
+A drained node's running jobs are moved with the migration primitive (`gpuctl.ops.moves.migrate`):
 each gets a target reserved here; the loop's migration step takes them further every pass.
 """
 

@@ -2,7 +2,7 @@
 reserve it, then `advance`: the next step `gpuctl.core.jobs.migration.next_step` decides from what
 the store and the node say, carried out (SIGUSR1, SIGTERM, SIGKILL, the end recorded, the launch on
 the reserved cards, or the rollback), each an event. `advance_all` is the control loop's step.
-`gpuctl.ops.migrate` drives these from a command.
+`gpuctl.ops.moves.migrate` drives these from a command.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 each step's result per node, every step an event in the store, stops on failure per the settings,
 one run at a time, resumable after a crash).
 
-Every step is a call into gpuctl's own services (`ops.nodeops`, `ops.consolidate`, `ops.jobs`,
+Every step is a call into gpuctl's own services (`ops.moves`, `ops.jobs`,
 `ops.health`, the control loop), never a shell-out to gpuctl; `run` steps go through the
 `Transport` with commands built by `shlex.join`. The steps themselves are the
 package's private `_steps` (the kinds in `_fleet_steps` and `_node_steps`, their dry-run detail in

@@ -28,7 +28,7 @@ def _status(ctx: RunContext, unit: Unit, nodes: tuple[str, ...]) -> StepResult:
 
 
 def _consolidate(ctx: RunContext, unit: Unit, nodes: tuple[str, ...]) -> StepResult:
-    from gpuctl.ops import consolidate as service
+    from gpuctl.ops.moves import consolidate as service
 
     o = unit.step.options
     s = ctx.services

@@ -14,7 +14,7 @@ from gpuctl.core.model import NodeSpec
 from gpuctl.core.playbook import Unit
 from gpuctl.core.playbook.run import NodeResult, StepResult, node_step_result
 from gpuctl.errors import TransportError
-from gpuctl.ops import nodeops
+from gpuctl.ops.moves import nodeops
 
 if TYPE_CHECKING:
     from gpuctl.ops.playbook.model import Executor, RunContext

@@ -11,7 +11,7 @@ from gpuctl.core.placement.model import JobRequest
 from gpuctl.core.playbook import Unit
 from gpuctl.core.playbook.expr import Expr
 from gpuctl.errors import GpuctlError
-from gpuctl.ops import nodeops
+from gpuctl.ops.moves import nodeops
 from gpuctl.ops.playbook._fleet_steps import cancel_choice
 from gpuctl.ops.playbook.model import Services, View, node_line, numbers_line
 
@@ -86,7 +86,7 @@ def _p_drain(s: Services, unit: Unit, nodes: tuple[str, ...], view: View) -> Seq
 
 
 def _p_consolidate(s: Services, unit: Unit, nodes: tuple[str, ...], view: View) -> Sequence[str]:
-    from gpuctl.ops import consolidate as service
+    from gpuctl.ops.moves import consolidate as service
 
     now = s.loop.clock.now()
     inputs = service.gather_inputs(view.snapshot, s.loop.store, now)

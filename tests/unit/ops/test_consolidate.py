@@ -15,8 +15,8 @@ from gpuctl.core.placement.fit import Demand
 from gpuctl.core.placement.fragmentation import default_workload
 from gpuctl.core.placement.model import Tier
 from gpuctl.errors import PlanError, UsageError
-from gpuctl.ops import consolidate as service
-from gpuctl.ops.consolidate import MoveResult, OutsideWindow, Window
+from gpuctl.ops.moves import consolidate as service
+from gpuctl.ops.moves.consolidate import MoveResult, OutsideWindow, Window
 from gpuctl.testing.drainkit import Kit
 from gpuctl.testing.memstore import MemoryStore
 

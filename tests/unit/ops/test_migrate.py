@@ -14,10 +14,10 @@ from gpuctl.core.health.autodrain import AutoDrainPolicy
 from gpuctl.core.jobs.migration import Phase
 from gpuctl.core.jobs.model import EndReason, IncarnationState, JobState
 from gpuctl.core.placement.model import Allocation
-from gpuctl.ops import nodeops
 from gpuctl.ops.invariants import check_invariants
-from gpuctl.ops.migrate import MigrationResult, Target, migrate, reserve
-from gpuctl.ops.nodeops import tick
+from gpuctl.ops.moves import nodeops
+from gpuctl.ops.moves.migrate import MigrationResult, Target, migrate, reserve
+from gpuctl.ops.moves.nodeops import tick
 from gpuctl.testing.drainkit import CKPT, Kit
 
 OFF = AutoDrainPolicy(enabled=False)

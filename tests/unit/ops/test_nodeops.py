@@ -13,8 +13,8 @@ from gpuctl.adapters.store import open_store
 from gpuctl.core.health.autodrain import AutoDrainPolicy
 from gpuctl.core.jobs.model import IncarnationState, JobState
 from gpuctl.errors import StoreConflict, UsageError
-from gpuctl.ops import nodeops
 from gpuctl.ops.invariants import check_invariants
+from gpuctl.ops.moves import nodeops
 from gpuctl.testing.drainkit import Kit
 from gpuctl.testing.memstore import MemoryStore
 

@@ -15,7 +15,7 @@ from gpuctl.adapters.store import open_store
 from gpuctl.core.health.autodrain import AutoDrainPolicy
 from gpuctl.core.jobs.model import IncarnationState, JobState
 from gpuctl.ops.invariants import check_invariants
-from gpuctl.ops.migrate import migrate
+from gpuctl.ops.moves.migrate import migrate
 from gpuctl.testing.drainkit import CKPT, Kit
 from gpuctl.testing.memstore import MemoryStore
 

@@ -19,9 +19,9 @@ from gpuctl.adapters.store import open_store
 from gpuctl.core.health.autodrain import AutoDrainPolicy
 from gpuctl.core.jobs.model import IncarnationState, JobState
 from gpuctl.errors import TransportError
-from gpuctl.ops import nodeops
 from gpuctl.ops.invariants import check_invariants
-from gpuctl.ops.migrate import migrate
+from gpuctl.ops.moves import nodeops
+from gpuctl.ops.moves.migrate import migrate
 from gpuctl.testing.drainkit import Kit
 from gpuctl.testing.memstore import MemoryStore
 from tests.unit.ops.test_reconcile import make

@@ -6,8 +6,8 @@
   whose source is `health` is lifted, never one a person put there.
 - `plan_drain`: each job on the node -> a target (node and cards), or why none; a value that
   prints as a table or JSON, computed without changing anything.
-- `drain`: cordon, then move each job with the migration primitive (`gpuctl.ops.migrate`), a few
-  at a time, within an overall timeout.
+- `drain`: cordon, then move each job with the migration primitive (`gpuctl.ops.moves.migrate`),
+  a few at a time, within an overall timeout.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from gpuctl.core.placement.engine import plan
 from gpuctl.core.placement.model import Allocation
 from gpuctl.core.placement.plan import apply_plan
 from gpuctl.errors import PlanError, UsageError
-from gpuctl.ops import migrate
 from gpuctl.ops.loop import Pass, fleet_state, placement_request
-from gpuctl.ops.migrate import MigrationRequest, MigrationResult, Target
+from gpuctl.ops.moves import migrate
+from gpuctl.ops.moves.migrate import MigrationRequest, MigrationResult, Target
 
 if TYPE_CHECKING:
     from gpuctl.ops.loop import Reconciler

@@ -1,5 +1,5 @@
 """Consolidation as a service: the planner's inputs from a gather and the store, the plan, and
-applying it through the migration primitive (`gpuctl.ops.migrate`).
+applying it through the migration primitive (`gpuctl.ops.moves.migrate`).
 
 * `gather_inputs`: the fleet state placement reads (with the cards migrations hold), one
   `JobFacts` per running job (its spec's `disruptible` and `min_runtime_between_moves`, when its
@@ -36,7 +36,7 @@ from gpuctl.errors import PlanError, UsageError
 
 if TYPE_CHECKING:
     from gpuctl.ops.loop import Reconciler
-    from gpuctl.ops.migrate import MigrationResult
+    from gpuctl.ops.moves.migrate import MigrationResult
 
 # --- inputs ----------------------------------------------------------------------------------
 
@@ -288,12 +288,12 @@ def loop_migrator(
     **driver: Any,
 ) -> Migrator:
     """Moves through the migration primitive: the target reserved first, then checkpoint, stop
-    and a restart there from the newest committed checkpoint (`gpuctl.ops.migrate`). `driver`
+    and a restart there from the newest committed checkpoint (`gpuctl.ops.moves.migrate`). `driver`
     goes to `run_migrations` (`poll_s`, `lock_wait_s`, `sleep`)."""
     from gpuctl.core.jobs.migration import DEFAULT_TIMEOUT_S, Source
     from gpuctl.core.placement.model import Allocation
     from gpuctl.ops.loop import Target
-    from gpuctl.ops.migrate import MigrationRequest, run_migrations
+    from gpuctl.ops.moves.migrate import MigrationRequest, run_migrations
 
     first = [snapshot]  # the first wave may use the caller's gather; later ones gather afresh
 
