@@ -25,7 +25,7 @@ from gpuctl.core.model import FleetSnapshot, Inventory, Reach
 from gpuctl.errors import GpuctlError, StateError
 from gpuctl.ops import fleetstatus
 from gpuctl.ops.health import FleetGatherer, SampleHistory
-from gpuctl.ops.metrics_exposition import (
+from gpuctl.ops.metrics._exposition import (
     COUNTED_EVENTS,
     GpuReading,
     NodeReading,
