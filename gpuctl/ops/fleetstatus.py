@@ -36,7 +36,7 @@ def store_allocations(store: Store) -> tuple[tuple[Allocation, ...], dict[str, J
     A lost incarnation (its node went down, the job may run elsewhere) still holds its cards until
     it is fenced, under its own key, so a node that comes back is never double-booked.
     """
-    from gpuctl.ops import jobs as jobspecs
+    from gpuctl.ops.jobs import spec as jobspecs
 
     jobs = {j.id: j for j in store.jobs()}
     ids = jobspecs.ids_by_name(jobs.values())
@@ -116,10 +116,12 @@ def numbers(
 
     Without a store (no job ever submitted here), the job figures are `None`.
     """
-    from gpuctl.ops import jobs as jobspecs
+    from gpuctl.ops.jobs import service as jobs_service
 
     state = state if state is not None else fleet_state(snapshot, store)
-    jobs = no_jobs() if store is None else JobFigures.from_dict(jobspecs.fleet_numbers(store, now))
+    jobs = (
+        no_jobs() if store is None else JobFigures.from_dict(jobs_service.fleet_numbers(store, now))
+    )
     return fleet_numbers(snapshot, state, _index(workload_of(state, store, now)), jobs)
 
 

@@ -11,7 +11,7 @@ from gpuctl.core.jobs.model import EndReason, Fenced, Incarnation, IncarnationSt
 from gpuctl.core.jobs.restarts import RestartVerdict, restart_decision, run_ends
 from gpuctl.core.jobs.spec import DEFAULT_GRACE_S
 from gpuctl.errors import TransportError
-from gpuctl.ops.jobs import cancel_is_forced
+from gpuctl.ops.jobs.service import cancel_is_forced
 
 if TYPE_CHECKING:
     from gpuctl.ops.loop._pass import Pass

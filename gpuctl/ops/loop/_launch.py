@@ -24,7 +24,7 @@ from gpuctl.core.placement.model import FleetState, JobRequest, Settings, Tier
 from gpuctl.core.placement.plan import Placed, apply_plan
 from gpuctl.errors import ConfigError, GpuctlError, StateError, StoreConflict, TransportError
 from gpuctl.ops import fleetstatus
-from gpuctl.ops import jobs as jobspecs
+from gpuctl.ops.jobs import spec as jobspecs
 from gpuctl.ops.loop import _checkpoints, _jobs
 from gpuctl.ops.loop.model import Target
 
