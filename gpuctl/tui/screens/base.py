@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, ClassVar
+from collections.abc import Callable, Iterator
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -13,12 +13,29 @@ from textual.screen import Screen
 from textual.widget import Widget
 from textual.widgets import Footer, Static
 
-from gpuctl.ops.dashboard import DashData
+from gpuctl.ops.dashboard import DashData, Services
 from gpuctl.tui import format as fmt
 from gpuctl.tui.widgets.prompt import PromptScreen
 
-if TYPE_CHECKING:
-    from gpuctl.tui.app import DashApp
+
+@runtime_checkable
+class Dash(Protocol):
+    """What a screen reads of its app (`gpuctl.tui.app.DashApp` is one): the dashboard's services,
+    newest data and polling, and a way to run work off the UI thread. Screens import this, not the
+    app, which imports them."""
+
+    services: Services
+    data: DashData | None
+    generation: int  # data versions shown (screens compare it on resume)
+    offset_s: float  # the local clock's offset from UTC, for times shown
+    readonly: bool
+    refresh_s: float  # seconds between polls
+    overdue_s: float | None  # how long the running poll is past its deadline
+
+    def background(
+        self, work: Callable[[], Any], done: Callable[[Any], None], *, name: str = "task"
+    ) -> None: ...
+
 
 ACTIONS = ("cordon", "uncordon", "drain", "consolidate")
 
@@ -37,11 +54,9 @@ class DashScreen(Screen[None]):
         self.shown_generation = -1
 
     @property
-    def dash(self) -> DashApp:
-        from gpuctl.tui.app import DashApp
-
+    def dash(self) -> Dash:
         app = self.app
-        assert isinstance(app, DashApp)
+        assert isinstance(app, Dash)
         return app
 
     def compose(self) -> ComposeResult:
