@@ -18,21 +18,13 @@ from gpuctl.core.jobs.model import Incarnation, IncarnationState, RunStatus
 from gpuctl.core.model import Inventory
 from gpuctl.errors import StoreConflict
 from gpuctl.ops.health import HistoryKeeper, SampleHistory
-from gpuctl.ops.loop import _checkpoints, _health, _jobs, _launch, _migrations, _nodes
-from gpuctl.ops.loop._launch import CPU_ONLY, fleet_state, placement_request
-from gpuctl.ops.loop._migrations import (
-    advance,
-    advance_all,
-    choose_target,
-    incarnation_of,
-    moving_off,
-    reserve,
-)
-from gpuctl.ops.loop._pass import LoopState, Pass
+from gpuctl.ops.loop import _checkpoints, _health, _jobs, _nodes, launch, migrations
 from gpuctl.ops.loop.model import (
     Action,
     FleetSource,
+    LoopState,
     NodeReport,
+    Pass,
     PassReport,
     ReconcileSettings,
     Target,
@@ -43,7 +35,6 @@ LOOP_SAMPLES = 400  # health samples a running loop keeps per node, at most ...
 LOOP_SAMPLES_S = 1800.0  # ... and none older than this
 
 __all__ = [
-    "CPU_ONLY",
     "Action",
     "FleetSource",
     "LoopState",
@@ -53,14 +44,6 @@ __all__ = [
     "ReconcileSettings",
     "Reconciler",
     "Target",
-    "advance",
-    "advance_all",
-    "choose_target",
-    "fleet_state",
-    "incarnation_of",
-    "moving_off",
-    "placement_request",
-    "reserve",
     "run_pass",
 ]
 
@@ -144,10 +127,10 @@ def run_pass(p: Pass) -> PassReport:
         lambda: _cancel(p),
         lambda: _failover(p),
         lambda: _checkpoints.sync_checkpoints(p),
-        lambda: _launch.hold_slices(p),
+        lambda: launch.hold_slices(p),
         lambda: _health.health(p),
-        lambda: _migrations.advance_all(p),
-        lambda: _launch.place_and_launch(p),
+        lambda: migrations.advance_all(p),
+        lambda: launch.place_and_launch(p),
     )
     for step in steps:
         if p.stop is not None and p.stop.is_set() and step is not steps[0]:

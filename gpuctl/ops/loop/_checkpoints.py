@@ -16,7 +16,7 @@ from gpuctl.core.jobs.spec import CheckpointSync
 from gpuctl.errors import ConfigError
 
 if TYPE_CHECKING:
-    from gpuctl.ops.loop._pass import Pass
+    from gpuctl.ops.loop.model import Pass
 
 
 def sync_checkpoints(p: Pass) -> None:

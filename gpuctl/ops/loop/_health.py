@@ -31,11 +31,11 @@ from gpuctl.core.health.autodrain import (
 from gpuctl.core.health.model import Action, HealthRules
 from gpuctl.core.jobs.model import Cordon, Incarnation, IncarnationState, Job
 from gpuctl.errors import StateError
-from gpuctl.ops.loop import _migrations, _stall
+from gpuctl.ops.loop import _stall, migrations
 from gpuctl.ops.loop.model import Target
 
 if TYPE_CHECKING:
-    from gpuctl.ops.loop._pass import Pass
+    from gpuctl.ops.loop.model import Pass
 
 ACTOR = "gpuctl"
 HOUR_S = 3600.0
@@ -246,7 +246,7 @@ def _drain(p: Pass, step: NodeStep, h: NodeHealth, *, start: bool, counted: bool
         job = p.store.job(inc.job_id)
         if job is None or job.cancel_requested:
             continue
-        chosen = _migrations.choose_target(p, job, inc)
+        chosen = migrations.choose_target(p, job, inc)
         if isinstance(chosen, str):
             p.note(
                 "drain",
@@ -263,7 +263,7 @@ def _drain(p: Pass, step: NodeStep, h: NodeHealth, *, start: bool, counted: bool
             target: Target = target,
             capacity: dict[tuple[str, int], int] = capacity,
         ) -> None:
-            _migrations.reserve(
+            migrations.reserve(
                 p,
                 job,
                 inc,

@@ -14,7 +14,7 @@ from gpuctl.errors import TransportError
 from gpuctl.ops.jobs.service import cancel_is_forced
 
 if TYPE_CHECKING:
-    from gpuctl.ops.loop._pass import Pass
+    from gpuctl.ops.loop.model import Pass
 
 STOP_KINDS = ("stop", "preempt")
 REQUEUED = (EndReason.PREEMPTED, EndReason.DRAINED, EndReason.NODE_LOST, EndReason.FENCED)

@@ -21,7 +21,7 @@ from gpuctl.ops.loop import _jobs
 from gpuctl.ops.loop.model import NodeReport
 
 if TYPE_CHECKING:
-    from gpuctl.ops.loop._pass import Pass
+    from gpuctl.ops.loop.model import Pass
 
 LIVENESS_REFRESH_S = 60.0
 

@@ -13,7 +13,7 @@ from gpuctl.core.jobs.stall import STALLED, Stall, judge
 from gpuctl.core.units import human_s
 
 if TYPE_CHECKING:
-    from gpuctl.ops.loop._pass import Pass
+    from gpuctl.ops.loop.model import Pass
 
 ALERT = "alert"
 

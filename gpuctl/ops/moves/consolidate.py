@@ -35,7 +35,7 @@ from gpuctl.core.placement.model import FleetState, JobRequest, JobShape, Settin
 from gpuctl.errors import PlanError, UsageError
 
 if TYPE_CHECKING:
-    from gpuctl.ops.loop import Reconciler
+    from gpuctl.ops.loop.model import LoopState
     from gpuctl.ops.moves.migrate import MigrationResult
 
 # --- inputs ----------------------------------------------------------------------------------
@@ -279,7 +279,7 @@ def apply(
 
 
 def loop_migrator(
-    loop: Reconciler,
+    loop: LoopState,
     *,
     operator: str,
     snapshot: FleetSnapshot | None = None,
@@ -292,7 +292,7 @@ def loop_migrator(
     goes to `run_migrations` (`poll_s`, `lock_wait_s`, `sleep`)."""
     from gpuctl.core.jobs.migration import DEFAULT_TIMEOUT_S, Source
     from gpuctl.core.placement.model import Allocation
-    from gpuctl.ops.loop import Target
+    from gpuctl.ops.loop.model import Target
     from gpuctl.ops.moves.migrate import MigrationRequest, run_migrations
 
     first = [snapshot]  # the first wave may use the caller's gather; later ones gather afresh

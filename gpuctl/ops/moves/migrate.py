@@ -24,20 +24,19 @@ from gpuctl.core.jobs.migration import DEFAULT_TIMEOUT_S, Reservation, Source
 from gpuctl.core.jobs.model import Incarnation, IncarnationState, Job, JobState
 from gpuctl.core.model import FleetSnapshot
 from gpuctl.errors import StoreConflict
-from gpuctl.ops.loop import (
-    Pass,
-    Target,
+from gpuctl.ops.loop.launch import fleet_state
+from gpuctl.ops.loop.migrations import (
     advance,
     advance_all,
     choose_target,
-    fleet_state,
     incarnation_of,
     moving_off,
     reserve,
 )
+from gpuctl.ops.loop.model import Pass, Target
 
 if TYPE_CHECKING:
-    from gpuctl.ops.loop import Reconciler
+    from gpuctl.ops.loop.model import LoopState
 
 __all__ = [
     "MigrationRequest",
@@ -92,7 +91,7 @@ class MigrationResult:
 
 
 def migrate(
-    loop: Reconciler,
+    loop: LoopState,
     job_id: str,
     target: Target | None,
     *,
@@ -113,7 +112,7 @@ def migrate(
 
 
 def run_migrations(
-    loop: Reconciler,
+    loop: LoopState,
     requests: Sequence[MigrationRequest],
     *,
     actor: str,
@@ -178,7 +177,7 @@ def run_migrations(
     return [results[r.job_id] for r in requests]
 
 
-def _tick(loop: Reconciler, snapshot: FleetSnapshot) -> Pass:
+def _tick(loop: LoopState, snapshot: FleetSnapshot) -> Pass:
     p = Pass(loop, None)
     p.snapshot = snapshot
     return p

@@ -26,12 +26,13 @@ from gpuctl.core.placement.engine import plan
 from gpuctl.core.placement.model import Allocation
 from gpuctl.core.placement.plan import apply_plan
 from gpuctl.errors import PlanError, UsageError
-from gpuctl.ops.loop import Pass, fleet_state, placement_request
+from gpuctl.ops.loop.launch import fleet_state, placement_request
+from gpuctl.ops.loop.model import Pass
 from gpuctl.ops.moves import migrate
 from gpuctl.ops.moves.migrate import MigrationRequest, MigrationResult, Target
 
 if TYPE_CHECKING:
-    from gpuctl.ops.loop import Reconciler
+    from gpuctl.ops.loop.model import LoopState
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 MAX_REASON = 500
@@ -273,7 +274,7 @@ class DrainResult:
         }
 
 
-def tick(loop: Reconciler, snapshot: FleetSnapshot | None = None) -> Pass:
+def tick(loop: LoopState, snapshot: FleetSnapshot | None = None) -> Pass:
     """A pass that only carries the gather and the store (for planning outside the loop)."""
     p = Pass(loop, None)
     p.snapshot = snapshot if snapshot is not None else loop.fleet.gather(loop.inventory)
@@ -281,7 +282,7 @@ def tick(loop: Reconciler, snapshot: FleetSnapshot | None = None) -> Pass:
 
 
 def drain(
-    loop: Reconciler,
+    loop: LoopState,
     drain_plan: DrainPlan,
     *,
     operator: str,

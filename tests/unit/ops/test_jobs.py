@@ -436,7 +436,7 @@ def test_a_control_loop_pass_reads_typed_specs_and_validates_no_spec_file(
 
 def test_a_cpu_only_job_is_held_saying_so_and_the_pass_goes_on(tmp_path: Path) -> None:
     from gpuctl.adapters.store import open_store
-    from gpuctl.ops.loop import CPU_ONLY
+    from gpuctl.ops.loop.launch import CPU_ONLY
     from gpuctl.testing.drainkit import Kit
 
     with open_store(tmp_path / "state", write=True) as store:

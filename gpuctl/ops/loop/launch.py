@@ -1,6 +1,7 @@
 """The control loop's forward steps: hold running jobs to their slices, then place queued jobs
 (standard work first, preempting spot work when it needs the room) and launch them: intent,
-launch, confirmation."""
+launch, confirmation. Public: moving jobs (`gpuctl.ops.moves`) reads the fleet as placement sees
+it (`fleet_state`) and a job's request (`placement_request`) here."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from gpuctl.ops.loop import _checkpoints, _jobs
 from gpuctl.ops.loop.model import Target
 
 if TYPE_CHECKING:
-    from gpuctl.ops.loop._pass import Pass
+    from gpuctl.ops.loop.model import Pass
 
 
 # --- slices ------------------------------------------------------------------------------------

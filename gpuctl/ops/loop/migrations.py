@@ -23,12 +23,11 @@ from gpuctl.core.jobs.model import EndReason, Incarnation, IncarnationState, Job
 from gpuctl.core.placement.engine import plan
 from gpuctl.core.placement.model import Allocation, FleetState
 from gpuctl.errors import GpuctlError, StoreConflict, TransportError
-from gpuctl.ops.loop import _checkpoints, _jobs
-from gpuctl.ops.loop import _launch as launches
+from gpuctl.ops.loop import _checkpoints, _jobs, launch
 from gpuctl.ops.loop.model import Target
 
 if TYPE_CHECKING:
-    from gpuctl.ops.loop._pass import Pass
+    from gpuctl.ops.loop.model import Pass
 
 
 CHAINED = (StepKind.RECORD_END, StepKind.KILL)  # after these, the job can go on at once
@@ -43,7 +42,7 @@ def choose_target(
     """Where the job could go (never its own node): (target, card capacities), or why nowhere.
     Drains and consolidations may use the failover headroom, as a failover does."""
     if state is None:
-        state, _ = launches.fleet_state(p)
+        state, _ = launch.fleet_state(p)
     nodes = tuple(
         dataclasses.replace(n, schedulable=False, reason="the job is moving off it")
         if n.name == inc.node
@@ -52,7 +51,7 @@ def choose_target(
     )
     state = dataclasses.replace(state, nodes=nodes, allocations=moving_off(state, job.id))
     jobs = {j.id: j for j in p.store.jobs()}
-    req = launches.placement_request(job, jobs)
+    req = launch.placement_request(job, jobs)
     settings = dataclasses.replace(p.settings.placement, band_max=1.0, headroom=0.0)
     result = plan(state, [req], settings)
     if not result.placed:
@@ -289,7 +288,7 @@ def _launch(p: Pass, res: Reservation, job: Job, source: Incarnation | None) -> 
     )
     target = Target(held, res.gpu_uuids)
     try:
-        started = launches.launch_on(
+        started = launch.launch_on(
             p, job, target, res.capacity(), why=f" (moved from {res.source_node}: {res.reason})"
         )
     except StoreConflict as exc:
@@ -320,7 +319,7 @@ def _elsewhere(p: Pass, res: Reservation, job: Job, source: Incarnation | None) 
         return
     target, capacity = chosen
     try:
-        started = launches.launch_on(
+        started = launch.launch_on(
             p, job, target, capacity, why=f" (moved from {res.source_node}: {res.reason})"
         )
     except GpuctlError as exc:
