@@ -3,7 +3,8 @@
 - import loops: groups of modules that import each other in a cycle (strongly connected
   components of more than one module), overall and inside `gpuctl.core`;
 - import levels inside a package: the longest chain of imports between its modules, loops
-  collapsed (one level: nothing of the package imports anything else of it);
+  collapsed (one level: nothing of the package imports anything else of it), and between its
+  parts (its own modules and sub-packages, each sub-package one part: how the package is layered);
 - imports from a lower layer to a higher one, and between independent siblings of one layer
   (`cli | tui | testing > ops | bench | lab > config | adapters > core > errors | checkpoint`, the
   layers contract in pyproject.toml: config and adapters do not import each other, nor do cli and
@@ -108,6 +109,11 @@ def top_of(module: str) -> str:
     return parts[1] if len(parts) > 1 else ""
 
 
+def _child(pkg: str, module: str) -> str:
+    """The direct child of `pkg` that holds `module` (a sub-package counts as one part)."""
+    return ".".join(module.split(".")[: pkg.count(".") + 2])
+
+
 def layer_of(module: str, package: str) -> int | None:
     top = top_of(module)
     for i, names in enumerate(LAYERS):
@@ -139,10 +145,17 @@ def measure(package: str) -> dict[str, object]:
         own = {c for c in children if not graph.find_children(c)}
         subs = {c for c in children if graph.find_children(c)}
         inside = {m for m in modules if m == pkg or m.startswith(pkg + ".")}
+        child_of = {m: _child(pkg, m) for m in inside - {pkg}}
+        between: dict[str, set[str]] = defaultdict(set)
+        for m, c in child_of.items():
+            for t in edges.get(m, ()):
+                if t in child_of and child_of[t] != c:
+                    between[c].add(child_of[t])
         packages[pkg] = {
             "modules": len(own),
             "subpackages": len(subs),
             "levels": levels(inside - {pkg}, edges),
+            "part_levels": levels(set(child_of.values()), between),
         }
     crowded = [p for p, v in packages.items() if v["modules"] > 25 and not v["subpackages"]]
     return {
@@ -178,9 +191,10 @@ def main() -> int:
     print(f"imports between independent siblings of a layer: {len(sideways)}")  # type: ignore[arg-type]
     for line in sideways:  # type: ignore[attr-defined]
         print(f"  {line}")
-    print("package: own modules, sub-packages, import levels")
+    print("package: own modules, sub-packages, import levels (modules; parts)")
     for pkg, v in m["packages"].items():  # type: ignore[attr-defined]
-        print(f"  {pkg}: {v['modules']}, {v['subpackages']}, {v['levels']}")
+        levels_ = f"{v['levels']}; {v['part_levels']}"
+        print(f"  {pkg}: {v['modules']}, {v['subpackages']}, {levels_}")
     print(f"packages over 25 modules without sub-packages: {m['crowded_packages'] or 'none'}")
     return 0
 

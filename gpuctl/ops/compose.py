@@ -22,14 +22,8 @@ from typing import TYPE_CHECKING
 from gpuctl.adapters.clock import SystemClock
 from gpuctl.adapters.protocols import Clock, Store, Transport
 from gpuctl.core.model import Inventory
-from gpuctl.ops.parts import (
-    FleetLink,
-    LinkFactory,
-    control_loop,
-    minute_of_day,
-    sleep_of,
-    ssh_link,
-)
+from gpuctl.ops.loop import control_loop
+from gpuctl.ops.parts import FleetLink, LinkFactory, minute_of_day, sleep_of, ssh_link
 from gpuctl.ops.stores import SessionStore, StoreOpener, open_sqlite, per_use, session
 
 if TYPE_CHECKING:

@@ -3,24 +3,21 @@
 
 - the fleet link: the gatherer that reads the nodes and the job runner that starts and stops jobs
   on them, over one transport (`ssh_link`);
-- the clock, and how a wait passes on it (`sleep_of`), and the local minute of day it reads;
-- the control loop over a store, a fleet link, the inventory and a clock (`control_loop`).
+- the clock, and how a wait passes on it (`sleep_of`), and the local minute of day it reads.
+
+The control loop over a store, a fleet link, the inventory and a clock is built by
+`gpuctl.ops.loop.control_loop`, beside the loop itself.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Iterable, Mapping
-from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from collections.abc import Callable, Iterable
+from typing import Protocol, runtime_checkable
 
-from gpuctl.adapters.protocols import Clock, JobRunner, Store, Transport
+from gpuctl.adapters.protocols import Clock, JobRunner, Transport
 from gpuctl.core.model import FleetSnapshot, Inventory, NodeSpec
-
-if TYPE_CHECKING:
-    from gpuctl.ops.health import HistoryKeeper
-    from gpuctl.ops.loop import Action, Reconciler, ReconcileSettings
 
 # --- the fleet link ------------------------------------------------------------------------------
 
@@ -80,38 +77,3 @@ def minute_of_day(clock: Clock) -> int:
     """The local time of `clock` as minutes since midnight (maintenance windows read it)."""
     local = time.localtime(clock.now())
     return local.tm_hour * 60 + local.tm_min
-
-
-# --- the control loop ----------------------------------------------------------------------------
-
-
-def control_loop(
-    store: Store,
-    fleet: FleetReader,
-    runner: JobRunner,
-    inventory: Inventory,
-    clock: Clock,
-    *,
-    settings: ReconcileSettings,
-    env: Mapping[str, str] | None = None,
-    state_dir: Path | None = None,
-    on_action: Callable[[Action], None] | None = None,
-    history: HistoryKeeper | None = None,
-) -> Reconciler:
-    """The control loop as `gpuctl reconcile` runs it, over `store`, the fleet and its job runner
-    (a `FleetLink`'s two): what drain, consolidation, playbooks and the dashboard's actions drive
-    too."""
-    from gpuctl.ops.loop import Reconciler
-
-    return Reconciler(
-        store,
-        fleet,
-        runner,
-        inventory,
-        clock,
-        settings,
-        environ=env,
-        state_dir=None if state_dir is None else str(state_dir),
-        on_action=on_action,
-        health_history=history,
-    )

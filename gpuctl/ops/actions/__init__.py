@@ -15,20 +15,20 @@ services import without the rest) and `FleetActions` with the drain plan's text 
 
 from __future__ import annotations
 
-from gpuctl.ops.actions._fleet import (
-    MAX_MOVES,
-    ConsolidationOrder,
-    DrainOrder,
-    FleetActions,
-    drain_text,
-)
-from gpuctl.ops.actions.model import (
+from gpuctl.ops.action_plans import (
     ACTIONS,
     ActionPlan,
     ActionRefused,
     ActionService,
     Applied,
     Progress,
+)
+from gpuctl.ops.actions._fleet import (
+    MAX_MOVES,
+    ConsolidationOrder,
+    DrainOrder,
+    FleetActions,
+    drain_text,
 )
 
 __all__ = [

@@ -13,8 +13,9 @@ from gpuctl.core.jobs.migration import DEFAULT_TIMEOUT_S
 from gpuctl.core.jobs.model import Cordon
 from gpuctl.core.model import Inventory
 from gpuctl.core.units import human_s
-from gpuctl.ops.actions.model import ACTIONS, ActionPlan, ActionRefused, Applied, Progress
-from gpuctl.ops.parts import FleetReader, control_loop, minute_of_day, sleep_of
+from gpuctl.ops.action_plans import ACTIONS, ActionPlan, ActionRefused, Applied, Progress
+from gpuctl.ops.loop import control_loop
+from gpuctl.ops.parts import FleetReader, minute_of_day, sleep_of
 from gpuctl.ops.stores import SessionStore
 
 if TYPE_CHECKING:

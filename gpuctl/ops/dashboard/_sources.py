@@ -19,7 +19,7 @@ from gpuctl.ops.stores import KeptStore, SessionStore
 
 if TYPE_CHECKING:
     from gpuctl.core.health import HealthRules
-    from gpuctl.ops.actions.model import ActionService
+    from gpuctl.ops.action_plans import ActionService
 
 POLL_MARGIN_S = 5.0
 LOG_TAIL_BYTES = 64 << 10

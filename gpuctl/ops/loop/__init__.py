@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
+from pathlib import Path
 
 from gpuctl.adapters.protocols import Clock, JobRunner, Store
 from gpuctl.core.health.model import HealthRules
@@ -44,6 +45,7 @@ __all__ = [
     "ReconcileSettings",
     "Reconciler",
     "Target",
+    "control_loop",
     "run_pass",
 ]
 
@@ -225,3 +227,33 @@ def _failover(p: Pass) -> None:
         return
     for inc in lost:
         p.guard(_jobs.fail_over, p, inc)
+
+
+def control_loop(
+    store: Store,
+    fleet: FleetSource,
+    runner: JobRunner,
+    inventory: Inventory,
+    clock: Clock,
+    *,
+    settings: ReconcileSettings,
+    env: Mapping[str, str] | None = None,
+    state_dir: Path | None = None,
+    on_action: Callable[[Action], None] | None = None,
+    history: HistoryKeeper | None = None,
+) -> Reconciler:
+    """The control loop as `gpuctl reconcile` runs it, over `store`, the fleet and its job runner
+    (a `gpuctl.ops.parts.FleetLink`'s two): what drain, consolidation, playbooks and the
+    dashboard's actions drive too."""
+    return Reconciler(
+        store,
+        fleet,
+        runner,
+        inventory,
+        clock,
+        settings,
+        environ=env,
+        state_dir=None if state_dir is None else str(state_dir),
+        on_action=on_action,
+        health_history=history,
+    )

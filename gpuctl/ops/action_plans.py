@@ -1,5 +1,7 @@
-"""The actions' values: a plan (`ActionPlan`), what carrying one out did (`Applied`), and what
-the dashboard's action keys call (`ActionService`)."""
+"""The operator actions' values: a plan (`ActionPlan`), what carrying one out did (`Applied`), and
+what the dashboard's action keys call (`ActionService`). Apart from `gpuctl.ops.actions` (the
+service that plans and applies them over the control loop), so that the dashboard, which only
+calls an action service, does not depend on how the actions are carried out."""
 
 from __future__ import annotations
 
