@@ -36,6 +36,7 @@ from gpuctl.core.jobs.model import (
 )
 from gpuctl.errors import ConnectRefused
 from gpuctl.testing.fakes import FakeTransport, ShellTransport, fake_node_env
+from gpuctl.testing.promtool import check_metrics
 
 MIB = 1 << 20
 CAP = 81559
@@ -193,8 +194,8 @@ def assert_numbers_equal(scraped: dict[Any, float], numbers: dict[str, Any]) -> 
         numbers["observed_util_pct"] / 100
     )
     assert get(scraped, "gpuctl_utilization_band", band=numbers["band"]) == 1.0
-    assert get(scraped, "gpuctl_queue_wait_seconds", quantile="0.5") == numbers["queue_wait_p50_s"]
-    assert get(scraped, "gpuctl_queue_wait_seconds", quantile="0.95") == numbers["queue_wait_p95_s"]
+    assert get(scraped, "gpuctl_queue_wait_p50_seconds") == numbers["queue_wait_p50_s"]
+    assert get(scraped, "gpuctl_queue_wait_p95_seconds") == numbers["queue_wait_p95_s"]
     assert get(scraped, "gpuctl_queue_waiting_jobs") == numbers["queue_waiting"]
     assert get(scraped, "gpuctl_queue_oldest_wait_seconds") == pytest.approx(
         numbers["queue_oldest_wait_s"], abs=60
@@ -284,7 +285,9 @@ def test_serve_scraped_over_loopback_equals_status_and_stops_cleanly_on_sigterm(
     assert numbers["allocated_mib"] == 8192 + 16384 and numbers["failover_success_pct"] == 100.0
     with serving(inventory, state, envs(node_env, "gpu03")) as (child, url, lines):
         assert url.startswith("http://127.0.0.1:") and url.endswith("/metrics")
-        scraped = samples(scrape(url))
+        page = scrape(url)
+        check_metrics(page)  # the served page, as Prometheus would scrape it
+        scraped = samples(page)
         assert_numbers_equal(scraped, numbers)
         assert get(scraped, "gpuctl_node_up", node="gpu01") == 1.0
         assert get(scraped, "gpuctl_node_up", node="gpu03") == 0.0
@@ -385,6 +388,7 @@ def test_dump_prints_the_exposition_once_and_exits_3_when_a_node_is_down(
     status = json.loads(gpuctl(inventory, state, t, "status", "-o", "json").stdout)["numbers"]
     result = gpuctl(inventory, state, t, "metrics", "dump")
     assert result.exit_code == 3, result.output
+    check_metrics(result.stdout)
     scraped = samples(result.stdout)
     assert_numbers_equal(scraped, status)
     assert [dict(lbls)["node"] for (name, lbls) in scraped if name == "gpuctl_node_up"] == list(
@@ -414,6 +418,7 @@ def test_dump_from_the_store_polls_nothing(
     result = gpuctl(inventory, state, t, "metrics", "dump", "--from-store")
     assert result.exit_code == 0, result.output
     assert t.calls == []
+    check_metrics(result.stdout)
     scraped = samples(result.stdout)
     assert get(scraped, "gpuctl_node_up", node="gpu01") == 1.0
     assert get(scraped, "gpuctl_node_up", node="gpu03") == 0.0  # the control loop holds it down

@@ -17,6 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuctl.testing.lab import LabFleet
+from gpuctl.testing.promtool import check_metrics
 
 pytestmark = pytest.mark.e2e
 
@@ -79,7 +80,9 @@ def test_a_scrape_shows_every_lab_node_up_and_its_gpus(lab: LabFleet, tmp_path: 
                 assert got is not None, "\n".join(lines)
             url = lines[0].split()[3]
             with urllib.request.urlopen(url, timeout=10) as response:  # loopback only
-                scraped = samples(response.read().decode())
+                page = response.read().decode()
+            check_metrics(page)  # real nodes' answers validate too
+            scraped = samples(page)
             child.send_signal(signal.SIGTERM)
             assert child.wait(timeout=30) == 0
         finally:

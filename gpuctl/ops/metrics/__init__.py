@@ -4,9 +4,10 @@ A `Refresher` polls the fleet (one `Gatherer` kept for its life) and reads the s
 `interval_s`, and turns what it saw into a `Reading`: the five numbers exactly as `gpuctl status`
 computes them (`gpuctl.ops.fleetstatus.numbers`), each node's reachability and health verdict,
 each GPU's allocated / observed / total memory, utilization and temperature, and counts of the
-store's failover, preemption and drain events. `FleetCollector` serves the latest reading from
-its own `CollectorRegistry`: a scrape never triggers a poll. With `from_store`, nothing is polled:
-the job figures, the counters and the control loop's view of node liveness come from the store.
+store's failover, preemption and drain events, and every started job's queue wait (a histogram).
+`FleetCollector` serves the latest reading from its own `CollectorRegistry`: a scrape never
+triggers a poll. With `from_store`, nothing is polled: the job figures, the counters and the
+control loop's view of node liveness come from the store.
 """
 
 from __future__ import annotations
@@ -40,6 +41,15 @@ def event_counts(store: Store) -> dict[str, int]:
     for event in store.events(kinds=tuple(COUNTED_EVENTS)):
         counts[event.kind] += 1
     return counts
+
+
+def queue_waits(store: Store) -> tuple[float, ...]:
+    """Submit to first start of every job of the store that ever started (never below 0)."""
+    return tuple(
+        max(0.0, j.first_started_at - j.submitted_at)
+        for j in store.jobs()
+        if j.first_started_at is not None
+    )
 
 
 def read_fleet(
@@ -87,7 +97,10 @@ def read_fleet(
                 )
             )
     counters = event_counts(store) if store is not None else None
-    return Reading(now, 0.0, "gather", figures, tuple(nodes), tuple(gpus), counters)
+    waits = queue_waits(store) if store is not None else None
+    return Reading(
+        now, 0.0, "gather", figures, tuple(nodes), tuple(gpus), counters, queue_waits=waits
+    )
 
 
 def read_store(store: Store, now: float) -> Reading:
@@ -98,7 +111,9 @@ def read_store(store: Store, now: float) -> Reading:
         NodeReading(name, not live.down, None, None)
         for name, live in sorted(store.liveness().items())
     )
-    return Reading(now, 0.0, "store", figures, nodes, (), event_counts(store))
+    return Reading(
+        now, 0.0, "store", figures, nodes, (), event_counts(store), queue_waits=queue_waits(store)
+    )
 
 
 class FleetCollector:
@@ -166,6 +181,7 @@ class Refresher:
         self._gatherer = gatherer
         self._history = SampleHistory()  # in memory: the server never writes the CLI's file
         self._counters: Mapping[str, int] | None = None
+        self._queue_waits: tuple[float, ...] | None = None
 
     def refresh(self) -> Reading:
         started = self._clock.monotonic()
@@ -191,10 +207,13 @@ class Refresher:
                 store.close()
         if reading.counters is not None:
             self._counters = reading.counters
+        if reading.queue_waits is not None:
+            self._queue_waits = reading.queue_waits
         return dataclasses.replace(
             reading,
             duration_s=self._clock.monotonic() - started,
             counters=self._counters,  # the last counts read, while the store refuses
+            queue_waits=self._queue_waits,  # likewise: a histogram is a counter
             store_error=error,
         )
 
@@ -278,6 +297,7 @@ __all__ = [
     "event_counts",
     "exposition",
     "families",
+    "queue_waits",
     "read_fleet",
     "read_store",
     "registry_for",

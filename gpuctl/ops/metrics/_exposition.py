@@ -2,17 +2,24 @@
 text, and the families built from a reading. Pure: a `Reading` in, Prometheus metric families out.
 
 Names follow Prometheus conventions: base units (`_bytes`, `_seconds`, `_celsius`), ratios 0-1
-(`_ratio`), counters `_total`. A figure that is undefined (`None`: nothing to measure) has no
-sample, never a 0 in its place. `docs/metrics.md` describes each metric.
+(`_ratio`), counters `_total`, a `quantile` label only on a summary (`promtool check metrics` passes
+every exposition). A figure that is undefined (`None`: nothing to measure) has no sample, never a 0
+in its place. `docs/metrics.md` describes each metric.
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 
 from gpuctl.core.band import TARGET_BAND, BandName
 from gpuctl.core.fleet.nodestate import NODE_STATES
@@ -37,6 +44,11 @@ COUNTED_EVENTS = {
     ),
     "drain": ("gpuctl_drains", "Node drains, from the store's audit log."),
 }
+
+# the queue-wait histogram's upper bounds, seconds: from a second to a week
+QUEUE_WAIT_BUCKETS: tuple[float, ...] = (
+    1, 5, 15, 30, 60, 300, 900, 1800, 3600, 7200, 21600, 43200, 86400, 172800, 604800,
+)  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -81,13 +93,14 @@ NUMBER_GAUGES: tuple[tuple[str, str, tuple[Figure, ...]], ...] = (
         (Figure(lambda n: n.stranded_gib, GIB),),
     ),
     (
-        "gpuctl_queue_wait_seconds",
-        "Submit to first start of the jobs that first started in the "
-        "window, by quantile (nearest rank).",
-        (
-            Figure(lambda n: n.jobs.queue_wait_p50_s, labels=(("quantile", "0.5"),)),
-            Figure(lambda n: n.jobs.queue_wait_p95_s, labels=(("quantile", "0.95"),)),
-        ),
+        "gpuctl_queue_wait_p50_seconds",
+        "Submit to first start of the jobs that first started in the window, p50 (nearest rank).",
+        (Figure(lambda n: n.jobs.queue_wait_p50_s),),
+    ),
+    (
+        "gpuctl_queue_wait_p95_seconds",
+        "Submit to first start of the jobs that first started in the window, p95 (nearest rank).",
+        (Figure(lambda n: n.jobs.queue_wait_p95_s),),
     ),
     (
         "gpuctl_queue_waiting_jobs",
@@ -184,7 +197,8 @@ class GpuReading:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Reading:
-    """What one refresh saw. `counters` is None when the store could not be read."""
+    """What one refresh saw. `counters` and `queue_waits` are None when the store could not be
+    read; `queue_waits`: submit to first start of every job of the store that ever started."""
 
     taken_at: float
     duration_s: float
@@ -194,6 +208,7 @@ class Reading:
     gpus: tuple[GpuReading, ...] = ()
     counters: Mapping[str, int] | None = None
     store_error: str | None = None
+    queue_waits: tuple[float, ...] | None = None
 
 
 # --- the exposition ------------------------------------------------------------------------------
@@ -211,6 +226,8 @@ def families(reading: Reading | None) -> list[Metric]:
             counter = CounterMetricFamily(name, help_text)
             counter.add_metric([], float(reading.counters.get(kind, 0)))
             out.append(counter)
+    if reading.queue_waits is not None:
+        out.append(queue_wait_histogram(reading.queue_waits))
     meta = [
         (
             "gpuctl_refresh_timestamp_seconds",
@@ -231,6 +248,23 @@ def families(reading: Reading | None) -> list[Metric]:
     for name, help_text, value in meta:
         out.append(GaugeMetricFamily(name, help_text, value=value))
     return out
+
+
+def queue_wait_histogram(waits: Sequence[float]) -> HistogramMetricFamily:
+    """`gpuctl_queue_wait_seconds`: a cumulative histogram of `waits` over `QUEUE_WAIT_BUCKETS`."""
+    ordered = sorted(waits)
+    buckets = [
+        (str(float(bound)), float(bisect.bisect_right(ordered, bound)))
+        for bound in QUEUE_WAIT_BUCKETS
+    ]
+    buckets.append(("+Inf", float(len(waits))))
+    return HistogramMetricFamily(
+        "gpuctl_queue_wait_seconds",
+        "Submit to first start of every job the store holds that ever started (since the store "
+        "began).",
+        buckets=buckets,
+        sum_value=float(sum(waits)),
+    )
 
 
 def _number_families(numbers: FleetNumbers) -> Iterator[Metric]:

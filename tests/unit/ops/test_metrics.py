@@ -45,6 +45,7 @@ from gpuctl.ops.metrics import (
 )
 from gpuctl.testing.fakerunner import ManualClock
 from gpuctl.testing.memstore import MemoryStore
+from gpuctl.testing.promtool import check_metrics, promtool
 
 NOW = 1_000_000.0
 MIB = 1 << 20
@@ -165,11 +166,8 @@ def test_fleet_gauges_equal_the_status_numbers_for_the_same_state() -> None:
     assert value(got, "gpuctl_memory_allocated_bytes") == numbers.allocated_mib * MIB
     assert value(got, "gpuctl_memory_capacity_bytes") == numbers.capacity_mib * MIB == 2 * CAP * MIB
     assert value(got, "gpuctl_observed_utilization_ratio") == pytest.approx(0.60)
-    for quantile, p in (
-        ("0.5", numbers.jobs.queue_wait_p50_s),
-        ("0.95", numbers.jobs.queue_wait_p95_s),
-    ):
-        assert value(got, "gpuctl_queue_wait_seconds", quantile=quantile) == p
+    assert value(got, "gpuctl_queue_wait_p50_seconds") == numbers.jobs.queue_wait_p50_s
+    assert value(got, "gpuctl_queue_wait_p95_seconds") == numbers.jobs.queue_wait_p95_s
     assert numbers.jobs.queue_wait_p95_s == 90.0
     assert value(got, "gpuctl_queue_waiting_jobs") == numbers.jobs.queue_waiting == 1
     assert value(got, "gpuctl_queue_oldest_wait_seconds") == numbers.jobs.queue_oldest_wait_s == 300
@@ -200,9 +198,83 @@ def test_an_undefined_number_has_no_sample_never_a_zero() -> None:
     assert got["gpuctl_failover_success_ratio"] == {}
     frag = value(got, "gpuctl_fragmentation_ratio")  # defined: measured on the free cards
     assert frag == pytest.approx(numbers.fragmentation_pct / 100)
-    assert got["gpuctl_queue_wait_seconds"] == {}
+    assert got["gpuctl_queue_wait_p50_seconds"] == {}
+    assert "gpuctl_queue_wait_seconds" not in got  # no store read: no histogram
     assert value(got, "gpuctl_utilization_ratio") == 0.0  # defined: nothing allocated
     assert "gpuctl_failovers" not in got  # no store read: no counters rather than zeros
+
+
+# --- queue wait: a histogram --------------------------------------------------------------------
+
+
+def started(store: MemoryStore, jid: str, wait_s: float, at: float) -> None:
+    """A job that first started `wait_s` after it was submitted, at `at`, and finished."""
+    store.add_job(job(jid, submitted=at - wait_s), Event(at - wait_s, "gpuctl", "submit", "s", jid))
+    launch(store, jid, 1, 0, 8192, at)
+    store.update_incarnation(jid, 1, state=IncarnationState.EXITED, ended_at=at + 1,
+                             exit_code=0, end_reason=EndReason.EXITED)  # fmt: skip
+    store.update_job(jid, state=JobState.SUCCEEDED)
+
+
+def test_queue_wait_is_a_histogram_of_every_started_job_from_seconds_to_days() -> None:
+    store = MemoryStore()
+    waits = {"w1": 0.5, "w2": 1.0, "w3": 45.0, "w4": 4000.0, "w5": 2 * 86400.0, "w6": 9 * 86400.0}
+    for i, (jid, wait) in enumerate(waits.items()):
+        # two of them started 10 days ago: out of status's 24-hour window, in the histogram
+        started(store, jid, wait, NOW - (10 * 86400 if i < 2 else 100 + i))
+    store.add_job(job("queued", submitted=NOW - 50), Event(NOW - 50, "gpuctl", "submit", "s"))
+    for reading in (read_store(store, NOW), read_fleet(snapshot(gpu(0), gpu(1)), store, NOW, ())):
+        got = parse(exposition(reading))
+        assert next(f for f in text_string_to_metric_families(exposition(reading).decode())
+                    if f.name == "gpuctl_queue_wait_seconds").type == "histogram"  # fmt: skip
+        buckets = {
+            dict(lbls)["le"]: v
+            for (name, lbls), v in got["gpuctl_queue_wait_seconds"].items()
+            if name == "gpuctl_queue_wait_seconds_bucket"
+        }
+        assert buckets == {
+            "1.0": 2, "5.0": 2, "15.0": 2, "30.0": 2, "60.0": 3, "300.0": 3, "900.0": 3,
+            "1800.0": 3, "3600.0": 3, "7200.0": 4, "21600.0": 4, "43200.0": 4, "86400.0": 4,
+            "172800.0": 5, "604800.0": 5, "+Inf": 6,
+        }  # fmt: skip
+        assert value(got, "gpuctl_queue_wait_seconds_count") == 6  # the queued job: not yet
+        assert value(got, "gpuctl_queue_wait_seconds_sum") == sum(waits.values())
+        assert value(got, "gpuctl_queue_wait_p50_seconds") == 4000.0  # the window's 4 starts
+
+
+def test_the_queue_wait_histogram_keeps_its_last_counts_while_the_store_refuses() -> None:
+    store = MemoryStore()
+    started(store, "a", 30.0, NOW - 100)
+    r = refresher(CountingGatherer([snapshot(gpu(0), gpu(1))]), store, ManualClock(NOW))
+    assert value(parse(exposition(r.refresh())), "gpuctl_queue_wait_seconds_count") == 1
+    r._open_store = lambda: (_ for _ in ()).throw(StateError("store: corrupt"))  # type: ignore[method-assign]
+    got = parse(exposition(r.refresh()))
+    assert value(got, "gpuctl_queue_wait_seconds_count") == 1  # a counter never drops to nothing
+    assert value(got, "gpuctl_queue_wait_seconds_sum") == 30.0
+
+
+# --- promtool: the exposition and the example alert rules validate -----------------------------
+
+
+def test_promtool_check_metrics_passes_on_every_kind_of_exposition() -> None:
+    store = MemoryStore()
+    history(store)
+    store.set_liveness(NodeLiveness("n1", NOW - 5, None))
+    snap = snapshot(gpu(0, used=8000, util=50), gpu(1, used=20000, util=70, temp=90))
+    for reading in (
+        read_fleet(snap, store, NOW, verdicts(snap)),  # a poll and the store
+        read_fleet(snap, None, NOW, verdicts(snap)),  # no store
+        read_store(store, NOW),  # --from-store
+    ):
+        check_metrics(exposition(reading))
+
+
+DEPLOY = Path(__file__).parents[3] / "deploy" / "prometheus"
+
+
+def test_the_example_alert_rules_pass_promtool_check_and_their_unit_tests() -> None:
+    assert "SUCCESS: 6 rules found" in promtool("check", "rules", DEPLOY / "gpuctl-alerts.yml")
+    assert "SUCCESS" in promtool("test", "rules", "gpuctl-alerts.test.yml", cwd=DEPLOY)
 
 
 # --- nodes and GPUs ------------------------------------------------------------------------------
