@@ -163,7 +163,7 @@ def _place_one(
         if req.tier is Tier.STANDARD:
             _preempt_for(p, job, req, state, jobs, releasing, settings, reason)
         else:
-            p.note("queued", f"{job.id}: {reason}", job=job.id)
+            p.note("queued", reason, job=job.id)
         return state
     if _launch(p, job, placed, state):
         return apply_plan(state, result)
@@ -182,7 +182,7 @@ def _preempt_for(
 ) -> None:
     freed = without(state, releasing)
     if releasing and fits(freed, req, settings):
-        p.note("queued", f"{job.id}: waiting for preempted spot jobs to stop", job=job.id)
+        p.note("queued", "waiting for preempted spot jobs to stop", job=job.id)
         return
     victims = []
     for inc in p.store.incarnations(holding=True):
@@ -202,7 +202,7 @@ def _preempt_for(
         victims.append(SpotVictim(inc.job_id, alloc, max(ckpts) if ckpts else None))
     chosen = choose_preemption(freed, req, victims, settings) if victims else None
     if not chosen:
-        p.note("queued", f"{job.id}: {reason}", job=job.id)
+        p.note("queued", reason, job=job.id)
         return
     incs = {(i.job_id): i for i in p.store.incarnations(holding=True)}
     for v in chosen:

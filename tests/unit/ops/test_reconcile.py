@@ -811,3 +811,20 @@ def test_gpuctl_killed_mid_migration_is_resumed_safely_by_the_next_pass(
     launched = [(r.job_id, r.incarnation) for _, r in k.runner.launches]
     assert len(launched) == len(set(launched))
     assert len([r for r in k.cluster.runs(job.id) if r.alive]) == 1
+
+
+def test_a_job_that_fits_nowhere_waits_and_watch_names_it_once_per_change(store: Store) -> None:
+    from gpuctl.cli.reconcile_stream import Stream
+
+    t = make(store, ("n1",), gpus=2)
+    job = t.submit("huge", resources={"gpus": 4})
+    lines: list[str] = []
+    stream = Stream(lines.append)
+    t.loop.on_action = stream
+    for _ in range(3):
+        t.step()
+        stream.end_pass()
+    assert t.job(job.id).state is JobState.QUEUED
+    assert lines == [
+        f"queued: {job.id}: no node can take 4 × whole cards: 1 node: fewer than 4 usable cards"
+    ]
