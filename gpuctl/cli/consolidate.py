@@ -9,8 +9,9 @@ from typing import TYPE_CHECKING, TextIO
 import typer
 
 from gpuctl.cli import context
+from gpuctl.cli.confirm import ask
 from gpuctl.cli.render import OUTPUT_OPTION, Output, emit_document, safe
-from gpuctl.errors import ExitCode, UsageError, exit_for_apply, exit_for_plan
+from gpuctl.errors import UsageError, exit_for_apply, exit_for_plan
 
 if TYPE_CHECKING:
     from gpuctl.core.consolidation import ConsolidationPlan
@@ -120,7 +121,7 @@ def _apply(
             _exit_for(plan)
         service.check_window(win, actions.minute_of_day())
         if not yes:
-            _ask(f"move {len(plan.moves)} job(s) as planned?")
+            ask(f"move {len(plan.moves)} job(s) as planned?")
         done = actions.carry_out(planned, _progress)
     result: ApplyResult = done.value
     if document:
@@ -141,12 +142,6 @@ def _show(plan: ConsolidationPlan, output: Output, stream: TextIO | None = None)
 
 def _exit_for(plan: ConsolidationPlan) -> None:
     raise typer.Exit(int(exit_for_plan(complete=plan.target is None or plan.target.fits)))
-
-
-def _ask(question: str) -> None:
-    if not typer.confirm(question, default=False, err=True):
-        sys.stderr.write("nothing changed\n")
-        raise typer.Exit(int(ExitCode.ERROR))
 
 
 def _progress(line: str) -> None:

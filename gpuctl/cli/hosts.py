@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from gpuctl.cli import context
+from gpuctl.cli.confirm import answer
 from gpuctl.cli.render import OUTPUT_OPTION, Output, emit_document, safe
 from gpuctl.core.model import Inventory, NodeSpec
 from gpuctl.errors import ExitCode, UsageError, exit_for_poll
@@ -31,16 +32,6 @@ KNOWN_HOSTS_OPTION = typer.Option(
 
 def _note(text: str) -> None:
     sys.stderr.write(safe(text) + "\n")
-
-
-def _confirm(question: str) -> bool:
-    """Ask on stderr, read the answer from stdin; anything but y/yes (or end of input) is no."""
-    sys.stderr.write(f"{question} [y/N]: ")
-    sys.stderr.flush()
-    answer = sys.stdin.readline()
-    if not answer.endswith("\n"):
-        sys.stderr.write("\n")
-    return answer.strip().lower() in ("y", "yes")
 
 
 def _nodes(ctx: typer.Context, names: list[str] | None, all_nodes: bool) -> tuple[NodeSpec, ...]:
@@ -128,7 +119,7 @@ def trust(
                 outcomes.append("host_key")
                 continue
         question = f"{'Replace the key of' if changed else 'Trust'} {node.name} ({key_type} {fp})?"
-        if not yes and not _confirm(question):
+        if not yes and not answer(question):
             _note(f"{where}: not recorded")
             outcomes.append("failed")  # declined: not recorded
             continue

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 import sys
 import traceback
@@ -35,7 +36,9 @@ from gpuctl.cli.context import AppContext
 from gpuctl.errors import ExitCode, GpuctlError
 
 if TYPE_CHECKING:  # typer vendors click; only its Context type is needed here
+    from typer._click.core import Command as ClickCommand
     from typer._click.core import Context as ClickContext
+    from typer._click.core import Parameter as ClickParameter
 
 
 def _report(exc: GpuctlError) -> None:
@@ -47,7 +50,24 @@ def _report(exc: GpuctlError) -> None:
 
 
 class _Boundary(TyperGroup):
-    """The one error boundary: GpuctlError -> one line on stderr and its exit code."""
+    """The one error boundary: GpuctlError -> one line on stderr and its exit code. Also where
+    every command learns the global options (`gpuctl status -i X` as `gpuctl -i X status`) and
+    loses `<bool>` on its flags' help."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        shared = [p for p in self.params if p.name in _GLOBAL_OPTIONS]
+        for p in self.params:
+            _bare_flag(p)
+        _hide_help_type(self)
+        for command in self.commands.values():
+            _spread(command, shared)
+
+    def get_params(self, ctx: ClickContext) -> list[ClickParameter]:
+        params = super().get_params(ctx)
+        for p in params:  # typer adds the completion options after __init__
+            _bare_flag(p)
+        return params
 
     def invoke(self, ctx: ClickContext) -> Any:
         try:
@@ -75,6 +95,60 @@ class _Boundary(TyperGroup):
             ctx.exit(int(ExitCode.ERROR))
 
 
+# the root's options accepted after a command too, and the AppContext field each sets
+_GLOBAL_OPTIONS = {"inventory": "inventory_path", "state_dir": "state_dir", "debug": "debug"}
+
+
+def _spread(command: ClickCommand, shared: list[ClickParameter]) -> None:
+    """Give `command` (and each command under it) the root's global options, unless it has an
+    option of the same name (`inventory check -i`); and flags without `<bool>` in their help."""
+    for p in command.params:
+        _bare_flag(p)
+    _hide_help_type(command)
+    sub = getattr(command, "commands", None)
+    if isinstance(sub, dict):
+        for child in sub.values():
+            _spread(child, shared)
+        return
+    taken = {o for p in command.params for o in (*p.opts, *p.secondary_opts)}
+    for option in shared:
+        if option.name in {p.name for p in command.params} or taken & set(option.opts):
+            continue
+        after = copy.copy(option)
+        after.expose_value = False
+        after.callback = _after_command
+        command.params.append(after)
+
+
+def _after_command(ctx: ClickContext, param: ClickParameter, value: Any) -> Any:
+    """A global option given after the command: it wins over the same before it."""
+    if value is None or value is False:
+        return value
+    obj = ctx.find_root().obj
+    if isinstance(obj, AppContext):
+        setattr(obj, _GLOBAL_OPTIONS[str(param.name)], value)
+        if param.name == "debug":
+            _configure_logging(True)
+    return value
+
+
+def _bare_flag(param: ClickParameter) -> None:
+    if getattr(param, "is_flag", False) and param.metavar is None:
+        param.metavar = ""  # typer's help would say `<bool>`: the flag says it all
+
+
+def _hide_help_type(command: ClickCommand) -> None:
+    made = command.get_help_option
+
+    def get_help_option(ctx: ClickContext) -> Any:
+        option = made(ctx)
+        if option is not None:
+            _bare_flag(option)
+        return option
+
+    setattr(command, "get_help_option", get_help_option)  # noqa: B010 (a method of one object)
+
+
 def _silence_stdout() -> None:
     """Point stdout at /dev/null so the interpreter's final flush raises nothing."""
     import os
@@ -95,7 +169,7 @@ app = typer.Typer(
     help="Keep a GPU fleet busy: status, placement, fragmentation and failover over SSH.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    add_completion=False,
+    add_completion=True,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 

@@ -1,11 +1,12 @@
 """`gpuctl cordon`, `gpuctl uncordon`, `gpuctl drain`: thin shells over the plan-then-apply actions
 of `gpuctl.ops.actions` (the dashboard's keys call the same).
 
-Each shows what it is about to do and asks (on stderr; `--yes` for scripts). The operator recorded
-with every cordon and drain is $USER. Exit status: 0 done (drain: every job on the node moved, or
-none was there); 3 a drain left jobs on the node (no room, timed out, rolled back: each says why;
-the node stays cordoned); 1 the question was answered no (nothing changed), or an unexpected
-error; 2 bad input (unknown node, bad options); 6 the state store refuses, or another gpuctl held
+Each shows what it is about to do and asks (`gpuctl.cli.confirm`; `--yes` for scripts). The
+operator recorded with every cordon and drain is $USER. Exit status: 0 done (drain: every job on
+the node moved, or none was there); 3 a drain left jobs on the node (no room, timed out, rolled
+back: each says why; the node stays cordoned); 1 the question was answered no (nothing changed),
+or an unexpected error; 2 bad input (unknown node, bad options), or no answer to the question
+(no terminal and no --yes: nothing changed); 6 the state store refuses, or another gpuctl held
 the loop lock too long.
 """
 
@@ -17,8 +18,9 @@ from typing import TYPE_CHECKING
 import typer
 
 from gpuctl.cli import context
+from gpuctl.cli.confirm import ask
 from gpuctl.cli.render import OUTPUT_OPTION, Output, emit_document, safe
-from gpuctl.errors import ExitCode, UsageError, exit_for_apply
+from gpuctl.errors import UsageError, exit_for_apply
 
 if TYPE_CHECKING:
     from gpuctl.core.model import Inventory
@@ -36,7 +38,7 @@ def cordon(
     with context.root(ctx).actions(inventory, moves=False) as actions:
         plan = actions.plan_cordon(node, reason)
         if not yes:
-            _ask(f"cordon {node} (no new work lands there; running jobs stay)?")
+            ask(f"cordon {node} (no new work lands there; running jobs stay)?")
         done = actions.carry_out(plan)
     sys.stdout.write(safe(done.message) + "\n")
 
@@ -55,7 +57,7 @@ def uncordon(
             sys.stderr.write(safe(plan.text) + "\n")
             return
         if not yes:
-            _ask(
+            ask(
                 f"uncordon {node} (cordoned {_ago(there.at, actions.clock.now())} by "
                 f"{there.operator}, source {there.source}: {there.reason})?"
             )
@@ -114,7 +116,7 @@ def drain(
         # the plan before the question: on stdout as a table, on stderr when stdout is a document
         (sys.stderr if document else sys.stdout).write(safe(plan.text) + "\n")
         if not yes:
-            _ask(f"cordon {node} and move {len(drain_plan.movable)} job(s) off it?")
+            ask(f"cordon {node} and move {len(drain_plan.movable)} job(s) off it?")
         done = actions.carry_out(plan, _progress)
     result: DrainResult = done.value
     if document:
@@ -134,18 +136,6 @@ def _known(ctx: typer.Context, node: str) -> Inventory:
     inventory = fleet.load_inventory(ctx)
     fleet.select(inventory, [node])
     return inventory
-
-
-def _ask(question: str) -> None:
-    """On stderr; anything but y/yes (or the end of input) is no: exit 1, nothing changed."""
-    sys.stderr.write(f"{safe(question)} [y/N]: ")
-    sys.stderr.flush()
-    answer = sys.stdin.readline()
-    if not answer.endswith("\n"):
-        sys.stderr.write("\n")
-    if answer.strip().lower() not in ("y", "yes"):
-        sys.stderr.write("nothing changed\n")
-        raise typer.Exit(int(ExitCode.ERROR))
 
 
 def _ago(at: float, now: float) -> str:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from gpuctl.cli import context
+from gpuctl.cli.confirm import answer
 from gpuctl.cli.render import OUTPUT_OPTION, Output, emit_document, safe
 from gpuctl.errors import UsageError, exit_for_playbook
 
@@ -153,12 +154,7 @@ def _confirm(document: bool) -> Callable[[RunPlan], bool]:
     def ask(plan: RunPlan) -> bool:
         (sys.stderr if document else sys.stdout).write(render_plan(plan))
         sys.stdout.flush()
-        sys.stderr.write(f"run playbook {safe(plan.playbook)} as planned? [y/N]: ")
-        sys.stderr.flush()
-        answer = sys.stdin.readline()
-        if not answer.endswith("\n"):
-            sys.stderr.write("\n")
-        if answer.strip().lower() in ("y", "yes"):
+        if answer(f"run playbook {plan.playbook} as planned?"):
             return True
         sys.stderr.write("nothing changed\n")
         return False

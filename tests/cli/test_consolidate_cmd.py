@@ -265,3 +265,14 @@ def test_apply_refuses_a_plan_the_fleet_moved_away_from(kit: Kit) -> None:
     assert result.exit_code == 1, result.output
     assert "error: stale plan: recompute" in result.stderr
     assert "hint: run `gpuctl consolidate` again" in result.stderr
+
+
+def test_apply_without_an_answer_or_yes_is_a_usage_error_and_moves_nothing(kit: Kit) -> None:
+    result = _apply(kit)  # no terminal: stdin at its end
+    assert result.exit_code == 2, result.output
+    assert "move 1 job(s) as planned? [y/N]" in result.stderr
+    assert result.stderr.endswith(
+        "error: no answer (no terminal): nothing changed\n"
+        "hint: pass --yes to apply without a terminal\n"
+    )
+    assert all(i.n == 1 for j in kit.store.jobs() for i in kit.store.incarnations(j.id))

@@ -145,3 +145,15 @@ def test_list_shows_what_is_trusted_and_where(
         f"lab-01\t[127.0.0.1]:{lab.lab.node('lab-01').port}\t-\t(none)\t-",
         f"lab-02\t[127.0.0.1]:{port}\tssh-ed25519\t{expected}\t{own_known_hosts}:1",
     ]
+
+
+def test_trust_without_an_answer_or_yes_is_a_usage_error_and_records_nothing(
+    inventory: Path, own_known_hosts: Path, tmp_path: Path
+) -> None:
+    result = gpuctl(tmp_path, inventory, "hosts", "trust", "lab-02")  # stdin at its end
+    assert result.exit_code == 2
+    assert result.stderr.endswith(
+        "[y/N]: \nerror: no answer (no terminal): nothing changed\n"
+        "hint: pass --yes to apply without a terminal\n"
+    )
+    assert not own_known_hosts.exists()

@@ -167,3 +167,25 @@ def test_a_drain_that_leaves_jobs_behind_exits_3_with_the_reason(
         assert [c.node for c in store.cordons()] == [full]
         left = store.incarnations(node=full, holding=True)
         assert [i.job_id for i in left] == [stuck[0]["job_id"]]
+
+
+@pytest.mark.parametrize("verb", ["cordon", "uncordon", "drain"])
+def test_without_an_answer_or_yes_each_verb_fails_as_a_usage_error_and_changes_nothing(
+    fleet: tuple[Path, ShellTransport], tmp_path: Path, verb: str
+) -> None:
+    """No terminal (stdin at its end) and no --yes: exit 2 with the hint, as `cancel` does."""
+    state = tmp_path / "state"
+    if verb == "uncordon":
+        done = gpuctl(fleet, state, "cordon", "gpu01", "--reason", "fan noise", "--yes")
+        assert done.exit_code == 0, done.output
+    with open_store(state, write=True) as store:
+        before = (store.cordons(), len(store.events()))
+    reason = () if verb == "uncordon" else ("--reason", "fan noise")
+    result = gpuctl(fleet, state, verb, "gpu01", *reason)
+    assert result.exit_code == 2, result.output
+    assert result.stderr.endswith(
+        "[y/N]: \nerror: no answer (no terminal): nothing changed\n"
+        "hint: pass --yes to apply without a terminal\n"
+    )
+    with open_store(state, write=False) as store:
+        assert (store.cordons(), len(store.events())) == before

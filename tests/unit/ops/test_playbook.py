@@ -666,6 +666,23 @@ def test_a_run_shows_its_plan_and_asks_and_no_changes_nothing(shells: Shells) ->
     assert result.stdout.endswith("playbook ask: ok: 1 step(s) done\n")
 
 
+def test_a_run_without_an_answer_or_yes_shows_its_plan_and_exits_2_as_every_confirming_verb(
+    shells: Shells,
+) -> None:
+    pb = shells.tmp / "pb.yaml"
+    pb.write_text("name: ask\ntargets: all\nsteps:\n  - cordon: {reason: x}\n")
+    result = shells.cli("playbook", "run", str(pb))  # no terminal: stdin at its end
+    assert result.exit_code == 2, result.output
+    assert "[b1.s1] cordon: cordon (reason: x)" in result.stdout
+    assert result.stderr == (
+        "run playbook ask as planned? [y/N]: \n"
+        "error: no answer (no terminal): nothing changed\n"
+        "hint: pass --yes to apply without a terminal\n"
+    )
+    assert shells.journal("ask") is None
+    assert store_dump(shells.state)["events"] == []
+
+
 def test_a_step_failing_beyond_the_threshold_exits_1(shells: Shells) -> None:
     pb = shells.tmp / "pb.yaml"
     pb.write_text(
