@@ -7,6 +7,7 @@ from __future__ import annotations
 import codecs
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +20,7 @@ from gpuctl.cli.render import OUTPUT_OPTION, Output, emit_document, safe
 from gpuctl.errors import ExitCode, UsageError
 
 if TYPE_CHECKING:
+    from gpuctl.core.model import Inventory
     from gpuctl.ops.jobs import JobDetail, JobView
 
 app = typer.Typer(help="Submitted jobs: list them, show one.", no_args_is_help=True)
@@ -30,18 +32,25 @@ def submit(
     replace: bool = typer.Option(
         False, "--replace", help="Cancel an active job of the same name first."
     ),
+    queue_anyway: bool = typer.Option(
+        False,
+        "--queue-anyway",
+        help="Queue a job even if no node of the inventory could ever take it (no poll).",
+    ),
     output: Output = OUTPUT_OPTION,
 ) -> None:
     """Queue the jobs in JOB.yaml...; `gpuctl reconcile` places and launches them.
 
     Every file is checked first (exit 2 on a bad spec or a missing secret); nothing is queued
-    unless all of them are good.
+    unless all of them are good. With an inventory (-i / GPUCTL_INVENTORY) the fleet is polled
+    and a job no node could ever take, even empty, is refused (exit 2) unless --queue-anyway.
     """
     from gpuctl.config.jobspec_files import load_specs
     from gpuctl.ops import jobs as service
 
     specs = load_specs(files, require_command=True)
     app_ctx = context.get(ctx)
+    unchecked = None if queue_anyway else _check_fit(app_ctx, specs)
     with open_state(ctx, write=True) as store:
         actor = service.operator(app_ctx.env)
         clock = app_ctx.clock
@@ -50,11 +59,35 @@ def submit(
         )
         ids = {j.id for j in added}
         views = [v for v in service.list_jobs(store, include_done=True) if v.job.id in ids]
+    if unchecked is not None:
+        sys.stderr.write(safe(unchecked) + "\n")
     if output in (Output.JSON, Output.YAML):
         emit_document([service.job_summary(v, time.time()) for v in views], output)
         return
     for job in added:
         sys.stdout.write(f"submitted {job.id} ({job.tier}, priority {job.priority})\n")
+
+
+def _check_fit(app_ctx: context.AppContext, specs: Any) -> str | None:
+    """Refuse a job no node could ever take; what the check could not tell, for stderr."""
+    from gpuctl.ops.jobs.fit import check_fit
+    from gpuctl.ops.place import gather_snapshot
+
+    if not _has_inventory(app_ctx):
+        return "no inventory given: whether the jobs could ever fit was not checked"
+    inventory = _inventory(app_ctx)
+    checked = check_fit(
+        specs, gather_snapshot(inventory, transport_factory=app_ctx.transport_factory)
+    )
+    if checked.refused is not None:
+        raise checked.refused
+    return checked.note
+
+
+def _inventory(app_ctx: context.AppContext) -> Inventory:
+    from gpuctl.config.inventory import load_inventory
+
+    return load_inventory(app_ctx.resolve_inventory_path())
 
 
 @app.command("list")
@@ -68,11 +101,12 @@ def list_cmd(
 
     with open_state(ctx, write=False) as store:
         views = service.list_jobs(store, include_done=all_jobs)
+        whys = _waiting(ctx, store, views) if output not in (Output.JSON, Output.YAML) else {}
     now = time.time()
     if output in (Output.JSON, Output.YAML):
         emit_document([service.job_summary(v, now) for v in views], output)
         return
-    sys.stdout.write(safe(render_list(views, now, wide=output is Output.WIDE)))
+    sys.stdout.write(safe(render_list(views, now, wide=output is Output.WIDE, whys=whys)))
 
 
 @app.command("show")
@@ -86,11 +120,37 @@ def show_cmd(
 
     with open_state(ctx, write=False) as store:
         detail = service.show_job(store, job)
+        text = output not in (Output.JSON, Output.YAML)
+        whys = _waiting(ctx, store, [detail.view]) if text else {}
     now = time.time()
     if output in (Output.JSON, Output.YAML):
         emit_document(service.job_document(detail, now), output)
         return
-    sys.stdout.write(safe(render_detail(detail, now)))
+    sys.stdout.write(safe(render_detail(detail, now, why=whys.get(detail.view.job.id))))
+
+
+def _waiting(ctx: typer.Context, store: Any, views: list[JobView]) -> dict[str, str]:
+    """Why each queued job waits, as the dashboard's queue says it (the placement plan on a poll
+    of the inventory, with what the store holds); nothing without an inventory or a queued job."""
+    from gpuctl.core.jobs.model import JobState
+    from gpuctl.core.placement.model import Settings
+    from gpuctl.ops import fleetstatus
+    from gpuctl.ops.dashboard import waiting_reasons
+    from gpuctl.ops.jobs import list_jobs
+    from gpuctl.ops.place import gather_snapshot
+
+    app_ctx = context.get(ctx)
+    if not _has_inventory(app_ctx) or all(v.job.state is not JobState.QUEUED for v in views):
+        return {}
+    every = list_jobs(store)  # what the queue is ordered among
+    snapshot = gather_snapshot(_inventory(app_ctx), transport_factory=app_ctx.transport_factory)
+    state = fleetstatus.fleet_state(snapshot, store, versioned=False)
+    whys = waiting_reasons(state, every, Settings())
+    return {v.job.id: whys[v.job.id] for v in views if v.job.id in whys}
+
+
+def _has_inventory(app_ctx: context.AppContext) -> bool:
+    return app_ctx.inventory_path is not None or bool(app_ctx.env.get("GPUCTL_INVENTORY"))
 
 
 def logs(
@@ -189,7 +249,14 @@ def _table(rows: list[list[str]]) -> str:
     )
 
 
-def render_list(views: list[JobView], now: float, *, wide: bool = False) -> str:
+def render_list(
+    views: list[JobView],
+    now: float,
+    *,
+    wide: bool = False,
+    whys: Mapping[str, str] | None = None,
+) -> str:
+    """`whys`: why each queued job waits (`_waiting`); else the job's stored reason."""
     from gpuctl.ops.jobs import placed
 
     if not views:
@@ -205,17 +272,25 @@ def render_list(views: list[JobView], now: float, *, wide: bool = False) -> str:
         row = [job.id, job.name, state, job.tier, str(job.priority)]
         row += ["-" if inc is None else inc.node, _cards(inc), str(job.incarnation), step]
         row.append(human_s(now - job.submitted_at))
+        reason = (whys or {}).get(job.id) or job.reason or "-"
         if wide:
-            row += [human_s(_waited(job)), str(job.restarts), job.reason or "-"]
+            row += [human_s(_waited(job)), str(job.restarts), reason]
             row.append(" ".join(job.spec.command))
         else:
-            row.append(job.reason or "-")
+            row.append(reason)
         rows.append(row)
     return _table(rows)
 
 
 def _waited(job: Any) -> float | None:
     return None if job.first_started_at is None else job.first_started_at - job.submitted_at
+
+
+def _waited_text(job: Any, now: float) -> str:
+    waited = _waited(job)
+    if waited is None and not job.state.terminal:
+        return f"waiting {human_s(now - job.submitted_at)}, not started yet"
+    return f"waited {human_s(waited)}"
 
 
 def _cards(inc: Any) -> str:
@@ -226,7 +301,7 @@ def _at(t: float | None) -> str:
     return "-" if t is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
 
 
-def render_detail(detail: JobDetail, now: float) -> str:
+def render_detail(detail: JobDetail, now: float, *, why: str | None = None) -> str:
     from gpuctl.ops.jobs import placed
 
     view = detail.view
@@ -234,12 +309,11 @@ def render_detail(detail: JobDetail, now: float) -> str:
     where = "-"
     if inc is not None:
         where = f"{inc.node}  cards {_cards(inc)}  ({inc.mib_per_card / 1024:.1f} GiB per card)"
-    waited = _waited(job)
     cancelling = job.cancel_requested and not job.state.terminal
     lines = [
         ("job", f"{job.id} ({job.name})"),
         ("state", job.state.value + ("  (cancel requested)" if cancelling else "")),
-        ("reason", job.reason or "-"),
+        ("reason", why or job.reason or "-"),
         ("tier", f"{job.tier}, priority {job.priority}"),
         ("node", where),
         ("incarnation", f"{job.incarnation}  (restarts {job.restarts})"),
@@ -250,7 +324,7 @@ def render_detail(detail: JobDetail, now: float) -> str:
             else f"step {ckpt.step}, {human_s(now - ckpt.committed_at)} ago "
             f"(incarnation {ckpt.incarnation}, {ckpt.path})",
         ),
-        ("submitted", f"{_at(job.submitted_at)}  (waited {human_s(waited)})"),
+        ("submitted", f"{_at(job.submitted_at)}  ({_waited_text(job, now)})"),
         ("command", " ".join(job.spec.command)),
     ]
     out = "".join(f"{k:<12} {v}\n" for k, v in lines)

@@ -12,7 +12,8 @@ from gpuctl.adapters.store import open_store
 from gpuctl.cli.context import AppContext
 from gpuctl.cli.main import app
 from gpuctl.core.jobs.model import Checkpoint, Event, Incarnation, IncarnationState, JobState
-from gpuctl.testing.fakes import ShellTransport
+from gpuctl.lab import node_tools, nodestate
+from gpuctl.testing.fakes import FakeTransport, ShellTransport
 
 SECRET = "pa55-Wd0rd-61c3f5"
 FILE_SECRET = "file-t0ken-9e07aa"
@@ -342,3 +343,91 @@ def test_the_numbers_line_shows_each_number_or_na(tmp_path: Path, state: Path) -
         "jobs: queue wait p50 3s p95 3s, 0 waiting (oldest N/A) · checkpoint age max 1m00s "
         "p95 1m00s · failover N/A (0 of 0) · preemptions 0.00/h\n"
     )
+
+
+# --- a job no node could ever take ----------------------------------------------------------------
+
+BIG = """\
+name: huge
+command: [python3, train.py]
+resources: {mem_per_gpu: 100GiB}
+"""
+
+
+def lab_fleet(tmp_path: Path) -> tuple[Path, FakeTransport]:
+    """An inventory of two lab nodes of 2 H100 80GB cards each, answering through a fake
+    transport that records every call."""
+    node_tools.install_node_tools(tmp_path / "bin", python="/usr/bin/python3")
+    shells = {}
+    for i, name in enumerate(("gpu01", "gpu02")):
+        lab = tmp_path / f"{name}.json"
+        node = nodestate.new_node_state(
+            name, gpus=2, model="NVIDIA H100 80GB HBM3", mem_gib=80, node_index=i
+        )
+        nodestate.write_state(lab, node)
+        env = {
+            "PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin",
+            "GPUCTL_LAB_STATE": str(lab),
+            "GPUCTL_LAB_NODE": name,
+        }
+        shells[name] = ShellTransport({name: env})
+    transport = FakeTransport(
+        {n: (lambda n, c, s=s: s.run(n, c, timeout_s=10)) for n, s in shells.items()}
+    )
+    inventory = tmp_path / "fleet.yaml"
+    inventory.write_text(
+        "nodes:\n"
+        "  - {name: gpu01, host: 127.0.0.1, port: 2201}\n"
+        "  - {name: gpu02, host: 127.0.0.1, port: 2202}\n"
+    )
+    return inventory, transport
+
+
+def on_fleet(state: Path, inventory: Path, transport: FakeTransport, *args: str) -> Result:
+    obj = AppContext(transport_factory=lambda: transport, env={"USER": "alice"})
+    argv = ["--state-dir", str(state), "-i", str(inventory), *args]
+    return CliRunner().invoke(app, argv, obj=obj)
+
+
+def test_submit_refuses_a_job_no_node_could_ever_take_naming_file_field_and_largest_card(
+    tmp_path: Path, state: Path
+) -> None:
+    inventory, transport = lab_fleet(tmp_path)
+    spec = job_file(tmp_path, BIG, "huge.yaml")
+    result = on_fleet(state, inventory, transport, "submit", str(spec))
+    assert result.exit_code == 2, result.output
+    assert result.stdout == ""
+    assert f"{spec}:1: resources.mem_per_gpu: 100.0 GiB per card" in result.stderr
+    assert "the largest card seen is 79.6 GiB" in result.stderr
+    assert "--queue-anyway" in result.stderr
+    assert gpuctl(state, "jobs", "list").stdout == "no jobs\n"  # nothing was queued
+    fits = job_file(tmp_path, JOB)  # 8 GiB a card: polled, fits, queued
+    assert submitted_id(on_fleet(state, inventory, transport, "submit", str(fits)))
+
+
+def test_queue_anyway_queues_it_without_polling_and_list_says_why_it_waits(
+    tmp_path: Path, state: Path
+) -> None:
+    inventory, transport = lab_fleet(tmp_path)
+    spec = job_file(tmp_path, BIG, "huge.yaml")
+    result = on_fleet(state, inventory, transport, "submit", str(spec), "--queue-anyway")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("submitted huge-")
+    assert transport.calls == []  # no poll: the operator said queue it
+    listed = on_fleet(state, inventory, transport, "jobs", "list")
+    assert listed.exit_code == 0, listed.output
+    head, row = listed.stdout.splitlines()
+    assert head.split()[-1] == "REASON"
+    reason = row[head.index("REASON") :]
+    assert reason.startswith("no node can take 1 × 100.0 GiB: 2 nodes: cards smaller than")
+    shown = on_fleet(state, inventory, transport, "jobs", "show", "huge")
+    assert "reason       no node can take 1 × 100.0 GiB" in shown.stdout
+    assert "(waiting " in shown.stdout and "N/A" not in shown.stdout
+
+
+def test_submit_without_an_inventory_says_the_fit_was_not_checked(
+    tmp_path: Path, state: Path
+) -> None:
+    result = gpuctl(state, "submit", str(job_file(tmp_path, BIG)))
+    assert submitted_id(result)
+    assert "whether the jobs could ever fit was not checked" in result.stderr

@@ -68,3 +68,47 @@ def clash(job: JobRequest | Allocation, a: Allocation) -> str | None:
 
 def fewer(n: int, what: str) -> str:
     return f"no {what}" if n == 1 else f"fewer than {n} {what}s"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NeverFits:
+    """Why no node could ever take a job, whatever runs there: the spec field at fault
+    (`resources.gpus`, `resources.mem_per_gpu` or `resources.gpu_models`) and what was seen."""
+
+    field: str
+    message: str
+
+
+def never_fits(job: JobRequest, nodes: Sequence[PlacementNode]) -> NeverFits | None:
+    """None when some node of `nodes`, empty, healthy and uncordoned, could take `job`: its
+    cards' models, sizes and count, ignoring allocations, ghosts, cordons and card health (it is
+    about "ever", not "now"). No nodes, or a CPU-only job: None (nothing to say never about)."""
+    shape = job.shape
+    if not nodes or shape.gpus == 0:
+        return None
+    mib = shape.mem_per_card.mib
+    models = [[c for c in n.cards if model_ok(shape.gpu_models, c.model)] for n in nodes]
+    sized = [[c for c in cards if mib is None or c.capacity_mib >= mib] for cards in models]
+    if any(len(cards) >= shape.gpus for cards in sized):
+        return None
+    if not any(models):
+        seen = sorted({c.model or "unknown" for n in nodes for c in n.cards})
+        return NeverFits(
+            "resources.gpu_models",
+            f"no card of model {' or '.join(shape.gpu_models)} on any node "
+            f"(models seen: {', '.join(seen) or 'none'})",
+        )
+    if mib is not None and not any(sized):
+        size, name = max(
+            (c.capacity_mib, n.name) for n, cs in zip(nodes, models, strict=True) for c in cs
+        )
+        return NeverFits(
+            "resources.mem_per_gpu",
+            f"{format_mib(mib)} per card, but the largest card seen is {format_mib(size)} "
+            f"(on {name})",
+        )
+    most, name = max((len(cs), n.name) for n, cs in zip(nodes, sized, strict=True))
+    return NeverFits(
+        "resources.gpus",
+        f"{shape.gpus} cards on one node, but the most any node has that fit is {most} (on {name})",
+    )
