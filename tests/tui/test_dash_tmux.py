@@ -70,7 +70,8 @@ def test_an_operator_watches_the_lab_fleet_sees_a_node_die_reads_the_queue_and_q
         "name: big\ncommand: [python, train.py]\nresources: {gpus: 8, mem_per_gpu: whole}\n"
     )
     base = [str(GPUCTL), "-i", str(lab.dir / "inventory.yaml"), "--state-dir", str(state)]
-    subprocess.run([*base, "submit", str(job)], check=True, capture_output=True)
+    # 8 cards fit no lab node: queued anyway, to read why it waits
+    subprocess.run([*base, "submit", "--queue-anyway", str(job)], check=True, capture_output=True)
     session = f"gpuctl-dash-{uuid.uuid4().hex[:8]}"
     command = f"{shlex.join([*base, 'dash', '--refresh', '1'])}; echo DASH-EXITED $?; sleep 60"
     env = {**os.environ, "TERM": "xterm-256color"}
