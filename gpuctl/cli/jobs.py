@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from gpuctl.cli import context
+from gpuctl.cli.confirm import ask
 from gpuctl.cli.fleet import open_state
 from gpuctl.cli.numbers_view import human_s
 from gpuctl.cli.render import OUTPUT_OPTION, Output, emit_document, safe
-from gpuctl.errors import ExitCode, UsageError
 
 if TYPE_CHECKING:
     from gpuctl.core.model import Inventory
@@ -215,7 +215,7 @@ def cancel(
     with open_state(ctx, write=True) as store:
         found = service.find_job(store, job)
         if not yes:
-            _confirm(found.id, f"cancel {found.id} ({found.state})?")
+            ask(f"cancel {found.id} ({found.state})?")
         done = service.cancel(
             store, found.id, actor=service.operator(app_ctx.env), clock=app_ctx.clock, force=force
         )
@@ -228,15 +228,6 @@ def cancel(
     else:
         how = "KILL at once" if force else "SIGTERM, then KILL after the grace"
         sys.stdout.write(f"{done.id}: cancel requested; the control loop stops it ({how})\n")
-
-
-def _confirm(job_id: str, question: str) -> None:
-    if not sys.stdin.isatty():
-        raise UsageError(
-            f"not cancelling {job_id}: no terminal to confirm at", hint="pass --yes to cancel"
-        )
-    if not typer.confirm(question, default=False, err=True):
-        raise typer.Exit(int(ExitCode.ERROR))  # declined: nothing changed
 
 
 # --- rendering --------------------------------------------------------------------------------

@@ -206,8 +206,10 @@ def test_cancel_of_a_running_job_asks_the_loop_and_force_is_recorded(
     launch(state, job_id)
     unasked = gpuctl(state, "cancel", "train")
     assert unasked.exit_code == 2
-    assert unasked.stderr == (
-        f"error: not cancelling {job_id}: no terminal to confirm at\nhint: pass --yes to cancel\n"
+    assert unasked.stderr == (  # as every confirming verb without a terminal or --yes
+        f"cancel {job_id} (running)? [y/N]: \n"
+        "error: no answer (no terminal): nothing changed\n"
+        "hint: pass --yes to apply without a terminal\n"
     )
     result = gpuctl(state, "cancel", "train", "--yes", "--force")
     assert result.exit_code == 0
