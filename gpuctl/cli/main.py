@@ -60,8 +60,8 @@ class _Boundary(TyperGroup):
         for p in self.params:
             _bare_flag(p)
         _hide_help_type(self)
-        for command in self.commands.values():
-            _spread(command, shared)
+        for name, command in self.commands.items():
+            _spread(command, shared, name)
 
     def get_params(self, ctx: ClickContext) -> list[ClickParameter]:
         params = super().get_params(ctx)
@@ -99,17 +99,20 @@ class _Boundary(TyperGroup):
 _GLOBAL_OPTIONS = {"inventory": "inventory_path", "state_dir": "state_dir", "debug": "debug"}
 
 
-def _spread(command: ClickCommand, shared: list[ClickParameter]) -> None:
+def _spread(command: ClickCommand, shared: list[ClickParameter], path: str) -> None:
     """Give `command` (and each command under it) the root's global options, unless it has an
-    option of the same name (`inventory check -i`); and flags without `<bool>` in their help."""
+    option of the same name (`inventory check -i`); flags without `<bool>` in their help; and
+    an example under the help of each."""
     for p in command.params:
         _bare_flag(p)
     _hide_help_type(command)
     sub = getattr(command, "commands", None)
     if isinstance(sub, dict):
-        for child in sub.values():
-            _spread(child, shared)
+        for name, child in sub.items():
+            _spread(child, shared, f"{path} {name}")
         return
+    if path in EXAMPLES and not command.epilog:
+        command.epilog = f"Example: gpuctl {EXAMPLES[path]}"
     taken = {o for p in command.params for o in (*p.opts, *p.secondary_opts)}
     for option in shared:
         if option.name in {p.name for p in command.params} or taken & set(option.opts):
@@ -118,6 +121,48 @@ def _spread(command: ClickCommand, shared: list[ClickParameter]) -> None:
         after.expose_value = False
         after.callback = _after_command
         command.params.append(after)
+
+
+EXAMPLES = {  # one typical line per command, shown under its --help
+    "status": "status -i fleet.yaml -o wide",
+    "health": "health gpu01 -i fleet.yaml",
+    "place": "place train.yaml -i fleet.yaml --explain",
+    "reconcile": "reconcile -i fleet.yaml --watch --interval 30",
+    "submit": "submit train.yaml",
+    "logs": "logs train -f",
+    "cancel": "cancel train --yes",
+    "cordon": "cordon gpu01 --reason 'fan noise' -i fleet.yaml",
+    "uncordon": "uncordon gpu01 -i fleet.yaml",
+    "drain": "drain gpu01 --reason 'bios update' -i fleet.yaml --dry-run",
+    "consolidate": "consolidate -i fleet.yaml --apply --window 01:00-05:00",
+    "dash": "dash -i fleet.yaml",
+    "report": "report -i fleet.yaml --window 24h",
+    "jobs list": "jobs list",
+    "jobs show": "jobs show train",
+    "nodes list": "nodes list -i fleet.yaml",
+    "nodes show": "nodes show gpu01 -i fleet.yaml",
+    "inventory check": "inventory check -i fleet.yaml",
+    "inventory list": "inventory list -i fleet.yaml -o json",
+    "hosts trust": "hosts trust gpu01 -i fleet.yaml",
+    "hosts list": "hosts list -i fleet.yaml",
+    "lab up": "lab up --dir /tmp/lab --nodes 3",
+    "lab down": "lab down --dir /tmp/lab",
+    "lab list": "lab list --dir /tmp/lab",
+    "lab kill": "lab kill lab-02 --dir /tmp/lab",
+    "lab partition": "lab partition lab-02 --dir /tmp/lab",
+    "lab heal": "lab heal lab-02 --dir /tmp/lab",
+    "lab revive": "lab revive lab-02 --dir /tmp/lab",
+    "lab freeze": "lab freeze lab-02 --dir /tmp/lab",
+    "lab thaw": "lab thaw lab-02 --dir /tmp/lab",
+    "lab inject": "lab inject lab-02 --dir /tmp/lab --gpu 0 --xid 79",
+    "bench placement": "bench placement --nodes nodes.csv --pods pods.csv --seeds 42-51",
+    "db check": "db check --fleet -i fleet.yaml",
+    "db path": "db path",
+    "metrics serve": "metrics serve -i fleet.yaml --port 9400",
+    "metrics dump": "metrics dump --from-store",
+    "playbook check": "playbook check sweep.yaml -i fleet.yaml",
+    "playbook run": "playbook run sweep.yaml -i fleet.yaml --yes",
+}
 
 
 def _after_command(ctx: ClickContext, param: ClickParameter, value: Any) -> Any:

@@ -3,11 +3,14 @@ that names no `<bool>` on flags."""
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
+from typing import Any
 
+import typer
 from typer.testing import CliRunner
 
-from gpuctl.cli.main import app
+from gpuctl.cli.main import EXAMPLES, app
 
 
 def test_inventory_after_the_command_is_the_same_as_before_it(tmp_path: Path) -> None:
@@ -50,3 +53,23 @@ def test_help_names_no_bool_type_on_flags() -> None:
         result = CliRunner().invoke(app, argv)
         assert result.exit_code == 0, result.output
         assert "--help" in result.stdout and "<bool>" not in result.stdout
+
+
+def _leaves(command: Any, path: str = "") -> dict[str, Any]:
+    sub = getattr(command, "commands", None)
+    if not sub:
+        return {path: command}
+    found: dict[str, Any] = {}
+    for name, child in sub.items():
+        found.update(_leaves(child, f"{path} {name}".strip()))
+    return found
+
+
+def test_every_command_s_help_ends_with_an_example_that_parses() -> None:
+    leaves = _leaves(typer.main.get_command(app))
+    assert set(leaves) == set(EXAMPLES)
+    for path, command in leaves.items():
+        shown = CliRunner().invoke(app, [*path.split(), "--help"], env={"COLUMNS": "200"})
+        assert f"Example: gpuctl {EXAMPLES[path]}" in shown.stdout, path
+        args = shlex.split(EXAMPLES[path])[len(path.split()) :]
+        command.make_context(path, args)  # raises on an unknown option or a missing argument
