@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 from gpuctl.core.band import TARGET_BAND, BandName
 from gpuctl.core.fleet.numbers import FleetNumbers
 from gpuctl.core.jobs.figures import JobFigures
 from gpuctl.core.units import human_s as human_s  # re-exported for callers of this module
 
 
-def numbers_line(figures: JobFigures | Mapping[str, Any]) -> str:
-    """The job figures in one line, for `gpuctl status` (a mapping: `JobFigures.to_dict`'s, as
-    `ops.jobs.fleet_numbers` returns it)."""
-    n = figures if isinstance(figures, JobFigures) else JobFigures.from_dict(figures)
+def numbers_line(n: JobFigures) -> str:
+    """The job figures in one line, for `gpuctl status`."""
     pct = "N/A" if n.failover_success_pct is None else f"{n.failover_success_pct:.0f}%"
     rate = "N/A" if n.preemptions_per_hour is None else f"{n.preemptions_per_hour:.2f}/h"
     spot = "" if n.spot_preempted_pct is None else f", {n.spot_preempted_pct:.0f}% of spot"

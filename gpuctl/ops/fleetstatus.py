@@ -18,7 +18,6 @@ from gpuctl.core.fleet.numbers import FleetNumbers, fleet_numbers, no_jobs
 from gpuctl.core.fleet.numbers import fragmentation as measure_fragmentation
 from gpuctl.core.fleet.view import PlacementMemo, fleet_state_from_snapshot, with_cordons
 from gpuctl.core.fleet.workload import workload_for, workload_key
-from gpuctl.core.jobs.figures import JobFigures
 from gpuctl.core.jobs.model import IncarnationState, Job
 from gpuctl.core.model import FleetSnapshot
 from gpuctl.core.placement.fit import Workload
@@ -120,7 +119,7 @@ def numbers(
 
     state = state if state is not None else fleet_state(snapshot, store)
     jobs = (
-        no_jobs() if store is None else JobFigures.from_dict(jobs_service.fleet_numbers(store, now))
+        no_jobs() if store is None else jobs_service.fleet_numbers(store, now)
     )
     return fleet_numbers(snapshot, state, _index(workload_of(state, store, now)), jobs)
 

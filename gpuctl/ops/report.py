@@ -77,7 +77,7 @@ def build_report(
     state = fleetstatus.fleet_state(snapshot, store)
     now_numbers = fleetstatus.numbers(snapshot, store, now, state=state)
     if store is not None:
-        windowed = jobspecs.fleet_numbers(store, now, window_s=window_s)
+        windowed = jobspecs.fleet_numbers(store, now, window_s=window_s).to_dict()
     else:
         windowed = job_figures((), (), {}, now, window_s=window_s).to_dict()
     avg_mib = None if store is None else _allocated_avg_mib(store, now, window_s)

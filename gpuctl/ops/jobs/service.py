@@ -276,7 +276,7 @@ def fleet_numbers(
     *,
     window_s: float = core_numbers.DEFAULT_WINDOW_S,
     restart_budget_s: float = core_numbers.DEFAULT_RESTART_BUDGET_S,
-) -> dict[str, Any]:
+) -> core_numbers.JobFigures:
     """Queue wait, checkpoint age, failover success and preemption rate from the store
     (`gpuctl status`: a table line and `numbers` in `-o json`)."""
     jobs = store.jobs()
@@ -287,10 +287,9 @@ def fleet_numbers(
             found = store.checkpoints(j.id)
             if found:
                 newest[j.id] = found[0]
-    result = core_numbers.job_figures(
+    return core_numbers.job_figures(
         jobs, incs, newest, now, window_s=window_s, restart_budget_s=restart_budget_s
     )
-    return result.to_dict()
 
 
 def operator(env: Mapping[str, str] | None = None) -> str:

@@ -407,7 +407,7 @@ def test_fleet_numbers_come_from_the_store(store: MemoryStore, clock: ManualCloc
     a, b = jobs.submit(store, [spec("a"), spec("b")], actor="al", clock=clock)
     start(store, a, 1, at=1030.0)
     store.add_checkpoint(Checkpoint(a.id, 1, 10, "/c", 1100.0, "shared"))
-    numbers = jobs.fleet_numbers(store, now=1200.0)
+    numbers = jobs.fleet_numbers(store, now=1200.0).to_dict()
     assert numbers["queue_wait_p50_s"] == 30.0
     assert (numbers["queue_waiting"], numbers["queue_oldest_wait_s"]) == (1, 200.0)
     assert numbers["queue_oldest_job"] == b.id
