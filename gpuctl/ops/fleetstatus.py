@@ -118,9 +118,7 @@ def numbers(
     from gpuctl.ops.jobs import service as jobs_service
 
     state = state if state is not None else fleet_state(snapshot, store)
-    jobs = (
-        no_jobs() if store is None else jobs_service.fleet_numbers(store, now)
-    )
+    jobs = no_jobs() if store is None else jobs_service.fleet_numbers(store, now)
     return fleet_numbers(snapshot, state, _index(workload_of(state, store, now)), jobs)
 
 
