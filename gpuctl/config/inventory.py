@@ -3,8 +3,9 @@
 A file has three optional sections: `defaults` (for the nodes of that file), `groups` (named
 settings and labels, shared by every file of the inventory) and `nodes`. Precedence, highest
 first: the node, its groups in the order listed, the file's defaults, the built-ins (port 22,
-the current user, timeouts 5 s / 10 s, transport ssh). A node name (and host) may hold one
-hostlist range, `gpu[01-16]`, which expands to one node per value. Every problem is an
+the current user, timeouts 5 s / 10 s, transport ssh). A node name (and host) may hold hostlist
+ranges, `gpu[01-16]` or `rack[1-2]-gpu[01-04]` (ClusterShell's NodeSet, through
+`gpuctl.config.hostlist`), which expand to one node per name. Every problem is an
 `InventoryError` (exit 2) naming file, line and field; docs/inventory.md lists them.
 """
 
@@ -21,12 +22,12 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
 from gpuctl.config.document import Document, Loc
+from gpuctl.config.hostlist import HostlistError, expand
 from gpuctl.config.loader import load_document, validate_data
 from gpuctl.core.model import Inventory, NodeSpec
 from gpuctl.errors import ConfigError, InventoryError
 
 KIND = "inventory"
-MAX_EXPANSION = 10_000  # names one range may expand to
 MAX_NODES = 100_000  # nodes in a whole inventory
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -34,7 +35,6 @@ HOST_RE = re.compile(r"^[A-Za-z0-9_.:%-]{1,253}$")
 USER_RE = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_.@-]{0,63}$")
 LABEL_KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-_RANGE_ITEM = re.compile(r"^(\d{1,9})(?:-(\d{1,9}))?$")
 
 
 # --- value rules ---------------------------------------------------------------------------------
@@ -153,56 +153,6 @@ class InventoryFile(_Model):
     nodes: list[NodeEntry] = Field(default_factory=list)
 
 
-# --- hostlist ranges -----------------------------------------------------------------------------
-
-
-class RangeError(ValueError):
-    pass
-
-
-def expand_hostlist(text: str, *, limit: int = MAX_EXPANSION) -> tuple[str, ...]:
-    """`gpu[01-03]` -> gpu01, gpu02, gpu03; `n[1-2,7]x` -> n1x, n2x, n7x; no brackets -> itself.
-
-    One bracket per value; items are `N` or `N-M`; the width of `N` as written sets the zero
-    padding of the whole item. Raises RangeError with a one-line reason.
-    """
-    opens, closes = text.count("["), text.count("]")
-    if opens == 0 and closes == 0:
-        return (text,)
-    if opens != closes:
-        raise RangeError(f"unbalanced '[' and ']' in {text!r}")
-    if opens > 1:
-        raise RangeError(f"only one [range] is allowed per value (got {text!r})")
-    start, end = text.index("["), text.index("]")
-    if end < start:
-        raise RangeError(f"unbalanced '[' and ']' in {text!r}")
-    prefix, body, suffix = text[:start], text[start + 1 : end], text[end + 1 :]
-    spans: list[tuple[int, int, int]] = []
-    total = 0
-    for item in body.split(","):
-        match = _RANGE_ITEM.match(item)
-        if match is None:
-            raise RangeError(f"bad range [{body}]: each item must be N or N-M (got {item!r})")
-        lo_text, hi_text = match.group(1), match.group(2) or match.group(1)
-        lo, hi = int(lo_text), int(hi_text)
-        if hi < lo:
-            raise RangeError(f"bad range [{body}]: {lo_text} is after {hi_text}")
-        total += hi - lo + 1
-        if total > limit:
-            raise RangeError(f"range [{body}] expands to more than {limit:,} values")
-        spans.append((lo, hi, len(lo_text)))
-    out: list[str] = []
-    seen: set[str] = set()
-    for lo, hi, width in spans:
-        for n in range(lo, hi + 1):
-            value = f"{n:0{width}d}"
-            if value in seen:
-                raise RangeError(f"bad range [{body}]: {value} is listed twice")
-            seen.add(value)
-            out.append(f"{prefix}{value}{suffix}")
-    return tuple(out)
-
-
 # --- loading -------------------------------------------------------------------------------------
 
 
@@ -316,15 +266,15 @@ def _resolve_entry(
     _check_root(layers, entry.name)
 
     try:
-        names = expand_hostlist(entry.name)
-    except RangeError as exc:
+        names = expand(entry.name)
+    except HostlistError as exc:
         raise fail("name", str(exc)) from None
     if entry.host is None:
         hosts = names
     else:
         try:
-            hosts = expand_hostlist(entry.host)
-        except RangeError as exc:
+            hosts = expand(entry.host)
+        except HostlistError as exc:
             raise fail("host", str(exc)) from None
         if len(hosts) != len(names):
             if len(hosts) == 1:

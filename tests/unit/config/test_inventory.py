@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuctl.config.inventory import RangeError, expand_hostlist, load_inventory
+from gpuctl.config.inventory import load_inventory
 from gpuctl.core.model import Inventory, NodeSpec
 from gpuctl.errors import ExitCode, InventoryError
 
@@ -88,14 +88,10 @@ BAD: dict[str, tuple[str, str | None]] = {
     ),
     "group-and-groups": ("6: nodes[0].groups: use either 'group' or 'groups', not both", None),
     "range-bad-syntax": (
-        "2: nodes[0].name: bad range [1-x]: each item must be N or N-M (got '1-x')",
+        "2: nodes[0].name: bad range [1-x]: each item must be N, N-M or N-M/STEP (got '1-x')",
         None,
     ),
     "range-reversed": ("2: nodes[0].name: bad range [9-1]: 9 is after 1", None),
-    "range-two-brackets": (
-        "2: nodes[0].name: only one [range] is allowed per value (got 'r[1-2]n[1-4]')",
-        None,
-    ),
     "range-unbalanced": ("2: nodes[0].name: unbalanced '[' and ']' in 'gpu[1-4'", None),
     "range-count-mismatch": (
         "3: nodes[0].host: the range gives 3 hosts but name gives 4 names",
@@ -106,7 +102,7 @@ BAD: dict[str, tuple[str, str | None]] = {
         None,
     ),
     "range-too-large": (
-        "2: nodes[0].name: range [0-99999] expands to more than 10,000 values",
+        "2: nodes[0].name: 'gpu[0-99999]' expands to more than 10,000 names",
         None,
     ),
     "timeout-zero": (
@@ -349,49 +345,18 @@ def test_host_addresses_compare_without_case(tmp_path: Path) -> None:
         load_inventory(tmp_path / "i.yaml")
 
 
-# --- hostlist ranges ---------------------------------------------------------------------------
+# --- hostlist ranges (the rules themselves: tests/unit/config/test_hostlist.py) ----------------
 
 
-@pytest.mark.parametrize(
-    ("text", "expected"),
-    [
-        ("gpu01", ("gpu01",)),
-        ("gpu[01-03]", ("gpu01", "gpu02", "gpu03")),
-        ("gpu[1-3]", ("gpu1", "gpu2", "gpu3")),
-        ("gpu[08-11]", ("gpu08", "gpu09", "gpu10", "gpu11")),
-        ("gpu[9-11]", ("gpu9", "gpu10", "gpu11")),
-        ("n[1-3,7,10-12]", ("n1", "n2", "n3", "n7", "n10", "n11", "n12")),
-        ("rack1-[001-002].lan", ("rack1-001.lan", "rack1-002.lan")),
-        ("[1-2]x", ("1x", "2x")),
-        ("10.0.1.[1-3]", ("10.0.1.1", "10.0.1.2", "10.0.1.3")),
-        ("gpu[5]", ("gpu5",)),
-    ],
-)
-def test_hostlist_ranges_expand_keeping_zero_padding(text: str, expected: tuple[str, ...]) -> None:
-    assert expand_hostlist(text) == expected
-
-
-@pytest.mark.parametrize(
-    ("text", "message"),
-    [
-        ("gpu[]", "bad range []: each item must be N or N-M (got '')"),
-        ("gpu[1,,2]", "bad range [1,,2]: each item must be N or N-M (got '')"),
-        ("gpu[a-b]", "bad range [a-b]: each item must be N or N-M (got 'a-b')"),
-        ("gpu[1-3,2]", "bad range [1-3,2]: 2 is listed twice"),
-        ("gpu[3-1]", "bad range [3-1]: 3 is after 1"),
-        ("gpu]1-2[", "unbalanced '[' and ']' in 'gpu]1-2['"),
-        ("gpu[1-2", "unbalanced '[' and ']' in 'gpu[1-2'"),
-        ("a[1-2]b[1-2]", "only one [range] is allowed per value (got 'a[1-2]b[1-2]')"),
-        ("gpu[1-10001]", "range [1-10001] expands to more than 10,000 values"),
-        ("gpu[1-5000,6000-11000]", "range [1-5000,6000-11000] expands to more than 10,000 values"),
-    ],
-)
-def test_bad_ranges_are_refused_with_a_reason(text: str, message: str) -> None:
-    with pytest.raises(RangeError) as info:
-        expand_hostlist(text)
-    assert str(info.value) == message
-
-
-def test_a_huge_range_is_refused_without_expanding_it() -> None:
-    with pytest.raises(RangeError, match="more than 10,000 values"):
-        expand_hostlist("gpu[0-999999999]")
+@pytest.mark.usefixtures("in_fixtures")
+def test_a_name_with_two_ranges_and_a_list_expands_to_every_node() -> None:
+    inv = load_inventory(Path("good/multi-range.yaml"))
+    assert [(n.name, n.host) for n in inv.nodes] == [
+        ("rack1-gpu01", "10.0.1.11"),
+        ("rack1-gpu02", "10.0.1.12"),
+        ("rack2-gpu01", "10.0.2.11"),
+        ("rack2-gpu02", "10.0.2.12"),
+        ("login01", "login01"),
+        ("spare1", "spare1"),
+        ("spare2", "spare2"),
+    ]
