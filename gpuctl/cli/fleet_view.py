@@ -10,10 +10,10 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from rich.console import Console
-from rich.table import Table
+from rich.console import Console, RenderableType
 
 from gpuctl.cli.render import Output, emit_document, safe
+from gpuctl.cli.table_fit import FREE, KEY, Col, FitTable
 from gpuctl.core.fleet.nodestate import NodeStatus, node_status
 from gpuctl.core.health.poll_hints import gpu_hints, node_hints
 from gpuctl.core.model import FleetSnapshot, NodeSnapshot, NodeSpec, Reach, fleet_to_dict
@@ -27,13 +27,13 @@ def stdout_console() -> Console:
     return Console(file=sys.stdout, width=None if tty else 200, highlight=False, soft_wrap=False)
 
 
-def print_table(table: Table) -> None:
+def print_table(table: RenderableType) -> None:
     """Print a table on stdout; when piped, without colour and without trailing blanks."""
-    if sys.stdout.isatty():
-        stdout_console().print(table)
+    if sys.stdout.isatty():  # wider than the terminal only if the names alone are
+        stdout_console().print(table, crop=False)
         return
     buf = io.StringIO()
-    Console(file=buf, width=200, highlight=False, color_system=None).print(table)
+    Console(file=buf, width=200, highlight=False, color_system=None).print(table, crop=False)
     sys.stdout.write("\n".join(line.rstrip() for line in buf.getvalue().splitlines()) + "\n")
 
 
@@ -117,13 +117,36 @@ def cordon_note(status: NodeStatus, now: float | None = None) -> str | None:
     return f"cordoned by {by}{ago}: {status.reason or '-'}"
 
 
+# Node names whole; NOTES folds in what is left; when too narrow MODEL goes first, then TEMP…
+FLEET_COLUMNS = (
+    Col("NODE", KEY),
+    Col("STATE"),
+    Col("GPUS", drop=2),
+    Col("MODEL", drop=5),
+    Col("MEM GiB", drop=1),
+    Col("UTIL", drop=3),
+    Col("TEMP", drop=4),
+    Col("NOTES", FREE),
+)
+GPU_COLUMNS = (
+    Col("NODE", KEY),
+    Col("GPU"),
+    Col("MODEL", drop=6),
+    Col("MEM MiB", drop=1),
+    Col("UTIL", drop=4),
+    Col("TEMP", drop=5),
+    Col("POWER", drop=7),
+    Col("ECC U", drop=3),
+    Col("PROCS", drop=2),
+    Col("NOTES", FREE),
+)
+
+
 def fleet_table(
     fleet: FleetSnapshot, specs: Mapping[str, NodeSpec], states: States | None = None
-) -> Table:
+) -> FitTable:
     now = time.time()
-    table = Table(box=None, header_style="bold", pad_edge=False)
-    for col in ("NODE", "STATE", "GPUS", "MODEL", "MEM GiB", "UTIL", "TEMP", "NOTES"):
-        table.add_column(col, no_wrap=col != "NOTES")
+    table = FitTable(FLEET_COLUMNS)
     for node in fleet.nodes:
         spec = specs.get(node.name)
         expected = spec.expected_gpus if spec else None
@@ -153,11 +176,8 @@ def fleet_table(
     return table
 
 
-def gpu_table(fleet: FleetSnapshot) -> Table:
-    table = Table(box=None, header_style="bold", pad_edge=False)
-    cols = ("NODE", "GPU", "MODEL", "MEM MiB", "UTIL", "TEMP", "POWER", "ECC U", "PROCS", "NOTES")
-    for col in cols:
-        table.add_column(col, no_wrap=col != "NOTES")
+def gpu_table(fleet: FleetSnapshot) -> FitTable:
+    table = FitTable(GPU_COLUMNS)
     for node in fleet.nodes:
         if not node.gpus:
             table.add_row(

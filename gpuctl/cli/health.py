@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.table import Table
 
 from gpuctl.cli import context, fleet
 from gpuctl.cli.fleet_view import print_table
 from gpuctl.cli.render import OUTPUT_OPTION, Output, emit_document, safe
+from gpuctl.cli.table_fit import FREE, KEY, Col, FitTable
 from gpuctl.core.health import GpuVerdict, NodeVerdict, Reason, Severity, Verdict, worst
 
 
@@ -133,12 +133,20 @@ def health_document(
     }
 
 
-def health_table(verdicts: Sequence[NodeVerdict], *, wide: bool = False) -> Table:
-    """One row per reason (`-` for none); the node's columns only on its first row."""
-    table = Table(box=None, pad_edge=False, show_edge=False, header_style="bold")
-    columns = ["NODE", "VERDICT", "SEVERITY", "ACTION", "GPU", "REASON"]
-    for name in [*columns, "RULE"] if wide else columns:
-        table.add_column(name, overflow="fold")
+HEALTH_COLUMNS = (
+    Col("NODE", KEY),
+    Col("VERDICT"),
+    Col("SEVERITY", drop=2),
+    Col("ACTION", drop=1),
+    Col("GPU"),
+    Col("REASON", FREE),
+)
+
+
+def health_table(verdicts: Sequence[NodeVerdict], *, wide: bool = False) -> FitTable:
+    """One row per reason (`-` for none); the node's columns only on its first row. Names
+    whole; REASON folds in what is left; RULE (wide) goes first when too narrow."""
+    table = FitTable([*HEALTH_COLUMNS, Col("RULE", drop=3)] if wide else HEALTH_COLUMNS)
     for v in verdicts:
         head = [safe(v.name), v.verdict.value, v.severity.value, v.action.value]
         for i, reason in enumerate(v.reasons or (None,)):

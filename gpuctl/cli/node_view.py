@@ -9,6 +9,7 @@ from rich.table import Table
 
 from gpuctl.cli.fleet_view import gpu_table
 from gpuctl.cli.render import safe
+from gpuctl.cli.table_fit import FREE, Col, FitTable
 from gpuctl.core.fleet.nodestate import NodeStatus, node_status
 from gpuctl.core.health.poll_hints import node_hints
 from gpuctl.core.model import FleetSnapshot, NodeSnapshot, NodeSpec, NodeState
@@ -47,16 +48,19 @@ def node_detail(
     if hints:
         rows.append(("hints", "; ".join(hints)))
     head = Table.grid(padding=(0, 2))
+    head.add_column(no_wrap=True)
+    head.add_column(overflow="fold")
     for key, value in rows:
         head.add_row(key, safe(value))
     console.print(head)
     if node.observation is None:
         return
     console.print()
-    console.print(gpu_table(FleetSnapshot(taken_at=node.taken_at or 0.0, nodes=(node,))))
+    gpus = gpu_table(FleetSnapshot(taken_at=node.taken_at or 0.0, nodes=(node,)))
+    console.print(gpus, crop=False)  # wider than the terminal only if the node's name is
     obs = node.observation
     if obs.processes:
-        procs = Table("PID", "GPU", "MEM MiB", "NAME", box=None, header_style="bold")
+        procs = FitTable((Col("PID"), Col("GPU"), Col("MEM MiB"), Col("NAME", FREE)))
         by_uuid = {g.uuid: g.index for g in obs.gpus}
         for p in obs.processes:
             gpu = by_uuid.get(p.gpu_uuid)
