@@ -68,6 +68,7 @@ def node_document(node: NodeSpec) -> dict[str, Any]:
     doc["labels"] = dict(node.labels)
     doc["known_hosts"] = list(node.known_hosts)
     doc["groups"] = list(node.groups)
+    doc["jump"] = None if node.jump is None else [str(hop) for hop in node.jump]
     return doc
 
 

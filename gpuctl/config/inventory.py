@@ -19,12 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import AfterValidator, AliasChoices, BaseModel, BeforeValidator, ConfigDict, Field
 
 from gpuctl.config.document import Document, Loc
 from gpuctl.config.hostlist import HostlistError, expand
 from gpuctl.config.loader import load_document, validate_data
-from gpuctl.core.model import Inventory, NodeSpec
+from gpuctl.core.model import Inventory, NodeSpec, parse_jump
 from gpuctl.errors import ConfigError, InventoryError
 
 KIND = "inventory"
@@ -96,6 +96,14 @@ def _text_problem(value: str) -> str | None:
     return None
 
 
+def _jump_problem(value: str) -> str | None:
+    try:
+        parse_jump(value)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
 def _as_list(value: object) -> object:
     return [value] if isinstance(value, str) else value
 
@@ -106,6 +114,7 @@ Text = Annotated[str, Field(max_length=128), _rule(_text_problem)]
 FilePath = Annotated[str, Field(min_length=1, max_length=4096), _rule(_text_problem)]
 LabelKey = Annotated[str, _rule(_label_key_problem)]
 Port = Annotated[int, Field(ge=1, le=65535)]
+Jump = Annotated[str, Field(min_length=1, max_length=1024), _rule(_jump_problem)]
 Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 GpuCount = Annotated[int, Field(ge=0, le=1024)]
 
@@ -128,6 +137,9 @@ class Defaults(_Model):
     connect_timeout_s: Seconds | None = None
     command_timeout_s: Seconds | None = None
     transport: Literal["ssh", "local"] | None = None
+    # jump hosts, as ssh_config's ProxyJump: `[user@]host[:port]`, comma-separated, or `none`
+    jump: Jump | None = Field(None, validation_alias=AliasChoices("jump", "proxy_jump"))
+    ssh_config: FilePath | None = None  # the operator's ssh_config to read; `none`: read none
 
 
 class Group(Defaults):
@@ -292,6 +304,7 @@ def _resolve_entry(
 
     key_file, key_base = pick("key_file")
     known_hosts, kh_base = pick("known_hosts")
+    jump, ssh_config = pick("jump")[0], pick("ssh_config")
     labels: dict[str, str] = {}
     for group in reversed(member_of):  # the first group listed wins
         labels.update(group.labels)
@@ -299,6 +312,13 @@ def _resolve_entry(
     labels = dict(sorted(labels.items()))
     settings = {
         "port": pick("port")[0] or 22,
+        "port_set": pick("port")[0] is not None,  # else ssh_config's Port may apply
+        "jump": None if jump is None else parse_jump(jump),
+        "ssh_config": (
+            ssh_config[0]
+            if ssh_config[0] in (None, "none")
+            else _local_path(ssh_config[0], ssh_config[1])
+        ),
         "user": pick("user")[0],
         "allow_root": pick("allow_root")[0] is True,
         "key_file": _local_path(key_file, key_base) if key_file is not None else None,

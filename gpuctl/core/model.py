@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import hashlib
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -36,6 +37,64 @@ class NodeState(enum.StrEnum):
     UNKNOWN = "unknown"  # reachable, but health could not be read
 
 
+_JUMP_HOST = re.compile(r"^[A-Za-z0-9_.:%-]{1,253}$")
+_JUMP_USER = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_.-]{0,63}$")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Hop:
+    """One jump host (bastion) on the way to a node, as `[user@]host[:port]` names it. `None`:
+    not given there (then ssh_config's for that host, else the local user and port 22)."""
+
+    host: str
+    user: str | None = None
+    port: int | None = None
+
+    def __str__(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host and self.port is not None else self.host
+        user = f"{self.user}@" if self.user else ""
+        return f"{user}{host}:{self.port}" if self.port is not None else f"{user}{host}"
+
+
+def parse_jump(text: str) -> tuple[Hop, ...]:
+    """ProxyJump's syntax: `none` (no jump host), or `[user@]host[:port]` hops separated by
+    commas, first hop first (`ssh://[user@]host[:port]` too; `[v6]:port` for IPv6). Raises
+    ValueError with a one-line reason."""
+    text = text.strip()
+    if text.lower() == "none":
+        return ()
+    return tuple(_parse_hop(part.strip()) for part in text.split(","))
+
+
+def _parse_hop(text: str) -> Hop:
+    hop = text.removeprefix("ssh://")
+    if not hop:
+        raise ValueError("an empty jump host: write [user@]host[:port], hops separated by ','")
+    user: str | None = None
+    if "@" in hop:
+        user, hop = hop.rsplit("@", 1)
+        if not _JUMP_USER.match(user):
+            raise ValueError(f"bad user {user!r} in jump host {text!r}")
+    port_text: str | None = None
+    if hop.startswith("["):
+        host, sep, rest = hop[1:].partition("]")
+        if not sep or (rest and not rest.startswith(":")):
+            raise ValueError(f"bad jump host {text!r}: write [v6-address]:port")
+        port_text = rest[1:] if rest else None
+    elif hop.count(":") == 1:
+        host, port_text = hop.split(":")
+    else:
+        host = hop  # a name, an IPv4 address, or a bare IPv6 address
+    if host.startswith("-") or not _JUMP_HOST.match(host):
+        raise ValueError(f"bad host {host!r} in jump host {text!r}")
+    port: int | None = None
+    if port_text is not None:
+        if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+            raise ValueError(f"bad port {port_text!r} in jump host {text!r}: 1-65535")
+        port = int(port_text)
+    return Hop(host=host, user=user, port=port)
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class NodeSpec:
     """One node of the inventory, fully resolved (defaults applied, ranges expanded)."""
@@ -55,6 +114,11 @@ class NodeSpec:
     connect_timeout_s: float = 5.0
     command_timeout_s: float = 10.0
     source: str | None = None  # "file:line" it came from, for error messages
+    # The jump hosts to reach it through, first hop first; () directly; None: not set (the
+    # operator's ssh_config may name them with ProxyJump).
+    jump: tuple[Hop, ...] | None = None
+    ssh_config: str | None = None  # the ssh_config file to read; None: the operator's default
+    port_set: bool = True  # False: the inventory left the port to ssh_config (else 22)
 
     @property
     def address(self) -> str:

@@ -136,6 +136,9 @@ def test_list_json_is_one_document_of_every_resolved_field() -> None:
                 "connect_timeout_s": 5.0,
                 "command_timeout_s": 10.0,
                 "source": "good/minimal.yaml:3",
+                "jump": None,
+                "ssh_config": None,
+                "port_set": False,
             }
         ],
     }

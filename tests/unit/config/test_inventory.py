@@ -31,7 +31,8 @@ BAD: dict[str, tuple[str, str | None]] = {
     "unknown-key-no-match": (
         "3: nodes[0].zzzzzz: unknown key 'zzzzzz'",
         "valid keys: user, allow_root, port, key_file, known_hosts, connect_timeout_s, "
-        "command_timeout_s, transport, labels, gpus, gpu_model, name, host, group, groups",
+        "command_timeout_s, transport, jump, ssh_config, labels, gpus, gpu_model, name, host, "
+        "group, groups",
     ),
     "name-bad-chars": (f"2: nodes[0].name: {NAME} (got 'gpu 01')", None),
     "name-starts-with-dash": (
@@ -51,6 +52,14 @@ BAD: dict[str, tuple[str, str | None]] = {
     "user-starts-with-dash": ("2: defaults.user: must not start with '-' (got '-l')", None),
     "port-too-big": (
         "3: nodes[0].port: must be an integer between 1 and 65535 (got 70000)",
+        None,
+    ),
+    "jump-bad-port": (
+        "2: defaults.jump: bad port '99999' in jump host 'ops@bastion:99999': 1-65535",
+        None,
+    ),
+    "jump-starts-with-dash": (
+        "3: nodes[0].proxy_jump: bad host '-oProxyCommand=sh' in jump host '-oProxyCommand=sh'",
         None,
     ),
     "port-zero": ("2: defaults.port: must be an integer between 1 and 65535 (got 0)", None),
@@ -170,7 +179,7 @@ def test_bad_fixture_gives_its_exact_error(case: str) -> None:
 def test_minimal_inventory_uses_the_built_in_defaults() -> None:
     inv = load_inventory(Path("good/minimal.yaml"))
     assert inv == Inventory(
-        nodes=(NodeSpec(name="solo", host="solo", source="good/minimal.yaml:3"),),
+        nodes=(NodeSpec(name="solo", host="solo", source="good/minimal.yaml:3", port_set=False),),
         sources=("good/minimal.yaml",),
     )
     solo = inv.nodes[0]
@@ -247,6 +256,7 @@ def test_a_folder_reads_its_yaml_files_in_order_sharing_groups_not_defaults() ->
         expected_model="NVIDIA A100-SXM4-80GB",
         labels={"gpu": "a100"},
         source="split/20-site-a.yaml:4",
+        port_set=False,  # no port: ssh_config's, else 22
     )
     assert inv.nodes == (
         a1,
@@ -360,3 +370,26 @@ def test_a_name_with_two_ranges_and_a_list_expands_to_every_node() -> None:
         ("spare1", "spare1"),
         ("spare2", "spare2"),
     ]
+
+
+# --- jump hosts and the ssh_config file (how the transport uses them: tests/unit/adapters/ssh) --
+
+
+def test_jump_hosts_resolve_node_over_group_over_defaults(tmp_path: Path) -> None:
+    from gpuctl.core.model import Hop
+
+    _write(
+        tmp_path,
+        "i.yaml",
+        "defaults: {jump: 'ops@bastion.example:2222', ssh_config: conf/ssh_config}\n"
+        "groups:\n  far: {proxy_jump: 'a@j1,ssh://j2:23,[fd00::1]:24'}\n"
+        "nodes:\n  - {name: n1}\n  - {name: n2, group: far}\n"
+        "  - {name: n3, group: far, jump: none, ssh_config: none, port: 22}\n",
+    )
+    n1, n2, n3 = load_inventory(tmp_path / "i.yaml").nodes
+    assert n1.jump == (Hop("bastion.example", user="ops", port=2222),)
+    assert n2.jump == (Hop("j1", user="a"), Hop("j2", port=23), Hop("fd00::1", port=24))
+    assert n3.jump == ()  # none: directly, whatever ssh_config says
+    assert n1.ssh_config == str(tmp_path / "conf/ssh_config")  # relative to the file's folder
+    assert n3.ssh_config == "none"
+    assert (n1.port_set, n3.port_set) == (False, True)
