@@ -243,6 +243,20 @@ NUMBER_KEYS = (
     ("failover", "FAILOVER OK"),
     ("preemption", "PREEMPTIONS"),
 )
+# What a number card's title shrinks to when the card is too narrow for its title (80 columns)
+SHORT_TITLES = {
+    "utilization": "UTIL",
+    "fragmentation": "FRAG",
+    "queue": "QUEUE p50",
+    "checkpoint": "CKPT max",
+    "failover": "FAILOVER",
+    "preemption": "PREEMPT",
+}
+
+
+def card_title(key: str, title: str, width: int) -> str:
+    """A number card's title for a card `width` cells wide inside: whole, or its short form."""
+    return title if len(title) <= width else SHORT_TITLES.get(key, title)
 
 
 def number_values(n: FleetNumbers) -> dict[str, float | None]:

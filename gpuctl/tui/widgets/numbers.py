@@ -27,18 +27,32 @@ class NumberCard(Static):
         self.headline = fmt.NA
         self.detail = ""
         self._rendered: Text | None = None
+        self._headline: Text | None = None
+
+    @property
+    def shown_title(self) -> str:
+        """The title at the card's width: whole, or short when the card is narrow."""
+        return fmt.card_title(self.key, self.title, self.content_size.width or len(self.title))
 
     def show(self, headline: Text, detail: str, value: float | None) -> None:
         self.history.append(value)
-        self.headline, self.detail = headline.plain, detail
+        self.headline, self.detail, self._headline = headline.plain, detail, headline
+        self._render_card()
+
+    def on_resize(self) -> None:
+        if self._headline is not None:
+            self._render_card()
+
+    def _render_card(self) -> None:
+        headline = self._headline or Text(fmt.NA)
         width = max(8, self.content_size.width or 24)
         lo, hi = (0.0, 100.0) if self.key in PERCENT_KEYS else (0.0, None)
         spark = fmt.sparkline(list(self.history), width, lo=lo, hi=hi)
-        body = Text(self.title, style="dim")
+        body = Text(self.shown_title, style="dim")
         body.append("\n")
         body.append_text(headline)
         body.append("\n")
-        body.append(detail, style="dim")
+        body.append(self.detail, style="dim")
         body.append("\n")
         body.append(spark, style="cyan")
         if body != self._rendered:
