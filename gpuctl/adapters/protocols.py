@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from gpuctl.core.health.autodrain import NodeHealth
+from gpuctl.core.history import FleetSample, NodeSample, Pruned, Retention
 from gpuctl.core.jobs.migration import Phase, Reservation
 from gpuctl.core.jobs.model import (
     Checkpoint,
@@ -195,6 +196,18 @@ class Store(Protocol):
     # each node's health as the control loop tracks it across passes
     def node_health(self) -> dict[str, NodeHealth]: ...
     def set_node_health(self, health: NodeHealth) -> None: ...
+
+    # the fleet's history (`core.history`): samples of the five numbers and of each node's use,
+    # oldest first; a sample at a time already recorded replaces it. `prune_history` averages
+    # aged samples into 5-minute and hourly rows, drops those past the retention, and deletes
+    # events past theirs (checkpoint events sooner than the rest) in one transaction
+    def record_samples(self, fleet: FleetSample | None, nodes: Sequence[NodeSample]) -> None: ...
+    def fleet_samples(self, since: float, until: float | None = None) -> list[FleetSample]: ...
+    def node_samples(
+        self, since: float, until: float | None = None, node: str | None = None
+    ) -> list[NodeSample]: ...
+    def last_sample_at(self) -> float | None: ...
+    def prune_history(self, now: float, retention: Retention) -> Pruned: ...
 
     # integrity: problems found (empty: healthy); never raises for a damaged database
     def check(self) -> list[str]: ...

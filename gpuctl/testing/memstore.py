@@ -8,11 +8,19 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 from gpuctl.core.health.autodrain import NodeHealth
+from gpuctl.core.history import (
+    FleetSample,
+    NodeSample,
+    Pruned,
+    Retention,
+    downsample,
+    is_checkpoint_event,
+)
 from gpuctl.core.jobs.migration import Phase, Reservation, check_changes
 from gpuctl.core.jobs.model import (
     Checkpoint,
@@ -52,6 +60,9 @@ class MemoryStore:
         self._liveness: dict[str, NodeLiveness] = {}
         self._reservations: dict[str, Reservation] = {}
         self._health: dict[str, NodeHealth] = {}
+        self._fleet_samples: dict[int, FleetSample] = {}
+        self._node_samples: dict[tuple[int, str], NodeSample] = {}
+        self._last_event_id = 0
         self.closed = False
 
     def close(self) -> None:
@@ -203,7 +214,8 @@ class MemoryStore:
     # --- events ------------------------------------------------------------------------------
 
     def _append(self, event: Event) -> int:
-        n = len(self._events) + 1
+        self._last_event_id += 1
+        n = self._last_event_id
         self._events.append(dataclasses.replace(event, id=n))
         return n
 
@@ -364,6 +376,66 @@ class MemoryStore:
     def set_liveness(self, liveness: NodeLiveness) -> None:
         with self._lock:
             self._liveness[liveness.node] = liveness
+
+    # --- the fleet's history -------------------------------------------------------------------
+
+    def record_samples(self, fleet: FleetSample | None, nodes: Sequence[NodeSample]) -> None:
+        with self._lock:
+            if fleet is not None:
+                self._fleet_samples[fleet.at] = fleet
+            for at in {n.at for n in nodes}:
+                for key in [k for k in self._node_samples if k[0] == at]:
+                    del self._node_samples[key]
+            for n in nodes:
+                self._node_samples[(n.at, n.node)] = n
+
+    def fleet_samples(self, since: float, until: float | None = None) -> list[FleetSample]:
+        with self._lock:
+            return [
+                s
+                for at, s in sorted(self._fleet_samples.items())
+                if at >= int(since) and (until is None or at <= int(until))
+            ]
+
+    def node_samples(
+        self, since: float, until: float | None = None, node: str | None = None
+    ) -> list[NodeSample]:
+        with self._lock:
+            return [
+                s
+                for (at, name), s in sorted(self._node_samples.items())
+                if at >= int(since)
+                and (until is None or at <= int(until))
+                and (node is None or name == node)
+            ]
+
+    def last_sample_at(self) -> float | None:
+        with self._lock:
+            return max(self._fleet_samples) if self._fleet_samples else None
+
+    def prune_history(self, now: float, retention: Retention) -> Pruned:
+        with self._lock:
+            fleet, nodes, averaged, dropped = downsample(
+                list(self._fleet_samples.values()),
+                list(self._node_samples.values()),
+                now,
+                retention,
+            )
+            self._fleet_samples = {s.at: s for s in fleet}
+            self._node_samples = {(s.at, s.node): s for s in nodes}
+            before = len(self._events)
+            self._events = [
+                e
+                for e in self._events
+                if e.at
+                >= now
+                - (
+                    retention.checkpoint_events_s
+                    if is_checkpoint_event(e.kind)
+                    else retention.events_s
+                )
+            ]
+            return Pruned(averaged, dropped, before - len(self._events))
 
     def check(self) -> list[str]:
         """The cheap invariants: at most one live incarnation per job, no double-booked card."""

@@ -230,11 +230,63 @@ def _v4(conn: sqlite3.Connection) -> None:
             conn.execute("UPDATE jobs SET spec = ? WHERE id = ?", (new, job_id))
 
 
+V5 = """
+-- The fleet's history (`core.history`): the five numbers, and each node's use, at the history's
+-- resolution, averaged into 5-minute and hourly rows as they age, dropped past the retention.
+CREATE TABLE fleet_samples (
+    at INTEGER NOT NULL,              -- the sample's (or bucket's) start, seconds since the epoch
+    step_s INTEGER NOT NULL,          -- the resolution: the recording's, 300 or 3600 (averaged)
+    utilization_pct REAL,
+    observed_util_pct REAL,
+    fragmentation_pct REAL,
+    stranded_gib REAL,
+    allocated_mib INTEGER,
+    capacity_mib INTEGER,
+    queue_wait_p50_s REAL,
+    queue_wait_p95_s REAL,
+    queue_waiting INTEGER,
+    checkpoint_age_max_s REAL,
+    failover_success_pct REAL,
+    preemptions_per_hour REAL,
+    PRIMARY KEY (at)
+);
+
+CREATE TABLE node_samples (
+    at INTEGER NOT NULL,
+    node TEXT NOT NULL,
+    step_s INTEGER NOT NULL,
+    util_pct REAL,                    -- mean SM utilization of the GPUs that answered, whole %
+    mem_used_mib INTEGER,             -- observed (NVML)
+    mem_allocated_mib INTEGER,        -- granted by gpuctl
+    mem_ghost_mib INTEGER,            -- observed in use by processes gpuctl does not know
+    mem_total_mib INTEGER,
+    PRIMARY KEY (at, node)
+);
+"""
+
+# The audit log gets a retention: a prune deletes the events older than its horizon, which it
+# writes to meta (events_prune_before) in its own transaction and removes again; every other
+# delete is still refused, as before.
+V5_EVENTS_SQLITE = (
+    "DROP TRIGGER events_no_delete",
+    "CREATE TRIGGER events_no_delete BEFORE DELETE ON events\n"
+    "WHEN OLD.at >= COALESCE("
+    "(SELECT CAST(value AS REAL) FROM meta WHERE key = 'events_prune_before'), 0)\n"
+    "BEGIN SELECT RAISE(ABORT, 'the events table is append-only'); END",
+)
+
+
+def _v5(conn: sqlite3.Connection) -> None:
+    for statement in [*_statements(V5), *V5_EVENTS_SQLITE]:
+        conn.execute(statement)
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "jobs, incarnations, cards, events, cordons", _v1),
     Migration(2, "reservations (migration targets), node health", _v2),
     Migration(3, "the node clock offset of each incarnation", _v3),
     Migration(4, "job specs stored typed (JobSpec.to_dict), no longer as spec file keys", _v4),
+    Migration(5, "the fleet's history (fleet and node samples), a retention for events", _v5),
 )
 
 

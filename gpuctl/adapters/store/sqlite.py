@@ -15,13 +15,14 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
-from gpuctl.adapters.store import codec, failures, integrity, launch, lock
+from gpuctl.adapters.store import codec, failures, integrity, launch, lock, series
 from gpuctl.adapters.store.opening import LOCK_NAME, MARKER_NAME, Opened
 from gpuctl.core.health.autodrain import NodeHealth
+from gpuctl.core.history import FleetSample, NodeSample, Pruned, Retention
 from gpuctl.core.jobs.migration import Phase, Reservation, check_changes
 from gpuctl.core.jobs.model import (
     Checkpoint,
@@ -490,6 +491,40 @@ class SqliteStore:
                 codec.health_values(health),
             )
 
+    # --- the fleet's history (schema v5) ----------------------------------------------------
+
+    def record_samples(self, fleet: FleetSample | None, nodes: Sequence[NodeSample]) -> None:
+        """One sample of the five numbers and of each node's use (one transaction)."""
+        with self._tx() as c:
+            series.record(c, fleet, nodes)
+
+    def fleet_samples(self, since: float, until: float | None = None) -> list[FleetSample]:
+        """Oldest first. (An older store read without migrating has none.)"""
+        if self.schema_version < series.HISTORY_SINCE:
+            return []
+        with self._lock, self._errors():
+            return series.read_fleet(self._conn, since, until)
+
+    def node_samples(
+        self, since: float, until: float | None = None, node: str | None = None
+    ) -> list[NodeSample]:
+        """Oldest first, then by node."""
+        if self.schema_version < series.HISTORY_SINCE:
+            return []
+        with self._lock, self._errors():
+            return series.read_nodes(self._conn, since, until, node)
+
+    def last_sample_at(self) -> float | None:
+        if self.schema_version < series.HISTORY_SINCE:
+            return None
+        with self._lock, self._errors():
+            return series.last_at(self._conn)
+
+    def prune_history(self, now: float, retention: Retention) -> Pruned:
+        """Downsample aged samples, drop those past the retention, and events past theirs."""
+        with self._tx() as c:
+            return series.prune(c, now, retention)
+
     def card_capacities(self) -> dict[tuple[str, int], int]:
         """Each card's capacity as given when its cards were last granted (for `db check`)."""
         found = self._read(
@@ -502,10 +537,13 @@ class SqliteStore:
         return out
 
     def counts(self) -> dict[str, int]:
-        """Rows per table: jobs, incarnations, checkpoints, events, cordons, reservations."""
+        """Rows per table: jobs, incarnations, checkpoints, events, cordons, reservations, and the
+        history's fleet and node samples."""
         tables = ["jobs", "incarnations", "checkpoints", "events", "cordons"]
         if self.schema_version >= RESERVATIONS_SINCE:
             tables.append("reservations")
+        if self.schema_version >= series.HISTORY_SINCE:
+            tables += ["fleet_samples", "node_samples"]
         return {t: int(self._read(f"SELECT count(*) FROM {t}")[0][0]) for t in tables}
 
     # --- integrity and the loop lock ---------------------------------------------------------

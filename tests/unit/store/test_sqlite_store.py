@@ -512,6 +512,8 @@ def test_a_healthy_store_checks_clean(store: SqliteStore) -> None:
         "events": 2,
         "cordons": 0,
         "reservations": 0,
+        "fleet_samples": 0,
+        "node_samples": 0,
     }
 
 

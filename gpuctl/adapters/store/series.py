@@ -1,0 +1,206 @@
+"""The fleet's history in SQL (schema v5): fleet and node samples written, read, downsampled and
+pruned, and the events past their retention deleted. Plain SQL (integer division buckets, no
+SQLite-only functions), so the PostgreSQL store runs the same statements.
+"""
+# ruff: noqa: S608  (column lists are constants; values are always bound)
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from gpuctl.core.history import (
+    CHECKPOINT_EVENT_PREFIX,
+    FLEET_SERIES,
+    NODE_SERIES,
+    FleetSample,
+    NodeSample,
+    Pruned,
+    Retention,
+    average_fleet,
+    average_nodes,
+    bucket,
+)
+
+T = TypeVar("T")
+
+HISTORY_SINCE = 5  # the schema version that added the samples
+FLEET_COLS = "at, step_s, " + ", ".join(FLEET_SERIES)
+NODE_COLS = "at, node, step_s, " + ", ".join(NODE_SERIES)
+PRUNE_KEY = "events_prune_before"
+
+
+def _marks(n: int) -> str:
+    return ", ".join("?" * n)
+
+
+def fleet_values(s: FleetSample) -> tuple[Any, ...]:
+    return (s.at, s.step_s, *(s.get(k) for k in FLEET_SERIES))
+
+
+def node_values(s: NodeSample) -> tuple[Any, ...]:
+    return (s.at, s.node, s.step_s, *s.values())
+
+
+def fleet_from(row: Sequence[Any]) -> FleetSample:
+    return FleetSample(int(row[0]), int(row[1]), dict(zip(FLEET_SERIES, row[2:], strict=True)))
+
+
+def node_from(row: Sequence[Any]) -> NodeSample:
+    ints = [None if v is None else int(v) for v in row[4:]]
+    util = None if row[3] is None else float(row[3])
+    return NodeSample(int(row[0]), int(row[2]), str(row[1]), util, *ints)
+
+
+def record(
+    conn: sqlite3.Connection, fleet: FleetSample | None, nodes: Sequence[NodeSample]
+) -> None:
+    """Write samples; a sample at a time already recorded replaces it (the newest wins)."""
+    if fleet is not None:
+        conn.execute("DELETE FROM fleet_samples WHERE at = ?", (fleet.at,))
+        conn.execute(
+            f"INSERT INTO fleet_samples ({FLEET_COLS}) VALUES ({_marks(2 + len(FLEET_SERIES))})",
+            fleet_values(fleet),
+        )
+    if nodes:
+        ats = sorted({n.at for n in nodes})
+        conn.execute(
+            f"DELETE FROM node_samples WHERE at IN ({_marks(len(ats))})",
+            ats,
+        )
+        conn.executemany(
+            f"INSERT INTO node_samples ({NODE_COLS}) VALUES ({_marks(3 + len(NODE_SERIES))})",
+            [node_values(n) for n in nodes],
+        )
+
+
+def read_fleet(conn: sqlite3.Connection, since: float, until: float | None) -> list[FleetSample]:
+    sql = f"SELECT {FLEET_COLS} FROM fleet_samples WHERE at >= ?"
+    params: list[Any] = [int(since)]
+    if until is not None:
+        sql += " AND at <= ?"
+        params.append(int(until))
+    return [fleet_from(r) for r in conn.execute(sql + " ORDER BY at", params).fetchall()]
+
+
+def read_nodes(
+    conn: sqlite3.Connection, since: float, until: float | None, node: str | None
+) -> list[NodeSample]:
+    sql = f"SELECT {NODE_COLS} FROM node_samples WHERE at >= ?"
+    params: list[Any] = [int(since)]
+    if until is not None:
+        sql += " AND at <= ?"
+        params.append(int(until))
+    if node is not None:
+        sql += " AND node = ?"
+        params.append(node)
+    return [node_from(r) for r in conn.execute(sql + " ORDER BY at, node", params).fetchall()]
+
+
+def last_at(conn: sqlite3.Connection) -> int | None:
+    row = conn.execute("SELECT max(at) FROM fleet_samples").fetchone()
+    return None if row is None or row[0] is None else int(row[0])
+
+
+def prune(conn: sqlite3.Connection, now: float, retention: Retention) -> Pruned:
+    """Average what aged past each level into that level's buckets, drop samples past the
+    retention, and delete events past theirs (checkpoint events sooner than the rest)."""
+    averaged = 0
+    for step, before in retention.levels(now):
+        averaged += _downsample(conn, step, before)
+    horizon = int(now - retention.keep_s)
+    dropped = conn.execute("DELETE FROM fleet_samples WHERE at < ?", (horizon,)).rowcount
+    dropped += conn.execute("DELETE FROM node_samples WHERE at < ?", (horizon,)).rowcount
+    return Pruned(averaged, dropped, _prune_events(conn, now, retention))
+
+
+def _downsample(conn: sqlite3.Connection, step: int, before: int) -> int:
+    """Samples finer than `step` starting before `before` replaced by their bucket averages (an
+    average already in one of those buckets, from a sample recorded late, is folded in)."""
+    where = "step_s < ? AND at < ?"
+    fleet = [
+        fleet_from(r)
+        for r in conn.execute(
+            f"SELECT {FLEET_COLS} FROM fleet_samples WHERE {where}", (step, before)
+        ).fetchall()
+    ]
+    nodes = [
+        node_from(r)
+        for r in conn.execute(
+            f"SELECT {NODE_COLS} FROM node_samples WHERE {where}", (step, before)
+        ).fetchall()
+    ]
+    if not fleet and not nodes:
+        return 0
+    buckets = sorted({bucket(s.at, step) for s in fleet} | {bucket(s.at, step) for s in nodes})
+    fleet += _at(conn, "fleet_samples", FLEET_COLS, step, buckets, fleet_from)
+    nodes += _at(conn, "node_samples", NODE_COLS, step, buckets, node_from)
+    conn.execute(f"DELETE FROM fleet_samples WHERE {where}", (step, before))
+    conn.execute(f"DELETE FROM node_samples WHERE {where}", (step, before))
+    for chunk in _chunks(buckets):
+        marks = _marks(len(chunk))
+        conn.execute(
+            f"DELETE FROM fleet_samples WHERE step_s = ? AND at IN ({marks})", [step, *chunk]
+        )
+        conn.execute(
+            f"DELETE FROM node_samples WHERE step_s = ? AND at IN ({marks})", [step, *chunk]
+        )
+    record_many(conn, average_fleet(fleet, step), average_nodes(nodes, step))
+    return len(fleet) + len(nodes)
+
+
+def _chunks(values: list[int], size: int = 500) -> list[list[int]]:
+    return [values[i : i + size] for i in range(0, len(values), size)]
+
+
+def _at(
+    conn: sqlite3.Connection,
+    table: str,
+    cols: str,
+    step: int,
+    buckets: list[int],
+    decode: Callable[[Sequence[Any]], T],
+) -> list[T]:
+    out: list[T] = []
+    for chunk in _chunks(buckets):
+        rows = conn.execute(
+            f"SELECT {cols} FROM {table} WHERE step_s = ? AND at IN ({_marks(len(chunk))})",
+            [step, *chunk],
+        ).fetchall()
+        out += [decode(r) for r in rows]
+    return out
+
+
+def record_many(
+    conn: sqlite3.Connection, fleet: Sequence[FleetSample], nodes: Sequence[NodeSample]
+) -> None:
+    """Samples written as they are (a benchmark's month, a downsampled bucket)."""
+    conn.executemany(
+        f"INSERT INTO fleet_samples ({FLEET_COLS}) VALUES ({_marks(2 + len(FLEET_SERIES))})",
+        [fleet_values(f) for f in fleet],
+    )
+    conn.executemany(
+        f"INSERT INTO node_samples ({NODE_COLS}) VALUES ({_marks(3 + len(NODE_SERIES))})",
+        [node_values(n) for n in nodes],
+    )
+
+
+def _prune_events(conn: sqlite3.Connection, now: float, retention: Retention) -> int:
+    checkpoint_before = now - retention.checkpoint_events_s
+    other_before = now - retention.events_s
+    horizon = max(checkpoint_before, other_before)
+    conn.execute(
+        "INSERT INTO meta (key, value) VALUES (?, ?) "
+        "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+        (PRUNE_KEY, repr(float(horizon))),
+    )
+    try:
+        like = CHECKPOINT_EVENT_PREFIX + "%"
+        deleted = conn.execute(
+            "DELETE FROM events WHERE (kind LIKE ? AND at < ?) OR (kind NOT LIKE ? AND at < ?)",
+            (like, checkpoint_before, like, other_before),
+        ).rowcount
+    finally:
+        conn.execute("DELETE FROM meta WHERE key = ?", (PRUNE_KEY,))
+    return int(deleted)

@@ -1,0 +1,200 @@
+"""The fleet's history as values: one sample of the five numbers (`FleetSample`), one sample of a
+node's use (`NodeSample`), and how long each resolution is kept (`Retention`). Pure.
+
+Samples are recorded at the history's resolution (`Retention.resolution_s`, default a minute) and
+downsampled as they age: raw samples are kept `raw_s` (default 24 h), then replaced by 5-minute
+averages kept `five_min_s` (default 7 days), then by hourly averages kept `keep_s` (default 30
+days), after which they are dropped. Events get a retention too: checkpoint events (half the
+audit log) `checkpoint_events_s` (default 14 days), every other event (operators' cordons,
+drains, cancels, submits and gpuctl's own actions) `events_s` (default a year).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+DAY_S = 86400
+FIVE_MIN_S = 300
+HOUR_S = 3600
+
+# the five numbers a fleet sample keeps, in column order (names as `FleetNumbers.to_dict`)
+FLEET_SERIES = (
+    "utilization_pct",
+    "observed_util_pct",
+    "fragmentation_pct",
+    "stranded_gib",
+    "allocated_mib",
+    "capacity_mib",
+    "queue_wait_p50_s",
+    "queue_wait_p95_s",
+    "queue_waiting",
+    "checkpoint_age_max_s",
+    "failover_success_pct",
+    "preemptions_per_hour",
+)
+NODE_SERIES = ("util_pct", "mem_used_mib", "mem_allocated_mib", "mem_ghost_mib", "mem_total_mib")
+CHECKPOINT_EVENT_PREFIX = "checkpoint"  # checkpoint, checkpoint_skipped, checkpoint_invalid
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FleetSample:
+    """The five numbers at `at` (seconds since the epoch, whole), averaged over `step_s`."""
+
+    at: int
+    step_s: int
+    values: Mapping[str, float | None]  # FLEET_SERIES -> value (None: undefined then)
+
+    def get(self, name: str) -> float | None:
+        return self.values.get(name)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NodeSample:
+    """One node's use at `at`, averaged over `step_s`: mean SM utilization of its GPUs that
+    answered (whole %), observed, allocated and ghost GPU memory and its GPUs' total (MiB)."""
+
+    at: int
+    step_s: int
+    node: str
+    util_pct: float | None
+    mem_used_mib: int | None
+    mem_allocated_mib: int | None
+    mem_ghost_mib: int | None
+    mem_total_mib: int | None
+
+    def values(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, k) for k in NODE_SERIES)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Retention:
+    """How long history is kept, at which resolution (seconds)."""
+
+    resolution_s: int = 60
+    raw_s: int = DAY_S
+    five_min_s: int = 7 * DAY_S
+    keep_s: int = 30 * DAY_S
+    checkpoint_events_s: int = 14 * DAY_S
+    events_s: int = 365 * DAY_S
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.resolution_s <= FIVE_MIN_S:
+            raise ValueError("the history's resolution must be 1 s to 5 min")
+        if not self.raw_s <= self.five_min_s <= self.keep_s:
+            raise ValueError("raw samples must be kept no longer than 5-min ones, those no longer")
+        if self.checkpoint_events_s <= 0 or self.events_s <= 0 or self.raw_s <= 0:
+            raise ValueError("every retention must be positive")
+
+    def with_keep(self, keep_s: int) -> Retention:
+        """This retention kept `keep_s` in all (the finer levels shortened to fit)."""
+        return dataclasses.replace(
+            self,
+            keep_s=keep_s,
+            five_min_s=min(self.five_min_s, keep_s),
+            raw_s=min(self.raw_s, keep_s),
+        )
+
+    def levels(self, now: float) -> tuple[tuple[int, int], ...]:
+        """(step, before): samples finer than `step` that started before `before` are averaged
+        into buckets of `step`."""
+        return (
+            (FIVE_MIN_S, _floor(now - self.raw_s, FIVE_MIN_S)),
+            (HOUR_S, _floor(now - self.five_min_s, HOUR_S)),
+        )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Pruned:
+    """What one prune did: rows averaged away, rows dropped past the retention, events dropped."""
+
+    averaged: int = 0
+    dropped: int = 0
+    events: int = 0
+
+    def to_dict(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+
+def _floor(t: float, step: int) -> int:
+    return int(math.floor(t / step) * step)
+
+
+def bucket(at: float, step_s: int) -> int:
+    """The start of the `step_s` bucket holding `at`."""
+    return _floor(at, step_s)
+
+
+def _mean(values: Iterable[float | None], digits: int | None) -> float | None:
+    got = [v for v in values if v is not None]
+    if not got:
+        return None
+    mean = sum(got) / len(got)
+    return round(mean) if digits is None else round(mean, digits)
+
+
+def average_fleet(samples: Sequence[FleetSample], step_s: int) -> list[FleetSample]:
+    """Samples averaged into buckets of `step_s` (each series over the samples defining it)."""
+    groups: dict[int, list[FleetSample]] = {}
+    for s in samples:
+        groups.setdefault(bucket(s.at, step_s), []).append(s)
+    return [
+        FleetSample(
+            at,
+            step_s,
+            {k: _mean((s.get(k) for s in group), 2) for k in FLEET_SERIES},
+        )
+        for at, group in sorted(groups.items())
+    ]
+
+
+def average_nodes(samples: Sequence[NodeSample], step_s: int) -> list[NodeSample]:
+    """Node samples averaged into buckets of `step_s`, per node (whole numbers)."""
+    groups: dict[tuple[int, str], list[NodeSample]] = {}
+    for s in samples:
+        groups.setdefault((bucket(s.at, step_s), s.node), []).append(s)
+    out: list[NodeSample] = []
+    for (at, node), group in sorted(groups.items()):
+        means = [_mean((s.values()[i] for s in group), None) for i in range(len(NODE_SERIES))]
+        ints = [None if v is None else int(v) for v in means]
+        out.append(NodeSample(at, step_s, node, means[0], *ints[1:]))
+    return out
+
+
+def is_checkpoint_event(kind: str) -> bool:
+    return kind.startswith(CHECKPOINT_EVENT_PREFIX)
+
+
+def series(samples: Sequence[FleetSample], name: str) -> list[tuple[int, float | None]]:
+    """One series of fleet samples, oldest first: (at, value)."""
+    return [(s.at, s.get(name)) for s in sorted(samples, key=lambda s: s.at)]
+
+
+def downsample(
+    fleet: Sequence[FleetSample],
+    nodes: Sequence[NodeSample],
+    now: float,
+    retention: Retention,
+) -> tuple[list[FleetSample], list[NodeSample], int, int]:
+    """What the store keeps after a prune (the in-memory store's; the SQL stores do the same in
+    SQL): (fleet samples, node samples, rows averaged away, rows dropped past the retention)."""
+    f, n = list(fleet), list(nodes)
+    averaged = 0
+    for step, before in retention.levels(now):
+        old_f = [s for s in f if s.step_s < step and s.at < before]
+        old_n = [s for s in n if s.step_s < step and s.at < before]
+        if not old_f and not old_n:
+            continue
+        buckets = {bucket(s.at, step) for s in old_f} | {bucket(s.at, step) for s in old_n}
+        old_f += [s for s in f if s.step_s == step and s.at in buckets]
+        old_n += [s for s in n if s.step_s == step and s.at in buckets]
+        averaged += len(old_f) + len(old_n)
+        gone_f, gone_n = {id(s) for s in old_f}, {id(s) for s in old_n}
+        f = [s for s in f if id(s) not in gone_f] + average_fleet(old_f, step)
+        n = [s for s in n if id(s) not in gone_n] + average_nodes(old_n, step)
+    horizon = now - retention.keep_s
+    kept_f = sorted((s for s in f if s.at >= horizon), key=lambda s: s.at)
+    kept_n = sorted((s for s in n if s.at >= horizon), key=lambda s: (s.at, s.node))
+    return kept_f, kept_n, averaged, len(f) + len(n) - len(kept_f) - len(kept_n)
