@@ -16,7 +16,14 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
-from gpuctl.core.jobs.model import CheckpointMarker, Fenced, JobProcess, LaunchRequest, RunStatus
+from gpuctl.core.jobs.model import (
+    CheckpointMarker,
+    CommitSeen,
+    Fenced,
+    JobProcess,
+    LaunchRequest,
+    RunStatus,
+)
 from gpuctl.core.model import (
     FleetSnapshot,
     GpuProcess,
@@ -220,6 +227,8 @@ class FakeRunner:
         self.on_term: str = "exit"
         self.fences: list[tuple[str, str, int]] = []  # (node, job id, incarnation)
         self.unkillable: set[tuple[str, int]] = set()  # (job id, incarnation) a fence cannot kill
+        self.watch_commits = True  # observe reports each alive run's newest commit
+        self.checkpoint_reads: list[tuple[str, str]] = []  # (node, checkpoint dir) read
 
     def _node(self, spec: NodeSpec) -> FakeNode:
         node = self.cluster.nodes[spec.name]
@@ -253,8 +262,32 @@ class FakeRunner:
             return run.status()
 
     def observe(self, node: NodeSpec) -> list[RunStatus]:
+        """Every listed run; an alive one with its newest commit as the node's observe sees it
+        (the most recently written marker, valid or not), unless `watch_commits` is off (a
+        run launched before gpuctl recorded checkpoint dirs)."""
         with self.cluster.lock:
-            return [r.status() for _, r in sorted(self._node(node).runs.items()) if r.listed]
+            target = self._node(node)
+            out = []
+            for _, r in sorted(target.runs.items()):
+                if not r.listed:
+                    continue
+                status = r.status()
+                if r.alive and self.watch_commits:
+                    status = dataclasses.replace(status, commit=self._newest(target, r))
+                out.append(status)
+            return out
+
+    def _newest(self, target: FakeNode, run: FakeRun) -> CommitSeen:
+        folder = run.request.checkpoint_dir
+        found = [
+            *self.cluster.shared_checkpoints.get(folder, []),
+            *target.checkpoints.get(folder, []),
+        ]
+        dated = [m for m in found if m.step is not None and m.committed_at is not None]
+        if not dated:
+            return CommitSeen(None, None)
+        newest = max(dated, key=lambda m: (m.committed_at or 0.0, m.step or 0))
+        return CommitSeen(newest.step, newest.committed_at)
 
     def signal(self, node: NodeSpec, job_id: str, incarnation: int, signal: str) -> bool:
         with self.cluster.lock:
@@ -316,6 +349,7 @@ class FakeRunner:
     def checkpoints(self, node: NodeSpec, checkpoint_dir: str) -> list[CheckpointMarker]:
         with self.cluster.lock:
             target = self._node(node)
+            self.checkpoint_reads.append((node.name, checkpoint_dir))
             found = [
                 *self.cluster.shared_checkpoints.get(checkpoint_dir, []),
                 *target.checkpoints.get(checkpoint_dir, []),

@@ -35,13 +35,17 @@ MAX_COMMAND_LINE_BYTES = 128 * 1024 - 1
 # The wrapper: leader of the job's session. It records its pid and start time, runs the job in a
 # subshell that `exec`s it (so a builtin name cannot run inside the wrapper, and the job gets
 # default signal dispositions), and records the exit status atomically. Its traps only keep it
-# alive through TERM/USR1 sent to the group, so that it can record how the job ended.
+# alive through TERM/USR1 sent to the group, so that it can record how the job ended. Before its
+# pid it records the job's checkpoint dir (absolute), which the observe script looks into.
 _WRAPPER = r"""d=$1; shift
 trap : HUP INT TERM USR1 USR2
 gpuctl_start() {
   { IFS= read -r l <"/proc/$$/stat"; } 2>/dev/null || return 0
   l=${l##*") "}; set -f; set -- $l; set +f; printf %s "${20}"
 }
+c=${GPUCTL_CHECKPOINT_DIR-}
+case $c in '' | /*) ;; *) c="$PWD/$c" ;; esac
+printf '%s\n' "$c" >"$d/checkpoint_dir.tmp" && mv -f "$d/checkpoint_dir.tmp" "$d/checkpoint_dir"
 printf '%s %s\n' "$$" "$(gpuctl_start)" >"$d/pid.tmp" && mv -f "$d/pid.tmp" "$d/pid"
 date +%s >"$d/started.tmp" && mv -f "$d/started.tmp" "$d/started"
 (exec "$@")

@@ -14,6 +14,7 @@ Layout on the node, per incarnation (`RUNS_DIR` under `$HOME`, 0700):
         launch.lock   claimed atomically (mkdir) by the one launch of this incarnation
         run.sh        the wrapper (constant text, no secrets)
         pid           "<pgid> <start time>": the wrapper, leader of the job's own session/group
+        checkpoint_dir  the job's GPUCTL_CHECKPOINT_DIR, absolute (one line)
         started       epoch seconds
         log           the job's stdout and stderr (appended)
         exit          the job's exit status, written atomically by the wrapper when it ends
@@ -24,7 +25,7 @@ from __future__ import annotations
 import re
 
 from gpuctl.adapters.node._script import RemoteCommand, marked_lines, sh_command
-from gpuctl.core.jobs.model import Fenced, JobProcess, RunStatus
+from gpuctl.core.jobs.model import CommitSeen, Fenced, JobProcess, RunStatus
 from gpuctl.errors import UsageError
 
 RUNS_DIR = ".gpuctl/runs"  # under the node user's $HOME
@@ -105,6 +106,22 @@ for d in "$runs"/*/*; do
   if gpuctl_alive "$d" "$j" "$n"; then a=1; fi
   [ -n "$p" ] || p=-
   if [ -f "$d/exit" ]; then read -r x <"$d/exit" || x=-; fi
+  k=
+  if [ "$a" = 1 ] && { IFS= read -r k <"$d/checkpoint_dir"; } 2>/dev/null && [ -n "$k" ]; then
+    b=
+    for m in "$k"/step-*/COMMITTED; do
+      [ -f "$m" ] || continue
+      cs=${m%/COMMITTED}; cs=${cs##*/step-}
+      case $cs in '' | *[!0-9]*) continue ;; esac
+      if [ -z "$b" ] || ! [ "$b" -nt "$m" ]; then b=$m bs=$cs; fi
+    done
+    if [ -n "$b" ]; then
+      t=$(date -r "$b" +%s.%N 2>/dev/null) || t=-
+      printf 'gpuctl-commit %s %s %s %s\n' "$j" "$n" "$bs" "${t:--}"
+    else
+      printf 'gpuctl-commit %s %s - -\n' "$j" "$n"
+    fi
+  fi
   printf 'gpuctl-run %s %s %s %s %s %s\n' "$j" "$n" "$p" "$a" "${x:--}" "$d"
   c=$((c + 1))
 done
@@ -114,7 +131,9 @@ printf 'gpuctl-observed %s\n' "$c"
 
 
 def observe_command() -> RemoteCommand:
-    """ONE exec listing every incarnation's run dir on the node."""
+    """ONE exec listing every incarnation's run dir on the node and, for each alive one whose
+    launch recorded its checkpoint dir, the step and time of its most recently written `COMMITTED`
+    marker (`gpuctl-commit JOB N STEP TIME`, `-` for none): a stat per folder, no marker read."""
     return RemoteCommand(sh_command(_OBSERVE, "gpuctl-observe", []))
 
 
@@ -130,6 +149,7 @@ def parse_observe(stdout: bytes) -> list[RunStatus] | None:
     listed = marked_lines(stdout, "gpuctl-run")
     if len(ends) != 1 or ends[0] != [str(len(listed))]:
         return None
+    commits = _commits(marked_lines(stdout, "gpuctl-commit"))
     out = []
     for fields in listed:
         if len(fields) < 6:
@@ -146,9 +166,33 @@ def parse_observe(stdout: bytes) -> list[RunStatus] | None:
                 alive=alive == "1",
                 exit_code=code,
                 run_dir=" ".join(fields[5:]),
+                commit=commits.get((job_id, int(n))),
             )
         )
     return sorted(out, key=lambda r: (r.job_id, r.incarnation))
+
+
+def _commits(lines: list[list[str]]) -> dict[tuple[str, int], CommitSeen]:
+    """`gpuctl-commit JOB N STEP TIME` lines: (job, n) -> the newest commit seen (a line that does
+    not parse says nothing: the loop then reads the markers on its own schedule)."""
+    out = {}
+    for fields in lines:
+        if len(fields) != 4 or not JOB_ID_RE.fullmatch(fields[0]):
+            continue
+        n, step, at = _int_or_none(fields[1]), fields[2], fields[3]
+        if n is None:
+            continue
+        if step == "-":
+            out[(fields[0], n)] = CommitSeen(None, None)
+        elif _int_or_none(step) is not None:
+            out[(fields[0], n)] = CommitSeen(_int_or_none(step), _time_or_none(at))
+    return out
+
+
+def _time_or_none(text: str) -> float | None:
+    if not re.fullmatch(r"[0-9]{1,12}(\.[0-9]{1,9})?", text):
+        return None  # `-`, or a `date` without %N that printed it as it is
+    return float(text)
 
 
 # -- signal ---------------------------------------------------------------------------------------

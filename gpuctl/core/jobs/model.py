@@ -174,8 +174,21 @@ class LaunchRequest:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class CommitSeen:
+    """What a node's observe saw of a running incarnation's checkpoint dir without reading any
+    marker: the step and modification time (the node's clock) of the most recently written
+    `COMMITTED` marker; both None when the dir holds none. A hint, never a record: the loop reads
+    and verifies the markers (`JobRunner.checkpoints`) only when it changes."""
+
+    step: int | None
+    at: float | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class RunStatus:
-    """One incarnation's process as the node sees it."""
+    """One incarnation's process as the node sees it. `commit`: its newest committed checkpoint
+    as the observe saw it (alive runs whose launch recorded their checkpoint dir); None when not
+    looked at."""
 
     job_id: str
     incarnation: int
@@ -183,6 +196,7 @@ class RunStatus:
     alive: bool
     exit_code: int | None  # set once the process ended and its wrapper recorded the status
     run_dir: str
+    commit: CommitSeen | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

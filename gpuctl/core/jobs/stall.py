@@ -3,13 +3,17 @@ the interval it has been committing at. Pure: times are arguments.
 
 The job spec says nothing about checkpoint cadence, so the expected interval is observed: the
 median of the job's latest gaps between two commits of one incarnation (commits as gpuctl recorded
-them, so never closer together than its checkpoint scan). A job is stalled when its current
-incarnation has committed nothing for `max(factor x interval, min_s)`, counted from its newest
-commit, or from its start when it has committed nothing yet. A job that never committed two
-checkpoints in one incarnation has no known cadence and is never judged. The factor is 2: the loop
-records commits at most every 30 s (its checkpoint scan), so a job committing every few seconds
-shows gaps of 30 s, and 2 x 30 s = 60 s keeps the alert inside the minute or so an operator
-expects (a job SIGSTOPped for 70 s is reported; with 3 x it was not).
+them: the loop records a commit at the pass after it, so the gaps are the job's own cadence, or
+the pass interval when the loop runs slower than the job commits). A job is stalled when its
+current incarnation has committed nothing for `max(factor x interval, min_s)`, counted from its
+newest commit, or from its start when it has committed nothing yet. A job that never committed
+two checkpoints in one incarnation has no known cadence and is never judged. The factor is 2 and
+the floor 60 s, the minute or so an operator expects (a job SIGSTOPped for 70 s is reported). The
+factor came down from 3 when the loop read checkpoints only every 30 s, which made a job
+committing every few seconds show 30 s gaps; the loop now records each commit within a pass, so a
+healthy job's recorded age stays within a pass and a commit period, far inside the floor, and the
+rule needs no further slack (runs launched by an older gpuctl are still read every 30 s: their
+gaps of 30 s give the same 60 s).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from gpuctl.adapters.protocols import Clock, JobRunner, Store
 from gpuctl.core.health.model import HealthRules
-from gpuctl.core.jobs.model import Incarnation, IncarnationState, RunStatus
+from gpuctl.core.jobs.model import CommitSeen, Incarnation, IncarnationState, RunStatus
 from gpuctl.core.model import Inventory
 from gpuctl.errors import StoreConflict
 from gpuctl.ops.health import HistoryKeeper, SampleHistory
@@ -78,6 +78,9 @@ class Reconciler:
         self.state_dir = state_dir
         self.on_action = on_action
         self.scanned_at: dict[str, float] = {}  # job id -> when its checkpoints were last read
+        # (job id, incarnation) -> the newest commit its node's observe reported when its
+        # checkpoints were last read: they are read again when that changes
+        self.commits_read: dict[tuple[str, int], CommitSeen] = {}
         self.health_rules = health_rules  # None: the built-in rules, read at the first pass
         # the samples the health rules look back at (sustained heat): in memory for a loop that
         # keeps running (half an hour of them); a one-shot run passes the state dir's file

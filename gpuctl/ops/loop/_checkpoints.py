@@ -11,7 +11,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpuctl.core.jobs.checkpoints import choose_resume, clock_correction_s, unusable_committed
-from gpuctl.core.jobs.model import Checkpoint, CheckpointMarker, Incarnation, IncarnationState, Job
+from gpuctl.core.jobs.model import (
+    Checkpoint,
+    CheckpointMarker,
+    CommitSeen,
+    Incarnation,
+    IncarnationState,
+    Job,
+)
 from gpuctl.core.jobs.spec import CheckpointSync
 from gpuctl.errors import ConfigError
 
@@ -21,26 +28,44 @@ if TYPE_CHECKING:
 
 def sync_checkpoints(p: Pass) -> None:
     """Record each running job's newest committed checkpoint; for `sync: pull`, copy it into
-    gpuctl's own checkpoint store first."""
+    gpuctl's own checkpoint store first. The node's observe of this pass says what its newest
+    commit is (`RunStatus.commit`): the markers are read only when that changed since they were
+    last read, so a commit is recorded at the next pass without an exec per job per pass. A run
+    the observe says nothing of (launched before gpuctl recorded checkpoint dirs) is read every
+    `checkpoint_scan_s`."""
+    running: set[tuple[str, int]] = set()
     for inc in p.store.incarnations(holding=True):
         if inc.state is not IncarnationState.RUNNING or inc.node not in p.observed:
             continue
-        last = p.loop.scanned_at.get(inc.job_id)
-        if last is not None and p.now - last < p.settings.checkpoint_scan_s:
-            continue
+        running.add((inc.job_id, inc.n))
+        run = p.observed[inc.node].get((inc.job_id, inc.n))
+        seen = None if run is None else run.commit
+        if seen is not None:
+            if seen.step is None or p.loop.commits_read.get((inc.job_id, inc.n)) == seen:
+                continue  # nothing committed, or nothing since the markers were last read
+        else:
+            last = p.loop.scanned_at.get(inc.job_id)
+            if last is not None and p.now - last < p.settings.checkpoint_scan_s:
+                continue
         job = p.store.job(inc.job_id)
         if job is None:
             continue
-        p.guard(sync_one, p, job, inc)
+        p.guard(sync_one, p, job, inc, seen)
+    if not p.dry:  # forget the incarnations that stopped running (or whose node went quiet)
+        for key in set(p.loop.commits_read) - running:
+            del p.loop.commits_read[key]
 
 
-def sync_one(p: Pass, job: Job, inc: Incarnation) -> None:
+def sync_one(p: Pass, job: Job, inc: Incarnation, seen: CommitSeen | None = None) -> None:
     """Record the newest committed checkpoint of `inc` on its node (pulled first for `sync:
-    pull`), if it is newer than the newest recorded."""
+    pull`), if it is newer than the newest recorded. `seen`: the newest commit the observe
+    reported, remembered once the markers were read."""
     folder = job.spec.policy.checkpoint.dir_for(job.id)
     markers = p.runner.checkpoints(p.spec(inc.node), folder)
     if not p.dry:
         p.loop.scanned_at[job.id] = p.now
+        if seen is not None:
+            p.loop.commits_read[(job.id, inc.n)] = seen
     mine = [
         m
         for m in markers

@@ -19,6 +19,7 @@ from gpuctl.core.health.autodrain import AutoDrainPolicy
 from gpuctl.core.health.model import HealthRules
 from gpuctl.core.jobs.liveness import DEFAULT_GRACE_S, DEFAULT_MASS_FAILURE_FRACTION
 from gpuctl.core.jobs.model import (
+    CommitSeen,
     Event,
     Incarnation,
     IncarnationState,
@@ -42,7 +43,8 @@ class ReconcileSettings:
     """How the loop decides. `grace_s`: a node is down after this long without an answer;
     `mass_failure_fraction`: more than this share of the nodes failing at once suspends failover;
     `launch_settle_s`: a launch not found on its node this long after its intent was written
-    failed; `checkpoint_scan_s`: how often a running job's checkpoints are read (per job);
+    failed; `checkpoint_scan_s`: how often a running job's checkpoints are read (per job) when
+    its node's observe does not say what it committed last (a run launched by an older gpuctl);
     `health`: automatic cordons and drains of unhealthy nodes (hysteresis, rate limit,
     cool-down); `stall`: when a running job that stopped committing checkpoints is alerted."""
 
@@ -168,6 +170,7 @@ class LoopState(Protocol):
     state_dir: str | None
     on_action: Callable[[Action], None] | None
     scanned_at: dict[str, float]
+    commits_read: dict[tuple[str, int], CommitSeen]
     health_rules: HealthRules | None
     health_history: HistoryKeeper
     health_suspect: bool | None

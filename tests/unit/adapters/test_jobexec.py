@@ -26,7 +26,7 @@ from gpuctl.adapters.node import (
 from gpuctl.adapters.node import _launch as job_launch
 from gpuctl.adapters.node import _runs as jobexec
 from gpuctl.adapters.protocols import ExecResult
-from gpuctl.core.jobs.model import Fenced, LaunchRequest, RunStatus
+from gpuctl.core.jobs.model import CommitSeen, Fenced, LaunchRequest, RunStatus
 from gpuctl.core.model import NodeSpec
 from gpuctl.errors import UsageError
 from gpuctl.lab.sshd import alive
@@ -113,7 +113,8 @@ def test_a_launched_job_runs_detached_with_the_contract_env_and_shows_up_alive(n
     assert started.run_dir == str(run_dir)
     # the pid is the leader of the job's own session and process group
     assert os.getpgid(started.pid) == started.pid == os.getsid(started.pid)
-    assert node.status("train-0a1b2c", 2) == started
+    # its checkpoint dir holds no commit yet
+    assert node.status("train-0a1b2c", 2) == dataclasses.replace(started, commit=CommitSeen(None))
     lines = wait_for(lambda: node.log("train-0a1b2c", 2).count(b"\n") >= 7)
     assert lines
     assert node.log("train-0a1b2c", 2).decode().splitlines() == [
@@ -444,7 +445,7 @@ def test_secret_values_travel_on_stdin_only(node: Node) -> None:
     assert node.log("j1", 1).decode().strip() == digest
     assert not any(secret in command for _node, command in node.transport.calls)
     files = [p for p in node.run_dir("j1", 1).iterdir() if p.is_file()]
-    assert {p.name for p in files} == {"run.sh", "pid", "started", "log", "exit"}
+    assert {p.name for p in files} == {"run.sh", "pid", "started", "log", "exit", "checkpoint_dir"}
     for path in files:
         assert secret.encode() not in path.read_bytes()
     assert secret not in repr(
@@ -709,3 +710,50 @@ def test_a_node_whose_grep_cannot_read_nul_separated_files_gives_no_reading(
         runner.fence(NODE, "j1", 1)
     with pytest.raises(TransportError, match="cannot read NUL-separated files"):
         runner.processes(NODE)
+
+
+def test_observe_says_what_each_alive_run_committed_last_without_reading_markers(
+    node: Node, tmp_path: Path
+) -> None:
+    work = tmp_path / "work"
+    (work / "ck").mkdir(parents=True)
+    node.runner.launch(NODE, request("a-1", 1, workdir=str(work), ckpt="ck"))  # relative
+    node.runner.launch(NODE, request("b-2", 1, ckpt=str(tmp_path / "none-yet")))
+    node.runner.launch(NODE, request("c-3", 1, "true", ckpt=str(work / "ck")))
+    wait_for(lambda: node.ended("c-3", 1))
+    for step, at in ((30, 1_700_000_030.5), (40, 1_700_000_020.0), (7, 1_700_000_010.0)):
+        folder = work / "ck" / f"step-{step:08d}"
+        folder.mkdir()
+        (folder / "COMMITTED").write_text("{}")  # never read: a stat is all it takes
+        os.utime(folder / "COMMITTED", (at, at))
+    (work / "ck" / "step-00000099").mkdir()  # not committed
+
+    runs = {r.job_id: r.commit for r in node.runner.observe(NODE)}
+    # the most recently written marker, with its time, whichever step it names
+    assert runs == {
+        "a-1": CommitSeen(30, 1_700_000_030.5),
+        "b-2": CommitSeen(None, None),
+        "c-3": None,  # ended: not looked at
+    }
+
+
+def test_observe_reads_commit_lines_it_can_trust_and_ignores_the_rest() -> None:
+    out = (
+        b"gpuctl-commit j1 1 00000120 1767225610.250000000\n"
+        b"gpuctl-run j1 1 100 1 - /h/.gpuctl/runs/j1/1\n"
+        b"gpuctl-commit j2 1 - -\n"
+        b"gpuctl-run j2 1 101 1 - /h/.gpuctl/runs/j2/1\n"
+        b"gpuctl-commit j3 1 5 %s.%N\n"
+        b"gpuctl-run j3 1 102 1 - /h/.gpuctl/runs/j3/1\n"
+        b"gpuctl-commit j4 1 x 1\n"
+        b"gpuctl-run j4 1 103 1 - /h/.gpuctl/runs/j4/1\n"
+        b"gpuctl-observed 4\n"
+    )
+    runs = jobexec.parse_observe(out)
+    assert runs is not None
+    assert [r.commit for r in runs] == [
+        CommitSeen(120, 1767225610.25),
+        CommitSeen(None, None),
+        CommitSeen(5, None),  # a `date` without %N: the step still says it changed
+        None,
+    ]
