@@ -292,13 +292,7 @@ def test_serve_scraped_over_loopback_equals_status_and_stops_cleanly_on_sigterm(
         assert get(scraped, "gpuctl_node_up", node="gpu01") == 1.0
         assert get(scraped, "gpuctl_node_up", node="gpu03") == 0.0
         assert (
-            get(
-                scraped,
-                "gpuctl_gpu_memory_allocated_bytes",
-                node="gpu01",
-                gpu="1",
-                uuid=_uuid(scraped, "gpu01", "1"),
-            )
+            get(scraped, "gpuctl_gpu_memory_allocated_bytes", **_gpu(scraped, "gpu01", "1"))
             == 16384 * MIB
         )
         assert get(scraped, "gpuctl_failovers_total") == 1.0
@@ -317,11 +311,12 @@ def test_serve_scraped_over_loopback_equals_status_and_stops_cleanly_on_sigterm(
     assert "Traceback" not in "\n".join(lines)
 
 
-def _uuid(scraped: dict[Any, float], node: str, gpu: str) -> str:
+def _gpu(scraped: dict[Any, float], node: str, gpu: str) -> dict[str, str]:
+    """The labels of a GPU's series: node, Hostname, gpu, UUID (as dcgm-exporter's)."""
     for (name, labels), _ in scraped.items():
         d = dict(labels)
         if name == "gpuctl_gpu_info" and d["node"] == node and d["gpu"] == gpu:
-            return d["uuid"]
+            return {k: d[k] for k in ("node", "Hostname", "gpu", "UUID")}
     raise AssertionError(f"no GPU {node}/{gpu}")
 
 

@@ -3,36 +3,42 @@
 A `Refresher` polls the fleet (one `Gatherer` kept for its life) and reads the store every
 `interval_s`, and turns what it saw into a `Reading`: the five numbers exactly as `gpuctl status`
 computes them (`gpuctl.ops.fleetstatus.numbers`), each node's reachability and health verdict,
-each GPU's allocated / observed / total memory, utilization and temperature, and counts of the
-store's failover, preemption and drain events, and every started job's queue wait (a histogram).
-`FleetCollector` serves the latest reading from its own `CollectorRegistry`: a scrape never
-triggers a poll. With `from_store`, nothing is polled: the job figures, the counters and the
-control loop's view of node liveness come from the store.
+each GPU's allocated / observed / total memory, utilization, temperature and what the probe read
+of it (power, ECC, retired pages, remapped rows, thermal slowdown, XIDs), the live jobs and the
+jobs on each GPU, counts of the store's failover, preemption and drain events, and every started
+job's queue wait (a histogram). `FleetCollector` holds the latest reading and the server
+(`_serve`) sends its exposition, written once per reading: a scrape never triggers a poll. With
+`from_store`, nothing is polled: the job figures, the live jobs, the counters and the control
+loop's view of node liveness come from the store.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from prometheus_client.core import Metric
-from prometheus_client.exposition import generate_latest, start_http_server
+from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import CollectorRegistry
 
 from gpuctl.adapters.protocols import Clock, Store
 from gpuctl.core.health import HealthRules, NodeVerdict, evaluate_fleet
-from gpuctl.core.model import FleetSnapshot, Inventory, Reach
+from gpuctl.core.model import FleetSnapshot, Inventory, NodeSnapshot, Reach, XidEvent, pci_key
 from gpuctl.errors import GpuctlError, StateError
 from gpuctl.ops import fleetstatus
 from gpuctl.ops.health import FleetGatherer, SampleHistory
 from gpuctl.ops.metrics._exposition import (
     COUNTED_EVENTS,
-    GpuReading,
     NodeReading,
     Reading,
     families,
+    series_text,
 )
+from gpuctl.ops.metrics._jobs import read_jobs
+from gpuctl.ops.metrics._serve import serve
+from gpuctl.ops.metrics._text import GpuReading, JobReading
 
 
 def event_counts(store: Store) -> dict[str, int]:
@@ -64,6 +70,13 @@ def read_fleet(
     states = fleetstatus.node_states(snapshot, store)
     placed = {n.name: n for n in state.nodes}
     judged = {v.name: v for v in verdicts}
+    polled = {
+        n.name: n.observation.processes
+        for n in snapshot.nodes
+        if n.reach is Reach.OK and n.observation is not None
+    }
+    jobs = read_jobs(store, now, polled) if store is not None else None
+    on_cards = jobs.on_cards if jobs is not None else {}
     nodes, gpus = [], []
     for node in snapshot.nodes:
         place = placed.get(node.name)
@@ -79,8 +92,12 @@ def read_fleet(
         )
         cards = {c.index: c for c in place.cards} if place is not None else {}
         gpu_verdicts = {g.index: g.verdict for g in verdict.gpus} if verdict is not None else {}
+        xids = _xids_by_gpu(node)
+        hostname = node.observation.facts.hostname if node.observation is not None else None
         for g in node.gpus:
             card = cards.get(g.index)
+            pci = pci_key(g.pci_bus_id)
+            mine = xids.get(pci, ()) if pci is not None else ()
             gpus.append(
                 GpuReading(
                     node=node.name,
@@ -94,13 +111,35 @@ def read_fleet(
                     util_pct=g.util_pct,
                     temp_c=g.temp_c,
                     verdict=gpu_verdicts.get(g.index),
+                    hostname=hostname,
+                    pci_bus_id=g.pci_bus_id,
+                    card=g,
+                    last_xid=mine[-1].xid if mine else 0,
+                    xids=tuple(sorted(Counter(x.xid for x in mine).items())),
+                    jobs=on_cards.get((node.name, g.index), ()),
                 )
             )
     counters = event_counts(store) if store is not None else None
     waits = queue_waits(store) if store is not None else None
     return Reading(
-        now, 0.0, "gather", figures, tuple(nodes), tuple(gpus), counters, queue_waits=waits
+        now,
+        0.0,
+        "gather",
+        figures,
+        tuple(nodes),
+        tuple(gpus),
+        counters,
+        queue_waits=waits,
+        jobs=jobs.jobs if jobs is not None else None,
     )
+
+
+def _xids_by_gpu(node: NodeSnapshot) -> dict[tuple[int, int, int] | None, list[XidEvent]]:
+    """The XIDs of the node's kernel log by the PCI address they name, oldest first."""
+    out: dict[tuple[int, int, int] | None, list[XidEvent]] = {}
+    for x in node.observation.xids if node.observation is not None else ():
+        out.setdefault(pci_key(x.pci_bus_id), []).append(x)
+    return out
 
 
 def read_store(store: Store, now: float) -> Reading:
@@ -112,12 +151,20 @@ def read_store(store: Store, now: float) -> Reading:
         for name, live in sorted(store.liveness().items())
     )
     return Reading(
-        now, 0.0, "store", figures, nodes, (), event_counts(store), queue_waits=queue_waits(store)
+        now,
+        0.0,
+        "store",
+        figures,
+        nodes,
+        (),
+        event_counts(store),
+        queue_waits=queue_waits(store),
+        jobs=read_jobs(store, now, None).jobs,
     )
 
 
 class FleetCollector:
-    """A custom collector serving the latest reading; `collect` never polls."""
+    """Holds the latest reading for the server; a scrape never polls."""
 
     def __init__(self) -> None:
         self._latest: Reading | None = None
@@ -129,26 +176,31 @@ class FleetCollector:
     def update(self, reading: Reading) -> None:
         self._latest = reading  # one reference swap: a scrape sees one whole reading
 
+    def render(self) -> tuple[Reading | None, bytes]:
+        """The latest reading and its exposition."""
+        latest = self._latest
+        return latest, exposition(latest)
+
+
+class _Families:
+    def __init__(self, reading: Reading) -> None:
+        self._reading = reading
+
     def describe(self) -> Iterable[Metric]:
         return []
 
     def collect(self) -> Iterable[Metric]:
-        return families(self._latest)
-
-
-def registry_for(collector: FleetCollector) -> CollectorRegistry:
-    """Our own registry (never the process-wide default one)."""
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(collector)
-    return registry
+        return families(self._reading)
 
 
 def exposition(reading: Reading | None) -> bytes:
-    """The text exposition of one reading (`gpuctl metrics dump`)."""
-    collector = FleetCollector()
-    if reading is not None:
-        collector.update(reading)
-    return generate_latest(registry_for(collector))
+    """The text exposition of one reading (`gpuctl metrics dump`, the server): the fleet's
+    families through prometheus_client, then the per-GPU and per-job ones (`series_text`)."""
+    if reading is None:
+        return b""
+    registry = CollectorRegistry(auto_describe=False)  # our own, never the process-wide one
+    registry.register(_Families(reading))
+    return generate_latest(registry) + series_text(reading).encode()
 
 
 # --- refreshing ----------------------------------------------------------------------------------
@@ -263,15 +315,7 @@ class MetricsServer:
     """The HTTP endpoint (`/metrics`, any path) on `address:port`; port 0 picks a free one."""
 
     def __init__(self, collector: FleetCollector, address: str, port: int) -> None:
-        try:
-            self._httpd, self._thread = start_http_server(
-                port, addr=address, registry=registry_for(collector)
-            )
-        except OSError as exc:
-            raise GpuctlError(
-                f"cannot listen on {address}:{port}: {exc.strerror or exc}",
-                hint="pick another --port or --address",
-            ) from None
+        self._httpd, self._thread = serve(address, port, collector.render)
         self.address = address
         self.port = int(self._httpd.server_port)
 
@@ -290,6 +334,7 @@ __all__ = [
     "COUNTED_EVENTS",
     "FleetCollector",
     "GpuReading",
+    "JobReading",
     "MetricsServer",
     "NodeReading",
     "Reading",
@@ -300,5 +345,4 @@ __all__ = [
     "queue_waits",
     "read_fleet",
     "read_store",
-    "registry_for",
 ]

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from prometheus_client.core import (
@@ -25,6 +24,7 @@ from gpuctl.core.band import TARGET_BAND, BandName
 from gpuctl.core.fleet.nodestate import NODE_STATES
 from gpuctl.core.fleet.numbers import FleetNumbers
 from gpuctl.core.health import Verdict
+from gpuctl.ops.metrics._text import GpuReading, JobReading, gpu_text, job_text
 
 MIB = float(1 << 20)
 GIB = float(1 << 30)
@@ -160,14 +160,6 @@ NUMBER_GAUGES: tuple[tuple[str, str, tuple[Figure, ...]], ...] = (
 )
 BANDS = tuple(b.value for b in BandName)
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-
-
-def _label(text: object, limit: int = 128) -> str:
-    """Label values from node output are untrusted: no control characters, bounded length."""
-    return _CONTROL.sub("", str(text))[:limit]
-
-
 # --- the reading ---------------------------------------------------------------------------------
 
 
@@ -181,24 +173,10 @@ class NodeReading:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class GpuReading:
-    node: str
-    index: int
-    uuid: str | None
-    model: str | None
-    total_mib: int | None
-    observed_mib: int | None  # NVML memory.used
-    allocated_mib: int | None  # granted by gpuctl (placement's view)
-    ghost_mib: int | None  # in use by processes gpuctl does not account for
-    util_pct: int | None
-    temp_c: int | None
-    verdict: Verdict | None
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
 class Reading:
-    """What one refresh saw. `counters` and `queue_waits` are None when the store could not be
-    read; `queue_waits`: submit to first start of every job of the store that ever started."""
+    """What one refresh saw. `counters`, `queue_waits` and `jobs` are None when the store could
+    not be read; `queue_waits`: submit to first start of every job of the store that ever
+    started; `jobs`: the live ones (queued, running, held)."""
 
     taken_at: float
     duration_s: float
@@ -209,18 +187,30 @@ class Reading:
     counters: Mapping[str, int] | None = None
     store_error: str | None = None
     queue_waits: tuple[float, ...] | None = None
+    jobs: tuple[JobReading, ...] | None = None
 
 
 # --- the exposition ------------------------------------------------------------------------------
 
 
+def series_text(reading: Reading | None) -> str:
+    """The per-GPU and per-job families of `reading` as exposition text (`_text`: too many
+    samples on a large fleet for prometheus_client's generator)."""
+    out: list[str] = []
+    if reading is not None:
+        gpu_text(reading.gpus, out)
+        if reading.jobs is not None:
+            job_text(reading.jobs, out)
+    return "".join(out)
+
+
 def families(reading: Reading | None) -> list[Metric]:
-    """The metric families of `reading` (an empty exposition before the first refresh)."""
+    """The fleet, node, counter and exporter families of `reading` (none before the first
+    refresh); the per-GPU and per-job ones are `series_text`."""
     if reading is None:
         return []
     out: list[Metric] = [*_number_families(reading.numbers)] if reading.numbers else []
     out.extend(_node_families(reading.nodes))
-    out.extend(_gpu_families(reading.gpus))
     if reading.counters is not None:
         for kind, (name, help_text) in COUNTED_EVENTS.items():
             counter = CounterMetricFamily(name, help_text)
@@ -320,56 +310,6 @@ def _node_families(nodes: Sequence[NodeReading]) -> Iterator[Metric]:
             for st in NODE_STATES:
                 state.add_metric([n.name, st], 1.0 if n.state == st else 0.0)
     yield from (up, sched, health, state)
-
-
-GPU_LABELS = ["node", "gpu", "uuid"]
-GPU_GAUGES: tuple[tuple[str, str, str, float], ...] = (
-    ("gpuctl_gpu_memory_total_bytes", "GPU memory the card reports.", "total_mib", MIB),
-    (
-        "gpuctl_gpu_memory_observed_bytes",
-        "GPU memory in use as NVML reports it.",
-        "observed_mib",
-        MIB,
-    ),
-    (
-        "gpuctl_gpu_memory_allocated_bytes",
-        "GPU memory gpuctl granted on the card (a whole card: all of it).",
-        "allocated_mib",
-        MIB,
-    ),
-    (
-        "gpuctl_gpu_memory_ghost_bytes",
-        "GPU memory in use by processes gpuctl does not account for.",
-        "ghost_mib",
-        MIB,
-    ),
-    ("gpuctl_gpu_utilization_ratio", "SM utilization NVML reports (0-1).", "util_pct", PCT),
-    ("gpuctl_gpu_temperature_celsius", "GPU temperature.", "temp_c", 1.0),
-)
-
-
-def _gpu_families(gpus: Sequence[GpuReading]) -> Iterator[Metric]:
-    info = GaugeMetricFamily(
-        "gpuctl_gpu_info", "1 per GPU, with its model.", labels=[*GPU_LABELS, "model"]
-    )
-    gauges = [(GaugeMetricFamily(n, h, labels=GPU_LABELS), attr, s) for n, h, attr, s in GPU_GAUGES]
-    health = GaugeMetricFamily(
-        "gpuctl_gpu_health",
-        "1 for the GPU's health verdict (healthy, degraded, unhealthy, unknown).",
-        labels=[*GPU_LABELS, "verdict"],
-    )
-    for g in gpus:
-        labels = [g.node, str(g.index), _label(g.uuid or "")]
-        info.add_metric([*labels, _label(g.model or "")], 1.0)
-        for family, attr, scale in gauges:
-            value = getattr(g, attr)
-            _add(family, labels, None if value is None else value * scale)
-        if g.verdict is not None:
-            for v in Verdict:
-                health.add_metric([*labels, v.value], 1.0 if g.verdict is v else 0.0)
-    yield info
-    yield from (family for family, _, _ in gauges)
-    yield health
 
 
 def _add(family: GaugeMetricFamily, labels: list[str], value: float | bool | None) -> None:

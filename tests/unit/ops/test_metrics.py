@@ -41,7 +41,6 @@ from gpuctl.ops.metrics import (
     exposition,
     read_fleet,
     read_store,
-    registry_for,
 )
 from gpuctl.testing.fakerunner import ManualClock
 from gpuctl.testing.memstore import MemoryStore
@@ -291,8 +290,8 @@ def test_per_node_and_per_gpu_gauges_show_reach_health_and_both_memory_views() -
     assert value(got, "gpuctl_node_health", node="n1", verdict="degraded") == 1.0  # one hot GPU
     assert value(got, "gpuctl_node_health", node="n1", verdict="healthy") == 0.0
     assert value(got, "gpuctl_node_health", node="n2", verdict="unknown") == 1.0
-    card0 = {"node": "n1", "gpu": "0", "uuid": "GPU-n1-0"}
-    card1 = {"node": "n1", "gpu": "1", "uuid": "GPU-n1-1"}
+    card0 = {"node": "n1", "Hostname": "n1", "gpu": "0", "UUID": "GPU-n1-0"}
+    card1 = {"node": "n1", "Hostname": "n1", "gpu": "1", "UUID": "GPU-n1-1"}
     assert value(got, "gpuctl_gpu_memory_allocated_bytes", **card0) == 8192 * MIB
     assert value(got, "gpuctl_gpu_memory_observed_bytes", **card0) == 8000 * MIB
     assert value(got, "gpuctl_gpu_memory_total_bytes", **card0) == CAP * MIB
@@ -302,7 +301,7 @@ def test_per_node_and_per_gpu_gauges_show_reach_health_and_both_memory_views() -
     assert value(got, "gpuctl_gpu_temperature_celsius", **card1) == 90.0
     assert value(got, "gpuctl_gpu_health", **card1, verdict="degraded") == 1.0
     assert value(got, "gpuctl_gpu_health", **card0, verdict="healthy") == 1.0
-    assert value(got, "gpuctl_gpu_info", **card0, model="H100") == 1.0
+    assert value(got, "gpuctl_gpu_info", **card0, model="H100", pci_bus_id="") == 1.0
     assert not any(lbls and dict(lbls).get("node") == "n2" for _, lbls in got["gpuctl_gpu_info"])
 
 
@@ -310,8 +309,8 @@ def test_label_values_from_node_output_lose_control_characters() -> None:
     snap = snapshot(gpu(0, model="H100\x1b[31m\x07 evil"), gpu(1))
     text = exposition(read_fleet(snap, None, NOW, verdicts(snap))).decode()
     assert "\x1b" not in text and "\x07" not in text
-    assert value(parse(text), "gpuctl_gpu_info", node="n1", gpu="0", uuid="GPU-n1-0",
-                 model="H100[31m evil") == 1.0  # fmt: skip
+    assert value(parse(text), "gpuctl_gpu_info", node="n1", Hostname="n1", gpu="0",
+                 UUID="GPU-n1-0", model="H100[31m evil", pci_bus_id="") == 1.0  # fmt: skip
 
 
 # --- counters ------------------------------------------------------------------------------------
@@ -375,10 +374,9 @@ def test_a_scrape_reads_the_latest_values_and_never_polls() -> None:
     gatherer = CountingGatherer([snapshot(gpu(0), gpu(1))])
     collector = FleetCollector()
     collector.update(refresher(gatherer, MemoryStore(), ManualClock(NOW)).refresh())
-    registry = registry_for(collector)
     first = parse(exposition(collector.latest))
     for _ in range(3):
-        assert registry.get_sample_value("gpuctl_node_up", {"node": "n1"}) == 1.0
+        assert value(parse(collector.render()[1]), "gpuctl_node_up", node="n1") == 1.0
     assert gatherer.calls == 1
     assert value(first, "gpuctl_refresh_timestamp_seconds") == NOW
     assert not any(m.name.startswith("gpuctl") for m in REGISTRY.collect())  # our own registry
