@@ -11,7 +11,6 @@ import typer
 
 from gpuctl.cli import context
 from gpuctl.core.model import FleetSnapshot, Inventory, NodeSpec
-from gpuctl.errors import UsageError
 
 if TYPE_CHECKING:
     from gpuctl.adapters.protocols import Store
@@ -25,17 +24,14 @@ def load_inventory(ctx: typer.Context) -> Inventory:
     return load(context.get(ctx).resolve_inventory_path())
 
 
-def select(inventory: Inventory, names: list[str]) -> tuple[NodeSpec, ...]:
-    if not names:
-        return inventory.nodes
-    by_name = inventory.by_name()
-    missing = [n for n in names if n not in by_name]
-    if missing:
-        raise UsageError(
-            f"unknown node {missing[0]!r}",
-            hint=f"the inventory has {len(by_name)} node(s); see `gpuctl inventory list`",
-        )
-    return tuple(by_name[n] for n in names)
+def select(
+    inventory: Inventory, names: list[str], labels: str | None = None
+) -> tuple[NodeSpec, ...]:
+    """The nodes `names` (names and hostlist ranges; all when empty) and the label selector
+    `labels` pick (`gpuctl.config.node_selection`); UsageError (exit 2) when none match."""
+    from gpuctl.config.node_selection import select_nodes
+
+    return select_nodes(inventory, names, labels)
 
 
 def gather(ctx: typer.Context, nodes: tuple[NodeSpec, ...]) -> FleetSnapshot:

@@ -18,7 +18,17 @@ from gpuctl.core.health import GpuVerdict, NodeVerdict, Reason, Severity, Verdic
 
 def health(
     ctx: typer.Context,
-    nodes: list[str] | None = typer.Argument(None, metavar="[NODE]...", help="Default: all."),
+    nodes: list[str] | None = typer.Argument(
+        None, metavar="[NODE]...", help="Names and hostlist ranges, gpu[01-04] (default: all)."
+    ),
+    selector: str | None = typer.Option(
+        None,
+        "--selector",
+        "-l",
+        help="Only nodes whose inventory labels match: pool=train,zone!=b (key, !key too).",
+        metavar="SELECTOR",
+        show_default=False,
+    ),
     output: Output = OUTPUT_OPTION,
     samples: int = typer.Option(
         1, "--samples", min=1, max=100, help="Polls to take; more tell a heat spike from sustained."
@@ -45,7 +55,7 @@ def health(
     from gpuctl.ops.health import SampleHistory, check_health
 
     rules = load_rules(rules_file)
-    specs = fleet.select(fleet.load_inventory(ctx), nodes or [])
+    specs = fleet.select(fleet.load_inventory(ctx), nodes or [], selector)
     app_ctx = context.get(ctx)
     history = SampleHistory.in_state_dir(paths.state_dir(app_ctx.env, app_ctx.state_dir))
     transport = app_ctx.transport_factory() if app_ctx.transport_factory else default_transport()

@@ -21,7 +21,17 @@ app = typer.Typer(help="Nodes of the inventory, as they answer now.", no_args_is
 def list_nodes(
     ctx: typer.Context,
     names: list[str] = typer.Argument(
-        None, help="Nodes to poll (default: all).", metavar="[NODE]..."
+        None,
+        help="Nodes to poll: names and hostlist ranges, gpu[01-04,07] (default: all).",
+        metavar="[NODE]...",
+    ),
+    selector: str | None = typer.Option(
+        None,
+        "--selector",
+        "-l",
+        help="Only nodes whose inventory labels match: pool=train,zone!=b (key, !key too).",
+        metavar="SELECTOR",
+        show_default=False,
     ),
     state: list[str] = typer.Option(
         None,
@@ -38,7 +48,7 @@ def list_nodes(
     when a host key is unknown or changed (of the nodes polled, listed or not)."""
     wanted = _states(state or [])
     inventory = fleet.load_inventory(ctx)
-    snapshot = fleet.gather(ctx, fleet.select(inventory, names or []))
+    snapshot = fleet.gather(ctx, fleet.select(inventory, names or [], selector))
     states, _ = store_view(ctx, snapshot, numbers=False)
     shown = snapshot
     if wanted:

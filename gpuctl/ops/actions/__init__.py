@@ -10,7 +10,8 @@ primitive (checkpoint, stop, restart elsewhere), saying each job's outcome as it
 (`progress`), which takes a while. The operator is recorded as the actor, "operator" as the source.
 
 This front re-exports the package's public names: the values in `model` (which the dashboard's
-services import without the rest) and `FleetActions` with the drain plan's text (`_fleet`).
+services import without the rest), `FleetActions` with the drain plan's text (`_fleet`) and
+the plans over several nodes at once (`_batch`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from gpuctl.ops.action_plans import (
     Applied,
     Progress,
 )
+from gpuctl.ops.actions._batch import NodeBatch, NodeOutcome
 from gpuctl.ops.actions._fleet import (
     MAX_MOVES,
     ConsolidationOrder,
@@ -41,6 +43,8 @@ __all__ = [
     "ConsolidationOrder",
     "DrainOrder",
     "FleetActions",
+    "NodeBatch",
+    "NodeOutcome",
     "Progress",
     "drain_text",
 ]

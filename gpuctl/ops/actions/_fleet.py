@@ -146,10 +146,10 @@ class FleetActions:
         """Each job on `node` and where it goes, on a fresh gather (`value`: a `DrainOrder`)."""
         from gpuctl.ops.moves import nodeops
 
-        self._known(node)
-        snapshot = self._fleet().gather(self.inventory)
+        self.known(node)
+        snapshot = self.fleet_reader().gather(self.inventory)
         with self.open_store(False) as store:
-            loop = self._loop(store, dry_run=True)
+            loop = self.loop(store, dry_run=True)
             drain = nodeops.plan_drain(nodeops.tick(loop, snapshot), node, reason=reason)
         order = DrainOrder(drain, grace_s, checkpoint_wait_s, timeout_s, parallel)
         return ActionPlan("drain", node, drain_text(drain), reason, value=order)
@@ -167,7 +167,7 @@ class FleetActions:
         from gpuctl.core.consolidation import render_consolidation
         from gpuctl.ops.moves import consolidate as service
 
-        snapshot = self._fleet().gather(self.inventory)
+        snapshot = self.fleet_reader().gather(self.inventory)
         now = self.clock.now()
         with self.open_store(False) as store:
             inputs = service.gather_inputs(snapshot, store, now)
@@ -181,12 +181,36 @@ class FleetActions:
             applicable=not plan.empty,
         )
 
+    def plan_nodes(
+        self,
+        action: str,
+        nodes: Sequence[str],
+        reason: str | None = None,
+        *,
+        grace_s: float | None = None,
+        checkpoint_wait_s: float | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        parallel: int = 2,
+    ) -> ActionPlan:
+        """One plan to cordon, uncordon or drain every node of `nodes` (`value`: a `NodeBatch`;
+        carrying it out gives each node's `NodeOutcome`)."""
+        from gpuctl.ops.actions._batch import plan_batch
+
+        return plan_batch(
+            self, action, nodes, reason, grace_s=grace_s, checkpoint_wait_s=checkpoint_wait_s,
+            timeout_s=timeout_s, parallel=parallel,
+        )  # fmt: skip
+
     # --- carrying a plan out -------------------------------------------------------------------
 
     def carry_out(self, plan: ActionPlan, progress: Progress | None = None) -> Applied:
         if not plan.applicable:
             raise ActionRefused(f"{plan.action}: nothing to apply")
+        from gpuctl.ops.actions._batch import NodeBatch, carry_out_batch
         from gpuctl.ops.moves import nodeops
+
+        if isinstance(plan.value, NodeBatch):
+            return carry_out_batch(self, plan, progress)
 
         if plan.action == "cordon" and plan.target is not None:
             with self.open_store(True) as store:
@@ -213,7 +237,7 @@ class FleetActions:
         from gpuctl.ops.moves import nodeops
 
         with self.open_store(True) as store:
-            loop = self._loop(store, dry_run=False)
+            loop = self.loop(store, dry_run=False)
             result = nodeops.drain(
                 loop,
                 order.plan,
@@ -222,7 +246,7 @@ class FleetActions:
                 checkpoint_wait_s=order.checkpoint_wait_s,
                 timeout_s=order.timeout_s,
                 parallel=order.parallel,
-                on_result=_reporter(progress),
+                on_result=reporter(progress),
                 sleep=sleep_of(self.clock),
             )
         moved = sum(1 for r in result.results if r.moved)
@@ -233,13 +257,13 @@ class FleetActions:
         from gpuctl.ops.moves import consolidate as service
 
         with self.open_store(True) as store:
-            loop = self._loop(store, dry_run=False)
-            fresh = self._fleet().gather(self.inventory)
+            loop = self.loop(store, dry_run=False)
+            fresh = self.fleet_reader().gather(self.inventory)
             migrator = service.loop_migrator(
                 loop,
                 operator=self.operator,
                 snapshot=fresh,
-                on_result=_reporter(progress),
+                on_result=reporter(progress),
                 sleep=sleep_of(self.clock),
             )
             result = service.apply(
@@ -256,28 +280,28 @@ class FleetActions:
 
     # --- parts ---------------------------------------------------------------------------------
 
-    def _known(self, node: str) -> None:
+    def known(self, node: str) -> None:
         if node not in self.inventory.by_name():
             raise ActionRefused(f"{node} is not in the inventory")
 
     def _cordon_of(self, node: str) -> Cordon | None:
-        self._known(node)
+        self.known(node)
         with self.open_store(False) as store:
             return {c.node: c for c in store.cordons()}.get(node)
 
-    def _fleet(self) -> FleetReader:
+    def fleet_reader(self) -> FleetReader:
         if self.fleet is None:
             raise ActionRefused("drain and consolidation need the fleet: none was given")
         return self.fleet
 
-    def _loop(self, store: Store, *, dry_run: bool) -> Reconciler:
+    def loop(self, store: Store, *, dry_run: bool) -> Reconciler:
         from gpuctl.ops.loop import ReconcileSettings
 
         if self.runner is None:
             raise ActionRefused("drain and consolidation need a job runner: none was given")
         return control_loop(
             store,
-            self._fleet(),
+            self.fleet_reader(),
             self.runner,
             self.inventory,
             self.clock,
@@ -287,7 +311,7 @@ class FleetActions:
         )
 
 
-def _reporter(progress: Progress | None) -> Callable[[MigrationResult], None] | None:
+def reporter(progress: Progress | None) -> Callable[[MigrationResult], None] | None:
     if progress is None:
         return None
     say = progress

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from gpuctl.adapters.protocols import Clock, Store
@@ -23,7 +23,7 @@ from gpuctl.core.jobs.migration import DEFAULT_TIMEOUT_S, Source
 from gpuctl.core.jobs.model import Cordon, Event, IncarnationState, JobState
 from gpuctl.core.model import FleetSnapshot, Reach
 from gpuctl.core.placement.engine import plan
-from gpuctl.core.placement.model import Allocation
+from gpuctl.core.placement.model import Allocation, FleetState
 from gpuctl.core.placement.plan import apply_plan
 from gpuctl.errors import PlanError, UsageError
 from gpuctl.ops.loop.launch import fleet_state, placement_request
@@ -165,19 +165,42 @@ class DrainPlan:
 def plan_drain(p: Pass, node: str, *, reason: str) -> DrainPlan:
     """Each job holding cards on `node` -> a target, as if the node were cordoned already.
     Changes nothing. `p` carries the gather (`p.snapshot`) and the store."""
-    _check(node, reason)
-    if node not in p.specs:
-        raise UsageError(f"unknown node {node!r}", hint="see `gpuctl inventory list`")
+    return plan_drains(p, (node,), reason=reason)[0]
+
+
+def plan_drains(p: Pass, nodes: Sequence[str], *, reason: str) -> tuple[DrainPlan, ...]:
+    """One plan per node of `nodes`, made together: every one of them is taken as cordoned, so
+    no job moves onto another node being drained, and the moves planned for one node take their
+    room before the next node's jobs are placed. Changes nothing."""
+    for node in nodes:
+        _check(node, reason)
+        if node not in p.specs:
+            raise UsageError(f"unknown node {node!r}", hint="see `gpuctl inventory list`")
+    if len(set(nodes)) != len(nodes):
+        raise UsageError("a node is listed twice")
+    draining = set(nodes)
     state, _ = fleet_state(p)
     state = dataclasses.replace(
         state,
         nodes=tuple(
             dataclasses.replace(n, schedulable=False, reason="being drained")
-            if n.name == node
+            if n.name in draining
             else n
             for n in state.nodes
         ),
     )
+    plans = []
+    cordons = {c.node: c for c in p.store.cordons()}
+    for node in nodes:
+        moves, state = _plan_moves(p, node, state)
+        plans.append(
+            DrainPlan(node, reason, tuple(moves), cordons.get(node), p.now, p.snapshot.version)
+        )
+    return tuple(plans)
+
+
+def _plan_moves(p: Pass, node: str, state: FleetState) -> tuple[list[Move], FleetState]:
+    """The moves of `node`'s jobs on `state`, and `state` with their targets taken."""
     jobs = {j.id: j for j in p.store.jobs()}
     moving = {r.job_id: r for r in p.store.reservations()}
     settings = dataclasses.replace(p.settings.placement, band_max=1.0, headroom=0.0)
@@ -230,8 +253,7 @@ def plan_drain(p: Pass, node: str, *, reason: str) -> DrainPlan:
                 to_mib_per_card=placed.allocation.mib_per_card,
             )
         )
-    cordoned = {c.node: c for c in p.store.cordons()}.get(node)
-    return DrainPlan(node, reason, tuple(moves), cordoned, p.now, p.snapshot.version)
+    return moves, state
 
 
 def _not_movable(state: IncarnationState, job: JobState, cancelling: bool) -> str | None:
@@ -295,12 +317,14 @@ def drain(
     snapshot: FleetSnapshot | None = None,
     on_result: Callable[[MigrationResult], None] | None = None,
     sleep: Callable[[float], None] | None = None,
+    cordoned: Cordon | None = None,
 ) -> DrainResult:
     """Cordon the plan's node, then move each movable job to its planned target (or, when that
     was taken meanwhile, wherever placement finds room), at most `parallel` at a time. Jobs that
-    cannot move keep running on the cordoned node; each has a result saying why."""
+    cannot move keep running on the cordoned node; each has a result saying why. `cordoned`:
+    the cordon the caller wrote already (a drain of several nodes cordons them all first)."""
     node = drain_plan.node
-    written = cordon(
+    written = cordoned or cordon(
         loop.store, node, reason=drain_plan.reason, operator=operator, clock=loop.clock
     )
     loop.store.append_event(
