@@ -77,6 +77,13 @@ class Gatherer:
                 observation = self._with_static(
                     spec.name, parse_probe(result.stdout, result.exit_code), known
                 )
+                if result.exit_code is None and not observation.nvml_ok:
+                    # cut mid-probe (sshd or the node went away): the node did not answer this
+                    # poll, and its liveness decides down; its GPUs were not found unreadable
+                    raise TransportError(
+                        f"{spec.name}: the session was cut before the probe finished"
+                        f" (no exit status, {len(result.stdout)} bytes of output)"
+                    )
         except TransportError as exc:
             reach, error = Reach(exc.reach), exc.message
         except Exception as exc:  # one node's surprise must not stop the fleet scan

@@ -171,3 +171,26 @@ def test_a_new_driver_makes_the_next_poll_read_everything_again(
     assert upgraded.observation.facts.driver_version == "600.10.01"
     assert upgraded.observation.facts.cuda_version is None  # not the old driver's CUDA
     assert "--version" in shell.calls[2][1]  # the poll after the change reads it all again
+
+
+def test_a_probe_session_cut_mid_way_is_a_node_that_did_not_answer_not_unreadable_gpus() -> None:
+    """`lab down` (or a node dying) while a probe runs: the session ends with no exit status and
+    no whole answer. The node did not answer; its GPUs must not be judged unreadable (which
+    cordons it for health)."""
+    from gpuctl.config.health_rules import load_rules
+    from gpuctl.core.health import evaluate_fleet
+    from gpuctl.core.health.model import Action
+
+    def cut(node: NodeSpec, command: str) -> ExecResult:
+        return ExecResult(exit_code=None, stdout=b"", stderr=b"", duration_s=0.1)
+
+    names = ["n1", "n2"]
+    with Gatherer(FakeTransport(dict.fromkeys(names, cut))) as gatherer:
+        fleet = gatherer.gather([_node(n) for n in names])
+    for node in fleet.nodes:
+        assert node.reach is Reach.ERROR and node.state is NodeState.DOWN
+        cut_at = "the session was cut before the probe finished (no exit status, 0 bytes of output)"
+        assert node.error == f"{node.name}: {cut_at}"
+    verdicts = evaluate_fleet(fleet, {}, expected_gpus={}, rules=load_rules())
+    assert [v.action for v in verdicts] == [Action.NONE, Action.NONE]
+    assert all(r.rule == "unreachable" for v in verdicts for r in v.reasons)
