@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -15,7 +15,10 @@ from gpuctl.core.model import Inventory, NodeSpec
 from gpuctl.errors import ExitCode, UsageError, exit_for_poll
 
 if TYPE_CHECKING:
-    from gpuctl.adapters.ssh import SshTransport
+    from collections.abc import Sequence
+
+    from gpuctl.adapters.ssh import Leg, SshTransport
+    from gpuctl.adapters.ssh.known_hosts import KnownKey
 
 app = typer.Typer(
     help="SSH host keys: trust a node's key, list what is trusted.", no_args_is_help=True
@@ -58,7 +61,12 @@ def _transport(ctx: typer.Context, known_hosts: Path | None) -> tuple[SshTranspo
 
     env = context.get(ctx).env
     own = known_hosts or paths.own_known_hosts(env)
-    return SshTransport(own_known_hosts=own, system_known_hosts=paths.system_known_hosts(env)), own
+    transport = SshTransport(
+        own_known_hosts=own,
+        system_known_hosts=paths.system_known_hosts(env),
+        ssh_config=paths.ssh_config(env),
+    )
+    return transport, own
 
 
 @app.command("trust")
@@ -74,39 +82,80 @@ def trust(
 ) -> None:
     """Fetch each node's host key, show its fingerprint, and record it after confirmation.
 
+    A node behind jump hosts (ssh_config's ProxyJump, the inventory's jump:) has each jump
+    host's key shown and recorded first, then its own, fetched through them.
+
     Exit 0 when every key is trusted, 1 when one was declined, 5 when a changed key was refused
     (needs --replace), 3/4 when some/all nodes could not be reached.
     """
-    from gpuctl.adapters.ssh import fetch_host_key
-    from gpuctl.adapters.ssh import known_hosts as kh
-    from gpuctl.adapters.ssh.known_hosts import record_host_key
     from gpuctl.errors import TransportError
     from gpuctl.ops.fanout import fanout
 
     nodes = _nodes(ctx, names, all_nodes)
     transport, target = _transport(ctx, known_hosts)
-    with transport:
-        recorded = {n.name: transport.recorded_keys(n) for n in nodes}
-        offered = fanout(
-            nodes, lambda n: fetch_host_key(n, n.connect_timeout_s, prefer=recorded[n.name])
-        )
     outcomes: list[str] = []  # per node, for exit_for_poll
-    for node in nodes:
-        got = offered[node.name]
+    trust = _Trust(target, yes=yes, replace=replace)
+    with transport:
+        offered = fanout(nodes, transport.fetch_route_keys)
+        for node in nodes:
+            got = offered[node.name]
+            for _ in range(len(transport.route(node).legs)):
+                if isinstance(got, TransportError):
+                    _note(f"error: {got.message}")
+                    outcome = "unreachable"
+                    break
+                if isinstance(got, Exception):
+                    raise got
+                outcome = trust.legs(got)
+                if outcome != "ok" or got[-1][0] == transport.route(node).target:
+                    break
+                # a jump host was just trusted: the next leg can be reached now
+                try:
+                    got = transport.fetch_route_keys(node)
+                except TransportError as exc:
+                    got = exc
+            outcomes.append(outcome)
+    raise typer.Exit(int(exit_for_poll(outcomes)))
+
+
+class _Trust:
+    """Shows and records the keys of each leg of a node's route (its jump hosts, then itself);
+    a jump host shared by several nodes is shown once."""
+
+    def __init__(self, target: Path, *, yes: bool, replace: bool) -> None:
+        self.target, self.yes, self.replace = target, yes, replace
+        self.shown: dict[tuple[str, str], str] = {}  # (known_hosts name, fingerprint) -> outcome
+
+    def legs(self, found: Sequence[tuple[Leg, str, str, Any, tuple[KnownKey, ...]]]) -> str:
+        for leg, key_type, fp, key, recorded in found:
+            outcome = self.leg(leg.node, leg.trust, key_type, fp, key, recorded)
+            if outcome != "ok":
+                return outcome
+        return "ok"
+
+    def leg(
+        self,
+        node: NodeSpec,
+        trust: str,
+        key_type: str,
+        fp: str,
+        key: Any,
+        recorded: tuple[KnownKey, ...],
+    ) -> str:
+        from gpuctl.adapters.ssh import known_hosts as kh
+        from gpuctl.adapters.ssh.known_hosts import record_host_key
+
+        host = kh.host_key_name(node.host, node.port)
+        if (host, fp) in self.shown:
+            return self.shown[(host, fp)]
         where = kh.node_where(node)
-        if isinstance(got, TransportError):
-            _note(f"error: {got.message}")
-            outcomes.append("unreachable")
-            continue
-        if isinstance(got, Exception):
-            raise got
-        key_type, fp, key = got
-        typer.echo(f"{safe(node.name)}\t{kh.host_key_name(node.host, node.port)}\t{key_type}\t{fp}")
-        verdict = kh.verdict(recorded[node.name], key_type, key.asbytes())
+        typer.echo(f"{safe(node.name)}\t{host}\t{key_type}\t{fp}")
+        verdict = kh.verdict(recorded, key_type, key.asbytes())
+        outcome = "ok"
         if verdict.trusted is not None:
             _note(f"{where}: already trusted ({verdict.trusted.where})")
-            outcomes.append("ok")
-            continue
+            self.shown[(host, fp)] = outcome
+            return outcome
         changed = bool(verdict.recorded)
         if changed:
             old = verdict.recorded[0]
@@ -114,22 +163,22 @@ def trust(
                 f"{where}: HOST KEY CHANGED: {old.where} holds {old.key_type} {old.fingerprint}, "
                 f"the node now offers {key_type} {fp}"
             )
-            if not replace:
-                _note(f"refused: check the new key, then: gpuctl hosts trust --replace {node.name}")
-                outcomes.append("host_key")
-                continue
+            if not self.replace:
+                _note(f"refused: check the new key, then: gpuctl hosts trust --replace {trust}")
+                self.shown[(host, fp)] = "host_key"
+                return "host_key"
         question = f"{'Replace the key of' if changed else 'Trust'} {node.name} ({key_type} {fp})?"
-        if not yes and not answer(question):
+        if not self.yes and not answer(question):
             _note(f"{where}: not recorded")
-            outcomes.append("failed")  # declined: not recorded
-            continue
-        record_host_key(target, node, key, replace=changed)
-        _note(f"{where}: recorded in {target}")
-        stale = [k for k in verdict.recorded if k.path != str(target)]
+            self.shown[(host, fp)] = "failed"
+            return "failed"  # declined: not recorded
+        record_host_key(self.target, node, key, replace=changed)
+        _note(f"{where}: recorded in {self.target}")
+        stale = [k for k in verdict.recorded if k.path != str(self.target)]
         if stale:
             _note(f"note: {stale[0].where} still holds the old key; remove it there")
-        outcomes.append("ok")
-    raise typer.Exit(int(exit_for_poll(outcomes)))
+        self.shown[(host, fp)] = outcome
+        return outcome
 
 
 @app.command("list")
@@ -150,7 +199,8 @@ def list_keys(
         for node in nodes:
             keys = transport.recorded_keys(node)
             missing = missing or not keys
-            host = kh.host_key_name(node.host, node.port)
+            dialled = transport.route(node).target.node  # ssh_config's HostName and Port
+            host = kh.host_key_name(dialled.host, dialled.port)
             found = [
                 {"type": k.key_type, "fingerprint": k.fingerprint, "where": k.where} for k in keys
             ]

@@ -23,6 +23,15 @@ def own_known_hosts(env: Mapping[str, str] | None = None, override: Path | None 
     return state_dir(env, override) / "known_hosts"
 
 
+def ssh_config(env: Mapping[str, str] | None = None) -> Path:
+    """The operator's OpenSSH client config: `$GPUCTL_SSH_CONFIG`, else ~/.ssh/config (an
+    inventory's `ssh_config:` wins over both for its nodes)."""
+    env = os.environ if env is None else env
+    if env.get("GPUCTL_SSH_CONFIG"):
+        return Path(os.path.expanduser(env["GPUCTL_SSH_CONFIG"]))  # noqa: PTH111
+    return Path(env.get("HOME") or Path.home()) / ".ssh/config"
+
+
 def system_known_hosts(env: Mapping[str, str] | None = None) -> tuple[Path, ...]:
     """The OpenSSH files an operator already trusts: ~/.ssh/known_hosts and the system-wide one."""
     env = os.environ if env is None else env

@@ -200,12 +200,15 @@ class Gatherer:
 
 
 def default_transport() -> Transport:
-    """SSH with gpuctl's own known_hosts and the operator's OpenSSH ones (`gpuctl.config.paths`)."""
+    """SSH with gpuctl's own known_hosts, the operator's OpenSSH ones and ssh_config
+    (`gpuctl.config.paths`)."""
     from gpuctl.adapters.ssh import SshTransport
     from gpuctl.config import paths
 
     return SshTransport(
-        own_known_hosts=paths.own_known_hosts(), system_known_hosts=paths.system_known_hosts()
+        own_known_hosts=paths.own_known_hosts(),
+        system_known_hosts=paths.system_known_hosts(),
+        ssh_config=paths.ssh_config(),
     )
 
 

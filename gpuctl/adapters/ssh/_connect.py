@@ -62,27 +62,35 @@ class _VerifyingPolicy(paramiko.MissingHostKeyPolicy):
     The client is given no host keys of its own, so paramiko asks this policy about every key;
     nothing is ever added (no AutoAddPolicy anywhere in gpuctl)."""
 
-    def __init__(self, node: NodeSpec, recorded: Sequence[kh.KnownKey], phase: _Phase) -> None:
+    def __init__(
+        self, node: NodeSpec, recorded: Sequence[kh.KnownKey], phase: _Phase, trust: str
+    ) -> None:
         self._node = node
         self._recorded = recorded
         self._phase = phase
+        self._trust = trust
 
     def missing_host_key(
         self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey
     ) -> None:
-        kh.check(self._node, self._recorded, key.get_name(), key.asbytes())
+        kh.check(self._node, self._recorded, key.get_name(), key.asbytes(), trust=self._trust)
         self._phase.value = "auth"
 
 
 def login_user(node: NodeSpec) -> str:
-    """The user gpuctl logs in to `node` as: the inventory's, else the local user's name (as
-    ssh does). Root only when the inventory says `allow_root: true`: gpuctl run by root with no
-    `user:` would otherwise run every job on the fleet as root without anyone choosing it."""
+    """The user gpuctl logs in to `node` as: the inventory's (or ssh_config's, resolved into
+    `node.user`), else the local user's name (as ssh does). Root only when the inventory says
+    `allow_root: true`: gpuctl run by root with no `user:` would otherwise run every job on the
+    fleet as root without anyone choosing it."""
     user = node.user or getpass.getuser()
     if user == "root" and not node.allow_root:
+        why = (
+            "the inventory names no user and gpuctl runs as root"
+            if node.user is None
+            else "the ssh config or the jump host names User root"
+        )
         raise AuthFailed(
-            f"{kh.node_where(node)}: gpuctl would log in as root (the inventory names no user and "
-            "gpuctl runs as root): refused",
+            f"{kh.node_where(node)}: gpuctl would log in as root ({why}): refused",
             hint="set user: to the fleet's unprivileged account, or allow_root: true to mean it",
         )
     return user
@@ -90,20 +98,25 @@ def login_user(node: NodeSpec) -> str:
 
 def open_client(
     node: NodeSpec,
-    sock: socket.socket,
+    sock: socket.socket | paramiko.Channel,
     *,
     deadline: float,
     pkey: paramiko.PKey | None,
     recorded: Sequence[kh.KnownKey],
     watchdog: Watchdog,
+    key_files: Sequence[str] = (),
+    agent: bool = True,
+    trust: str | None = None,
 ) -> paramiko.SSHClient:
-    """Handshake and authenticate over `sock` (from `open_socket`) by `deadline`; the host key
-    must be one of `recorded`. Without `pkey`, ssh-agent and the default keys are tried."""
+    """Handshake and authenticate over `sock` (from `open_socket`, or `open_tunnel` through a
+    jump host) by `deadline`; the host key must be one of `recorded` (`trust`: the node the
+    hint names). Without `pkey`: `key_files` (ssh_config's IdentityFile), then, with `agent`,
+    ssh-agent and the default keys."""
     where = kh.node_where(node)
     phase = _Phase()
     client = paramiko.SSHClient()
     client.set_log_channel(WIRE_LOG)
-    client.set_missing_host_key_policy(_VerifyingPolicy(node, recorded, phase))
+    client.set_missing_host_key_policy(_VerifyingPolicy(node, recorded, phase, trust or node.name))
     timer = watchdog.arm(deadline, lambda: _shutdown(sock))
     slack = node.connect_timeout_s + 1.0  # paramiko's own timeouts: after our watchdog
 
@@ -125,8 +138,10 @@ def open_client(
             banner_timeout=slack,
             auth_timeout=slack,
             channel_timeout=slack,
-            allow_agent=pkey is None,
-            look_for_keys=pkey is None,
+            # paramiko takes a list of files too (its annotation says one)
+            key_filename=list(key_files) if pkey is None and key_files else None,  # type: ignore[arg-type]
+            allow_agent=pkey is None and agent,
+            look_for_keys=pkey is None and agent,
             transport_factory=factory,
         )
     except GpuctlError:
@@ -138,7 +153,13 @@ def open_client(
         client.close()
         if fired:
             raise _connect_timeout(node, phase.value) from None
-        key = f"key {node.key_file}" if node.key_file else "the default keys"
+        key = (
+            f"key {node.key_file}"
+            if node.key_file
+            else f"IdentityFile {', '.join(key_files)}"
+            if key_files
+            else "the default keys"
+        )
         raise AuthFailed(
             f"{where}: authentication failed: user {user} with {key} was refused ({exc})",
             hint="check the node's authorized_keys and the inventory's user and key_file",
@@ -187,7 +208,40 @@ def open_socket(node: NodeSpec, deadline: float) -> socket.socket:
     return sock
 
 
-def _shutdown(sock: socket.socket) -> None:
+def open_tunnel(
+    via: paramiko.SSHClient, via_node: NodeSpec, node: NodeSpec, deadline: float
+) -> paramiko.Channel:
+    """A `direct-tcpip` channel from the jump host `via` to the node's host:port, by `deadline`:
+    the socket the node's own SSH connection runs over."""
+    where = f"{node.name} ({node.host}:{node.port}) through {via_node.name}"
+    transport = via.get_transport()
+    if transport is None or not transport.is_active():
+        raise TransportError(f"{where}: the jump host's connection closed")
+    try:
+        return transport.open_channel(
+            "direct-tcpip",
+            dest_addr=(node.host, node.port),
+            src_addr=("127.0.0.1", 0),
+            timeout=max(0.001, deadline - time.monotonic()),
+        )
+    except paramiko.ChannelException as exc:
+        if exc.code == 1:  # OPEN_ADMINISTRATIVELY_PROHIBITED
+            raise TransportError(
+                f"{where}: the jump host refused to forward: {exc.text}",
+                hint="the jump host's sshd needs AllowTcpForwarding yes (or local)",
+            ) from None
+        raise Unreachable(f"{where}: unreachable from the jump host: {exc.text}") from None
+    except (paramiko.SSHException, OSError, EOFError) as exc:
+        if time.monotonic() >= deadline:
+            raise PhaseTimeout(
+                f"{where}: timeout (connect): the jump host opened no connection within "
+                f"{node.connect_timeout_s:g}s",
+                phase="connect",
+            ) from None
+        raise TransportError(f"{where}: the jump host failed: {error_reason(exc)}") from None
+
+
+def _shutdown(sock: socket.socket | paramiko.Channel) -> None:
     with contextlib.suppress(OSError):
         sock.shutdown(socket.SHUT_RDWR)
 
@@ -203,11 +257,17 @@ def error_reason(exc: BaseException) -> str:
 
 
 def fetch_host_key(
-    node: NodeSpec, timeout_s: float, *, prefer: Sequence[kh.KnownKey] = ()
+    node: NodeSpec,
+    timeout_s: float,
+    *,
+    prefer: Sequence[kh.KnownKey] = (),
+    sock: socket.socket | paramiko.Channel | None = None,
 ) -> tuple[str, str, paramiko.PKey]:
-    """The key the node offers: (key type, SHA256 fingerprint, key). Nothing is authenticated."""
+    """The key the node offers: (key type, SHA256 fingerprint, key). Nothing is authenticated.
+    `sock`: a connection already open to it (through a jump host); else one is opened."""
     deadline = time.monotonic() + timeout_s
-    sock = open_socket(node, deadline)
+    if sock is None:
+        sock = open_socket(node, deadline)
     watchdog = Watchdog()
     timer = watchdog.arm(deadline, lambda: _shutdown(sock))
     transport = paramiko.Transport(sock)

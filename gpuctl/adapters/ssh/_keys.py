@@ -60,3 +60,23 @@ class KeyCache:
         with self._lock:
             self._cache[path] = (stamp, key)
         return key
+
+    @staticmethod
+    def identity_files(node: NodeSpec, files: tuple[str, ...]) -> tuple[str, ...]:
+        """ssh_config's IdentityFile entries that exist (ssh skips the others); one that others
+        can read is refused, as `key_file` is. paramiko loads them (a key needing a passphrase is
+        skipped: ssh-agent may hold it)."""
+        found = []
+        for path in files:
+            try:
+                st = Path(path).stat()
+            except OSError:
+                continue
+            if st.st_mode & 0o077:
+                raise TransportError(
+                    f"{node.name}: IdentityFile {path} is readable by others (mode "
+                    f"{st.st_mode & 0o777:o}); refusing to use it",
+                    hint=f"chmod 600 {path}",
+                )
+            found.append(path)
+        return tuple(found)

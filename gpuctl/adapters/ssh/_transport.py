@@ -1,9 +1,11 @@
 """The SSH transport (paramiko): verified host keys, deadlines on every wait, reused connections.
 
 One connection per node, opened on first use and kept for later calls (a TUI polls the same nodes
-every few seconds: no re-handshake, no re-auth). Each `run` is one channel on that connection; a
-per-host semaphore bounds concurrent channels. A connection that died in between (node rebooted,
-sshd restarted) is noticed and reopened once.
+every few seconds: no re-handshake, no re-auth). A node behind jump hosts (ssh_config's ProxyJump
+or the inventory's `jump`, resolved by `_route`) is reached over a `direct-tcpip` channel of its
+jump host's connection, which is opened once and shared by every node behind it. Each `run` is
+one channel on the node's connection; a per-host semaphore bounds concurrent channels. A
+connection that died in between (node rebooted, sshd restarted) is noticed and reopened once.
 
 Deadlines: `node.connect_timeout_s` covers TCP connect, SSH banner, key exchange and auth together
 (see `_connect`); `timeout_s` covers the exec request and reading the output.
@@ -29,12 +31,15 @@ from gpuctl.adapters.ssh import known_hosts as kh
 from gpuctl.adapters.ssh._connect import (
     PhaseTimeout,
     error_reason,
+    fetch_host_key,
     login_user,
     open_client,
     open_socket,
+    open_tunnel,
 )
 from gpuctl.adapters.ssh._exec import Watchdog, read_channel, send_stdin
 from gpuctl.adapters.ssh._keys import KeyCache
+from gpuctl.adapters.ssh._route import Leg, Route, SshConfigs
 from gpuctl.core.model import NodeSpec
 from gpuctl.errors import TransportError
 
@@ -62,6 +67,12 @@ class _Conn:
             client.close()
 
 
+def _leg_key(leg: Leg) -> tuple[Any, ...]:
+    node = leg.node
+    return (node.host, node.port, node.user, node.key_file, leg.identity_files, leg.agent,
+            node.known_hosts, node.connect_timeout_s)  # fmt: skip
+
+
 class SshTransport:
     """`gpuctl.adapters.protocols.Transport` over SSH. Thread-safe; call `close()` when done."""
 
@@ -71,15 +82,19 @@ class SshTransport:
         own_known_hosts: Path,
         system_known_hosts: Sequence[Path],
         per_host_limit: int = DEFAULT_PER_HOST_LIMIT,
+        ssh_config: Path | None = None,
     ) -> None:
         """`own_known_hosts`: gpuctl's own file (`gpuctl hosts trust` records keys there);
-        `system_known_hosts`: the OpenSSH files the operator already trusts. The caller says
-        where they are (`gpuctl.config.paths`): an adapter does not read the environment."""
+        `system_known_hosts`: the OpenSSH files the operator already trusts; `ssh_config`: the
+        operator's ssh_config for nodes whose inventory names none (None: read none). The
+        caller says where they are (`gpuctl.config.paths`): an adapter does not read the
+        environment."""
         self._own_known_hosts = own_known_hosts
         self._system = tuple(system_known_hosts)
         self._per_host_limit = per_host_limit
         self._known = kh.KnownHostsFiles()
         self._keys = KeyCache()
+        self._configs = SshConfigs(ssh_config)
         self._watchdog = Watchdog()
         self._lock = threading.Lock()
         self._conns: dict[tuple[Any, ...], _Conn] = {}
@@ -98,7 +113,8 @@ class SshTransport:
     ) -> ExecResult:
         """Run `command` on the node; `stdin` (if any) is written to it, then its stdin closed."""
         start = time.monotonic()
-        conn = self._conn(node)
+        route = self.route(node)
+        conn = self._conn(route.legs, node.name)
         wait_s = node.connect_timeout_s + timeout_s
         if not conn.slots.acquire(timeout=wait_s):
             raise PhaseTimeout(
@@ -107,7 +123,7 @@ class SshTransport:
             )
         try:
             for attempt in range(2):
-                client, fresh = self._client(node, conn)
+                client, fresh = self._client(route, conn)
                 try:
                     return self._exec(
                         node, conn, client, command, timeout_s, max_output_bytes, start, stdin
@@ -181,7 +197,8 @@ class SshTransport:
             max_bytes=max_bytes,
             where=kh.node_where(node),
         )
-        conn = self._conn(node)
+        route = self.route(node)
+        conn = self._conn(route.legs, node.name)
         if not conn.slots.acquire(timeout=max(0.0, limits.deadline - start)):
             raise PhaseTimeout(
                 f"{limits.where}: timeout (exec): no free session for {what}", phase="exec"
@@ -194,7 +211,7 @@ class SshTransport:
 
         timer = self._watchdog.arm(limits.deadline, close_all)
         try:
-            client, _fresh = self._client(node, conn)
+            client, _fresh = self._client(route, conn)
             transport = client.get_transport()
             if transport is None or not transport.is_active():
                 conn.drop(client)
@@ -226,30 +243,69 @@ class SshTransport:
 
     # -- known hosts -----------------------------------------------------------------------
 
+    def route(self, node: NodeSpec) -> Route:
+        """How the node is reached: its jump hosts and itself, resolved through ssh_config."""
+        return self._configs.route(node)
+
     def known_hosts_files(self, node: NodeSpec) -> tuple[Path, ...]:
         """Where `node`'s key is looked up, in order."""
         own = (self._own_known_hosts,)
         return tuple(Path(p) for p in node.known_hosts) + own + self._system
 
     def recorded_keys(self, node: NodeSpec) -> tuple[kh.KnownKey, ...]:
-        name = kh.host_key_name(node.host, node.port)
-        return self._known.for_host(self.known_hosts_files(node), name)
+        """The keys recorded for the node under the name it is dialled by (ssh_config's
+        HostName and Port, as OpenSSH looks it up, through jump hosts too)."""
+        return self._recorded(self.route(node).target.node)
+
+    def _recorded(self, leg: NodeSpec) -> tuple[kh.KnownKey, ...]:
+        name = kh.host_key_name(leg.host, leg.port)
+        return self._known.for_host(self.known_hosts_files(leg), name)
+
+    def fetch_route_keys(
+        self, node: NodeSpec
+    ) -> tuple[tuple[Leg, str, str, paramiko.PKey, tuple[kh.KnownKey, ...]], ...]:
+        """The keys the node's jump hosts and the node offer, first hop first: (leg, key type,
+        fingerprint, key, the keys recorded for it). Nothing is authenticated to the leg whose
+        key is fetched; a jump host is logged in to (its key verified) to reach the next leg,
+        so the list stops at the first leg whose key is not trusted yet."""
+        route = self.route(node)
+        found = []
+        for i, leg in enumerate(route.legs):
+            recorded = self._recorded(leg.node)
+            timeout_s = leg.node.connect_timeout_s
+            sock: Any = None
+            if i:
+                via, _fresh = self._client(route, self._conn(route.legs[:i]), upto=i - 1)
+                deadline = time.monotonic() + timeout_s
+                sock = open_tunnel(via, route.legs[i - 1].node, leg.node, deadline)
+            key_type, fp, key = fetch_host_key(leg.node, timeout_s, prefer=recorded, sock=sock)
+            found.append((leg, key_type, fp, key, recorded))
+            if kh.verdict(recorded, key_type, key.asbytes()).trusted is None:
+                break
+        return tuple(found)
 
     # -- connections -----------------------------------------------------------------------
 
-    def _conn(self, node: NodeSpec) -> _Conn:
-        key = (node.name, node.host, node.port, node.user, node.key_file, node.known_hosts)
+    def _conn(self, legs: tuple[Leg, ...], node: str = "") -> _Conn:
+        """The connection of the last of `legs` (reached through the ones before it): the
+        node's own (named), or a jump host's (`node` empty), shared by every node behind it."""
+        key = (node, tuple(_leg_key(leg) for leg in legs))
         with self._lock:
             conn = self._conns.get(key)
             if conn is None:
                 conn = self._conns[key] = _Conn(self._per_host_limit)
             return conn
 
-    def _client(self, node: NodeSpec, conn: _Conn) -> tuple[paramiko.SSHClient, bool]:
-        """The node's open connection, or a new one (True) when there was none or it died."""
-        if not conn.lock.acquire(timeout=node.connect_timeout_s * 2):
+    def _client(
+        self, route: Route, conn: _Conn, *, upto: int | None = None
+    ) -> tuple[paramiko.SSHClient, bool]:
+        """The open connection of `route.legs[upto]` (default: the node), or a new one (True)
+        when there was none or it died; a jump host's first, when the leg is behind one."""
+        i = len(route.legs) - 1 if upto is None else upto
+        leg = route.legs[i]
+        if not conn.lock.acquire(timeout=leg.node.connect_timeout_s * 2 * (i + 1)):
             raise PhaseTimeout(
-                f"{kh.node_where(node)}: timeout (connect): another connect to the node hangs",
+                f"{kh.node_where(leg.node)}: timeout (connect): another connect to it hangs",
                 phase="connect",
             )
         try:
@@ -260,21 +316,38 @@ class SshTransport:
                     return client, False
                 conn.client = None
                 client.close()
-            conn.client = self._connect(node)
+            via = None
+            if i:
+                via, _fresh = self._client(route, self._conn(route.legs[:i]), upto=i - 1)
+            conn.client = self._connect(leg, via, route.legs[i - 1] if i else None)
             with self._lock:
                 self.connects += 1
             return conn.client, True
         finally:
             conn.lock.release()
 
-    def _connect(self, node: NodeSpec) -> paramiko.SSHClient:
+    def _connect(
+        self, leg: Leg, via: paramiko.SSHClient | None, via_leg: Leg | None
+    ) -> paramiko.SSHClient:
+        node = leg.node
         deadline = time.monotonic() + node.connect_timeout_s
         login_user(node)  # before the network: root only when the inventory allows it
         pkey = self._keys.load(node)  # before the network: a bad key file fails fast
-        sock = open_socket(node, deadline)
-        recorded = self.recorded_keys(node)
+        key_files = self._keys.identity_files(node, leg.identity_files)
+        if via is None or via_leg is None:
+            sock: Any = open_socket(node, deadline)
+        else:
+            sock = open_tunnel(via, via_leg.node, node, deadline)
         return open_client(
-            node, sock, deadline=deadline, pkey=pkey, recorded=recorded, watchdog=self._watchdog
+            node,
+            sock,
+            deadline=deadline,
+            pkey=pkey,
+            recorded=self._recorded(node),
+            watchdog=self._watchdog,
+            key_files=key_files,
+            agent=leg.agent,
+            trust=leg.trust,
         )
 
     # -- exec ------------------------------------------------------------------------------

@@ -173,8 +173,17 @@ def verdict(recorded: Sequence[KnownKey], key_type: str, blob: bytes) -> KeyMatc
     return KeyMatch(trusted=None, recorded=tuple(recorded))
 
 
-def check(node: NodeSpec, recorded: Sequence[KnownKey], key_type: str, blob: bytes) -> KnownKey:
-    """The entry trusting the offered key, or HostKeyUnknown / HostKeyChanged."""
+def check(
+    node: NodeSpec,
+    recorded: Sequence[KnownKey],
+    key_type: str,
+    blob: bytes,
+    *,
+    trust: str | None = None,
+) -> KnownKey:
+    """The entry trusting the offered key, or HostKeyUnknown / HostKeyChanged. `trust`: the
+    inventory node whose `gpuctl hosts trust` records the key (a jump host's is its node's)."""
+    trust = trust or node.name
     result = verdict(recorded, key_type, blob)
     if result.trusted is not None:
         return result.trusted
@@ -182,15 +191,14 @@ def check(node: NodeSpec, recorded: Sequence[KnownKey], key_type: str, blob: byt
     if not recorded:
         raise HostKeyUnknown(
             f"{node_where(node)}: host key unknown: {offered}",
-            hint="check that fingerprint with the node's owner, then: "
-            f"gpuctl hosts trust {node.name}",
+            hint=f"check that fingerprint with the node's owner, then: gpuctl hosts trust {trust}",
         )
     old = next((k for k in recorded if k.key_type == key_type), recorded[0])
     raise HostKeyChanged(
         f"{node_where(node)}: HOST KEY CHANGED: it offers {offered}, but {old.where} holds "
         f"{old.key_type} {old.fingerprint}; nothing was sent",
         hint="if the node was reinstalled, check the new fingerprint, then: "
-        f"gpuctl hosts trust --replace {node.name}",
+        f"gpuctl hosts trust --replace {trust}",
     )
 
 
