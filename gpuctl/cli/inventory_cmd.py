@@ -1,4 +1,4 @@
-"""`gpuctl inventory check` and `gpuctl inventory list`."""
+"""`gpuctl inventory check`, `gpuctl inventory list` and `gpuctl inventory import ansible`."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from gpuctl.cli import context
 from gpuctl.cli.render import OUTPUT_OPTION, Output, emit_document, safe
 from gpuctl.config.inventory import load_inventory
 from gpuctl.core.model import Inventory, NodeSpec
+from gpuctl.errors import InventoryError
 
 app = typer.Typer(
     help="Validate and show the inventory (the nodes gpuctl reaches).", no_args_is_help=True
@@ -101,3 +102,53 @@ def _table(rows: list[dict[str, str]]) -> str:
     for c in cells:
         lines.append("  ".join(v.ljust(w) for v, w in zip(c, widths, strict=True)).rstrip())
     return "\n".join(lines) + "\n"
+
+
+import_app = typer.Typer(help="Write a gpuctl inventory from another tool's.", no_args_is_help=True)
+app.add_typer(import_app, name="import")
+
+
+@import_app.command("ansible")
+def import_ansible(
+    source: Path = typer.Argument(..., metavar="FILE", help="An Ansible inventory, INI or YAML."),
+    out: Path | None = typer.Option(
+        None,
+        "-o",
+        "--out",
+        help="Write the gpuctl inventory here (default: stdout).",
+        show_default=False,
+    ),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Check and summarise; write nothing."),
+) -> None:
+    """Groups become groups, ansible_host/port/user/ssh_private_key_file the node's host, port,
+    user and key_file, other string vars labels (the rest listed on stderr as skipped); host
+    ranges gpu[01:16] expand. The result is checked as `inventory check` would."""
+    import tempfile
+
+    import yaml
+
+    from gpuctl.config.ansible import import_ansible as convert
+
+    imported = convert(source)
+    text = yaml.safe_dump(imported.document, sort_keys=False, allow_unicode=True)
+    with tempfile.TemporaryDirectory() as folder:
+        check = Path(folder) / "inventory.yaml"
+        check.write_text(text, encoding="utf-8")
+        try:
+            load_inventory(check)
+        except InventoryError as exc:
+            raise InventoryError(
+                f"{source}: the imported inventory is not valid: {exc.message}"
+            ) from None
+    for line in imported.skipped:
+        sys.stderr.write(f"skipped: {safe(line)}\n")
+    groups = len(imported.document.get("groups", {}))
+    said = f"{imported.nodes} node(s), {groups} group(s) from {source}"
+    if dry_run:
+        sys.stderr.write(f"dry run: {said}; nothing written\n")
+        return
+    if out is None:
+        sys.stdout.write(text)
+    else:
+        out.write_text(text, encoding="utf-8")
+    sys.stderr.write(f"imported {said}" + ("" if out is None else f" into {out}") + "\n")
