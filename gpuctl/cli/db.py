@@ -58,6 +58,8 @@ def check(
             lines.append(("id", str(report.database_id)))
             counts = f"{report.jobs} jobs, {report.incarnations} incarnations, {report.events}"
             lines.append(("rows", f"{counts} events"))
+            if report.history_samples is not None:
+                lines.append(("history", f"{report.history_samples} samples"))
         lines += [("problem", p) for p in report.problems]
         lines.append(("healthy", "yes" if report.healthy else "NO"))
         if found is not None:

@@ -23,6 +23,7 @@ from gpuctl.cli.render import OUTPUT_OPTION, Output, emit_document, safe
 from gpuctl.errors import ExitCode, StateError, StoreConflict, UsageError
 
 if TYPE_CHECKING:
+    from gpuctl.core.history import Retention
     from gpuctl.ops.loop import PassReport, Reconciler
 
 
@@ -39,6 +40,12 @@ def reconcile(
     grace: float | None = typer.Option(
         None, "--grace", help="Seconds without an answer before a node is down (default 30)."
     ),
+    history_retention: str = typer.Option(
+        "30d",
+        "--history-retention",
+        help="With --watch, how long the fleet's history (the five numbers, each node's use, "
+        "recorded once a minute) is kept: 30d, 7d, 12h.",
+    ),
     output: Output = OUTPUT_OPTION,
 ) -> None:
     """Gather, observe jobs, fail over, fence, place and launch queued jobs: one pass.
@@ -49,9 +56,13 @@ def reconcile(
         raise UsageError("--interval must be positive; --wait and --grace never negative")
     if watch and dry_run:
         raise UsageError("--dry-run shows one pass; it cannot be combined with --watch")
+    retention = _retention(history_retention)
     loop, close = _build(ctx, dry_run=dry_run, wait=wait, grace=grace, stream=watch)
     try:
         if watch:
+            from gpuctl.ops.history import Recorder
+
+            loop.record_history = Recorder(retention).record_quietly
             _watch(loop, interval, output)
             return
         try:
@@ -84,6 +95,21 @@ def _build(
         history_file=not stream and not dry_run,
     )
     return parts.loop, parts.close
+
+
+def _retention(text: str) -> Retention:
+    from gpuctl.core.history import HOUR_S, Retention
+    from gpuctl.ops.report import parse_window
+
+    try:
+        seconds = parse_window(text)
+    except UsageError as exc:
+        raise UsageError(
+            exc.message.replace("--window", "--history-retention"), hint=exc.hint
+        ) from None
+    if seconds < HOUR_S:
+        raise UsageError(f"--history-retention must be at least 1h, got {text!r}")
+    return Retention().with_keep(int(seconds))
 
 
 def _busy(exc: StoreConflict) -> StateError:

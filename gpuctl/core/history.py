@@ -3,7 +3,7 @@ node's use (`NodeSample`), and how long each resolution is kept (`Retention`). P
 
 Samples are recorded at the history's resolution (`Retention.resolution_s`, default a minute) and
 downsampled as they age: raw samples are kept `raw_s` (default 24 h), then replaced by 5-minute
-averages kept `five_min_s` (default 7 days), then by hourly averages kept `keep_s` (default 30
+averages kept `five_min_s` (default 3 days), then by hourly averages kept `keep_s` (default 30
 days), after which they are dropped. Events get a retention too: checkpoint events (half the
 audit log) `checkpoint_events_s` (default 14 days), every other event (operators' cordons,
 drains, cancels, submits and gpuctl's own actions) `events_s` (default a year).
@@ -75,7 +75,7 @@ class Retention:
 
     resolution_s: int = 60
     raw_s: int = DAY_S
-    five_min_s: int = 7 * DAY_S
+    five_min_s: int = 3 * DAY_S
     keep_s: int = 30 * DAY_S
     checkpoint_events_s: int = 14 * DAY_S
     events_s: int = 365 * DAY_S

@@ -196,6 +196,7 @@ class DbReport:
     incarnations: int | None
     events: int | None
     problems: tuple[str, ...]
+    history_samples: int | None = None  # fleet and node samples (schema v5)
 
     @property
     def healthy(self) -> bool:
@@ -247,4 +248,9 @@ def check_database(state_dir: Path) -> DbReport:
             incarnations=counts["incarnations"],
             events=counts["events"],
             problems=tuple(problems),
+            history_samples=(
+                counts["fleet_samples"] + counts["node_samples"]
+                if "fleet_samples" in counts
+                else None
+            ),
         )

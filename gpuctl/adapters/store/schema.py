@@ -251,16 +251,22 @@ CREATE TABLE fleet_samples (
     PRIMARY KEY (at)
 );
 
+-- Each node named once: a month of samples of 1,000 nodes names them millions of times.
+CREATE TABLE history_nodes (
+    id INTEGER NOT NULL PRIMARY KEY,  -- given by gpuctl (max + 1), never reused
+    name TEXT NOT NULL UNIQUE
+);
+
 CREATE TABLE node_samples (
     at INTEGER NOT NULL,
-    node TEXT NOT NULL,
+    node_id INTEGER NOT NULL REFERENCES history_nodes (id),
     step_s INTEGER NOT NULL,
     util_pct REAL,                    -- mean SM utilization of the GPUs that answered, whole %
     mem_used_mib INTEGER,             -- observed (NVML)
     mem_allocated_mib INTEGER,        -- granted by gpuctl
     mem_ghost_mib INTEGER,            -- observed in use by processes gpuctl does not know
     mem_total_mib INTEGER,
-    PRIMARY KEY (at, node)
+    PRIMARY KEY (at, node_id)
 );
 """
 

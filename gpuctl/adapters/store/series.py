@@ -7,7 +7,7 @@ SQLite-only functions), so the PostgreSQL store runs the same statements.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 from gpuctl.core.history import (
@@ -27,7 +27,13 @@ T = TypeVar("T")
 
 HISTORY_SINCE = 5  # the schema version that added the samples
 FLEET_COLS = "at, step_s, " + ", ".join(FLEET_SERIES)
-NODE_COLS = "at, node, step_s, " + ", ".join(NODE_SERIES)
+NODE_COLS = "at, node_id, step_s, " + ", ".join(NODE_SERIES)
+# read through the node's name
+NODE_READ = (
+    "SELECT s.at, h.name, s.step_s, "
+    + ", ".join(f"s.{k}" for k in NODE_SERIES)
+    + " FROM node_samples s JOIN history_nodes h ON h.id = s.node_id"
+)
 PRUNE_KEY = "events_prune_before"
 
 
@@ -39,8 +45,25 @@ def fleet_values(s: FleetSample) -> tuple[Any, ...]:
     return (s.at, s.step_s, *(s.get(k) for k in FLEET_SERIES))
 
 
-def node_values(s: NodeSample) -> tuple[Any, ...]:
-    return (s.at, s.node, s.step_s, *s.values())
+def node_ids(conn: sqlite3.Connection, names: Iterable[str]) -> dict[str, int]:
+    """Each node's id in `history_nodes`, the new ones given max + 1 onwards."""
+    ids = {str(r[1]): int(r[0]) for r in conn.execute("SELECT id, name FROM history_nodes")}
+    new = sorted(set(names) - ids.keys())
+    next_id = max(ids.values(), default=0) + 1
+    for i, name in enumerate(new, start=next_id):
+        conn.execute("INSERT INTO history_nodes (id, name) VALUES (?, ?)", (i, name))
+        ids[name] = i
+    return ids
+
+
+def _insert_nodes(conn: sqlite3.Connection, nodes: Sequence[NodeSample]) -> None:
+    if not nodes:
+        return
+    ids = node_ids(conn, {n.node for n in nodes})
+    conn.executemany(
+        f"INSERT INTO node_samples ({NODE_COLS}) VALUES ({_marks(3 + len(NODE_SERIES))})",
+        [(n.at, ids[n.node], n.step_s, *n.values()) for n in nodes],
+    )
 
 
 def fleet_from(row: Sequence[Any]) -> FleetSample:
@@ -69,10 +92,7 @@ def record(
             f"DELETE FROM node_samples WHERE at IN ({_marks(len(ats))})",
             ats,
         )
-        conn.executemany(
-            f"INSERT INTO node_samples ({NODE_COLS}) VALUES ({_marks(3 + len(NODE_SERIES))})",
-            [node_values(n) for n in nodes],
-        )
+        _insert_nodes(conn, nodes)
 
 
 def read_fleet(conn: sqlite3.Connection, since: float, until: float | None) -> list[FleetSample]:
@@ -87,15 +107,15 @@ def read_fleet(conn: sqlite3.Connection, since: float, until: float | None) -> l
 def read_nodes(
     conn: sqlite3.Connection, since: float, until: float | None, node: str | None
 ) -> list[NodeSample]:
-    sql = f"SELECT {NODE_COLS} FROM node_samples WHERE at >= ?"
+    sql = NODE_READ + " WHERE s.at >= ?"
     params: list[Any] = [int(since)]
     if until is not None:
-        sql += " AND at <= ?"
+        sql += " AND s.at <= ?"
         params.append(int(until))
     if node is not None:
-        sql += " AND node = ?"
+        sql += " AND h.name = ?"
         params.append(node)
-    return [node_from(r) for r in conn.execute(sql + " ORDER BY at, node", params).fetchall()]
+    return [node_from(r) for r in conn.execute(sql + " ORDER BY s.at, h.name", params).fetchall()]
 
 
 def last_at(conn: sqlite3.Connection) -> int | None:
@@ -128,14 +148,14 @@ def _downsample(conn: sqlite3.Connection, step: int, before: int) -> int:
     nodes = [
         node_from(r)
         for r in conn.execute(
-            f"SELECT {NODE_COLS} FROM node_samples WHERE {where}", (step, before)
+            f"{NODE_READ} WHERE s.step_s < ? AND s.at < ?", (step, before)
         ).fetchall()
     ]
     if not fleet and not nodes:
         return 0
     buckets = sorted({bucket(s.at, step) for s in fleet} | {bucket(s.at, step) for s in nodes})
-    fleet += _at(conn, "fleet_samples", FLEET_COLS, step, buckets, fleet_from)
-    nodes += _at(conn, "node_samples", NODE_COLS, step, buckets, node_from)
+    fleet += _at(conn, f"SELECT {FLEET_COLS} FROM fleet_samples", "", step, buckets, fleet_from)
+    nodes += _at(conn, NODE_READ, "s.", step, buckets, node_from)
     conn.execute(f"DELETE FROM fleet_samples WHERE {where}", (step, before))
     conn.execute(f"DELETE FROM node_samples WHERE {where}", (step, before))
     for chunk in _chunks(buckets):
@@ -156,8 +176,8 @@ def _chunks(values: list[int], size: int = 500) -> list[list[int]]:
 
 def _at(
     conn: sqlite3.Connection,
-    table: str,
-    cols: str,
+    select: str,
+    prefix: str,
     step: int,
     buckets: list[int],
     decode: Callable[[Sequence[Any]], T],
@@ -165,7 +185,7 @@ def _at(
     out: list[T] = []
     for chunk in _chunks(buckets):
         rows = conn.execute(
-            f"SELECT {cols} FROM {table} WHERE step_s = ? AND at IN ({_marks(len(chunk))})",
+            f"{select} WHERE {prefix}step_s = ? AND {prefix}at IN ({_marks(len(chunk))})",
             [step, *chunk],
         ).fetchall()
         out += [decode(r) for r in rows]
@@ -180,10 +200,7 @@ def record_many(
         f"INSERT INTO fleet_samples ({FLEET_COLS}) VALUES ({_marks(2 + len(FLEET_SERIES))})",
         [fleet_values(f) for f in fleet],
     )
-    conn.executemany(
-        f"INSERT INTO node_samples ({NODE_COLS}) VALUES ({_marks(3 + len(NODE_SERIES))})",
-        [node_values(n) for n in nodes],
-    )
+    _insert_nodes(conn, nodes)
 
 
 def _prune_events(conn: sqlite3.Connection, now: float, retention: Retention) -> int:

@@ -16,7 +16,7 @@ from pathlib import Path
 from gpuctl.adapters.protocols import Clock, JobRunner, Store
 from gpuctl.core.health.model import HealthRules
 from gpuctl.core.jobs.model import CommitSeen, Incarnation, IncarnationState, RunStatus
-from gpuctl.core.model import Inventory
+from gpuctl.core.model import FleetSnapshot, Inventory
 from gpuctl.errors import StoreConflict
 from gpuctl.ops.health import HistoryKeeper, SampleHistory
 from gpuctl.ops.loop import _checkpoints, _health, _jobs, _nodes, launch, migrations
@@ -89,13 +89,19 @@ class Reconciler:
             keep=LOOP_SAMPLES, max_age_s=LOOP_SAMPLES_S
         )
         self.health_suspect: bool | None = None  # most nodes looked unhealthy (None: not read)
+        # records the fleet's history after each pass that ran to its end (`ops.history`)
+        self.record_history: Callable[[Store, float, FleetSnapshot], object] | None = None
 
     def run_once(self, stop: threading.Event | None = None) -> PassReport:
         """One pass. Raises StoreConflict when another loop holds the lock past `lock_wait_s`."""
         if self.settings.dry_run:
             return run_pass(Pass(self, stop))
         with self.store.loop_lock(self.settings.lock_wait_s):
-            return run_pass(Pass(self, stop))
+            p = Pass(self, stop)
+            report = run_pass(p)
+            if self.record_history is not None and not report.interrupted:
+                self.record_history(self.store, p.now, p.snapshot)
+            return report
 
     def watch(
         self,

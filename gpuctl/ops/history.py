@@ -1,0 +1,132 @@
+"""Recording the fleet's history (`core.history`) into the store, and reading it back.
+
+`Recorder.record` runs once per control-loop pass: it writes one sample of the five numbers
+(`fleetstatus.numbers`, the function the CLI, dashboard, metrics and report read) and one of each
+node's use, throttled to the history's resolution (a pass every 5 s records once a minute), and
+prunes (downsampling, retention, events) about once an hour. Reading is `window`: the samples of
+the last hours, for the dashboard's sparklines and the report.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from gpuctl.adapters.protocols import Store
+from gpuctl.core.fleet.numbers import FleetNumbers
+from gpuctl.core.history import (
+    FLEET_SERIES,
+    FleetSample,
+    NodeSample,
+    Pruned,
+    Retention,
+    bucket,
+)
+from gpuctl.core.model import FleetSnapshot, Reach
+from gpuctl.core.placement.model import FleetState
+from gpuctl.errors import GpuctlError
+
+log = logging.getLogger(__name__)
+
+PRUNE_EVERY_S = 3600.0
+
+
+def fleet_sample(at: int, step_s: int, numbers: FleetNumbers) -> FleetSample:
+    doc = numbers.to_dict()
+    return FleetSample(at, step_s, {k: doc.get(k) for k in FLEET_SERIES})
+
+
+def node_samples(
+    at: int, step_s: int, snapshot: FleetSnapshot, state: FleetState
+) -> list[NodeSample]:
+    """Each node's use: SM utilization and observed memory from the poll (None where the node
+    did not answer), allocated and ghost memory and capacity from placement's view."""
+    placement = {n.name: n for n in state.nodes}
+    out: list[NodeSample] = []
+    for node in snapshot.nodes:
+        answered = node.reach is Reach.OK
+        utils = [g.util_pct for g in node.gpus if g.util_pct is not None] if answered else []
+        used = [g.mem_used_mib for g in node.gpus if g.mem_used_mib is not None] if answered else []
+        p = placement.get(node.name)
+        cards = p.cards if p is not None else ()
+        out.append(
+            NodeSample(
+                at,
+                step_s,
+                node.name,
+                float(round(sum(utils) / len(utils))) if utils else None,
+                sum(used) if used else None,
+                sum(c.allocated_mib for c in cards) if p is not None else None,
+                sum(c.ghost_mib for c in cards) if p is not None else None,
+                sum(c.capacity_mib for c in cards) if cards else None,
+            )
+        )
+    return out
+
+
+class Recorder:
+    """Records a sample per resolution step and prunes about once an hour (see the module)."""
+
+    def __init__(self, retention: Retention | None = None, prune_every_s: float = PRUNE_EVERY_S):
+        self.retention = retention or Retention()
+        self.prune_every_s = prune_every_s
+        self._last_at: float | None = None
+        self._read_last = False
+        self._pruned_at: float | None = None
+        self.last_pruned: Pruned | None = None
+
+    def due(self, store: Store, now: float) -> bool:
+        if not self._read_last:
+            self._last_at, self._read_last = store.last_sample_at(), True
+        at = bucket(now, self.retention.resolution_s)
+        return self._last_at is None or at > self._last_at
+
+    def record(
+        self,
+        store: Store,
+        now: float,
+        snapshot: FleetSnapshot,
+        state: FleetState | None = None,
+        numbers: FleetNumbers | None = None,
+    ) -> bool:
+        """One sample, when a resolution step has passed since the last one; then a prune when
+        one is due. True when a sample was written."""
+        from gpuctl.ops import fleetstatus
+
+        if not self.due(store, now):
+            return False
+        step = self.retention.resolution_s
+        at = bucket(now, step)
+        state = state if state is not None else fleetstatus.fleet_state(snapshot, store)
+        numbers = (
+            numbers
+            if numbers is not None
+            else fleetstatus.numbers(snapshot, store, now, state=state)
+        )
+        store.record_samples(
+            fleet_sample(at, step, numbers), node_samples(at, step, snapshot, state)
+        )
+        self._last_at = at
+        if self._pruned_at is None or now - self._pruned_at >= self.prune_every_s:
+            self.last_pruned = store.prune_history(now, self.retention)
+            self._pruned_at = now
+        return True
+
+    def record_quietly(self, store: Store, now: float, snapshot: FleetSnapshot) -> bool:
+        """`record`, a store that refuses logged, never raised: history never stops the loop."""
+        try:
+            return self.record(store, now, snapshot)
+        except GpuctlError as exc:
+            log.warning("the fleet's history was not recorded: %s", exc.message)
+            return False
+
+
+def window(store: Store, now: float, seconds: float) -> tuple[list[FleetSample], list[NodeSample]]:
+    """The fleet's and the nodes' samples of the last `seconds`, oldest first."""
+    since = now - seconds
+    return store.fleet_samples(since), store.node_samples(since)
+
+
+def fleet_series(samples: Sequence[FleetSample], name: str) -> list[float | None]:
+    """One number's values, oldest first (a sparkline's points)."""
+    return [s.get(name) for s in samples]
