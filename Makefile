@@ -13,20 +13,26 @@ DEMO_DIR ?= /tmp/gpuctl-demo
 # System packages: OpenSSH's server (the lab fleet runs real sshd), iproute2 (lab network
 # partitions), tmux (the dashboard's end-to-end test), prometheus for promtool (the metrics tests
 # check the exposition and the example alert rules with it; the Prometheus server it brings is
-# stopped and disabled, and recommends such as the node exporter are not installed). Installed only
-# when missing.
+# stopped and disabled, and recommends such as the node exporter are not installed), postgresql's
+# server (the store tests start their own in a temporary folder; Debian's cluster service is stopped
+# and disabled). Installed only when missing.
 sysdeps:
 	@missing=""; \
 	  test -x /usr/sbin/sshd || missing="$$missing openssh-server openssh-client"; \
 	  command -v ip >/dev/null 2>&1 || test -x /usr/sbin/ip || missing="$$missing iproute2"; \
 	  command -v tmux >/dev/null 2>&1 || missing="$$missing tmux"; \
 	  command -v promtool >/dev/null 2>&1 || missing="$$missing prometheus"; \
+	  ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || missing="$$missing postgresql"; \
 	  if [ -n "$$missing" ]; then \
 	    echo "installing:$$missing"; \
 	    if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
 	    $$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	    case "$$missing" in *prometheus*) \
 	      if [ -d /run/systemd/system ]; then $$SUDO systemctl disable --now prometheus >/dev/null 2>&1 || true; fi;; \
+	    esac; \
+	    case "$$missing" in *postgresql*) \
+	      if [ -d /run/systemd/system ]; then $$SUDO systemctl disable --now postgresql >/dev/null 2>&1 || true; \
+	      else $$SUDO pg_ctlcluster --force "$$(ls /usr/lib/postgresql | sort -n | tail -1)" main stop >/dev/null 2>&1 || true; fi;; \
 	    esac; \
 	  fi
 

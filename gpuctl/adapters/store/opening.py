@@ -327,7 +327,7 @@ def _migrate(
                 row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
                 current = int(row[0])
             for step in schema.pending(current, chain):
-                step.apply(conn)
+                step.apply(conn, schema.SQLITE)
                 if step.version == 1:
                     conn.executemany(
                         "INSERT INTO meta (key, value) VALUES (?, ?)",

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from gpuctl.adapters.protocols import Store
-from gpuctl.adapters.store import open_store
 from gpuctl.core.health.autodrain import AutoDrainPolicy
 from gpuctl.core.jobs.migration import Phase
 from gpuctl.core.jobs.model import EndReason, IncarnationState, JobState
@@ -19,18 +18,14 @@ from gpuctl.ops.moves import nodeops
 from gpuctl.ops.moves.migrate import MigrationResult, Target, migrate, reserve
 from gpuctl.ops.moves.nodeops import tick
 from gpuctl.testing.drainkit import CKPT, Kit
+from tests.pg import STORES, open_test_store
 
 OFF = AutoDrainPolicy(enabled=False)
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=STORES)
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    if request.param == "memory":
-        from gpuctl.testing.memstore import MemoryStore
-
-        s: Store = MemoryStore()
-    else:
-        s = open_store(tmp_path / "state", write=True)
+    s = open_test_store(request, tmp_path / "state")
     yield s
     s.close()
 

@@ -9,22 +9,21 @@ from pathlib import Path
 import pytest
 
 from gpuctl.adapters.protocols import Store
-from gpuctl.adapters.store import open_store
 from gpuctl.core.health.autodrain import AutoDrainPolicy
 from gpuctl.core.jobs.model import IncarnationState, JobState
 from gpuctl.errors import StoreConflict, UsageError
 from gpuctl.ops.invariants import check_invariants
 from gpuctl.ops.moves import nodeops
 from gpuctl.testing.drainkit import Kit
-from gpuctl.testing.memstore import MemoryStore
+from tests.pg import STORES, open_test_store
 
 OFF = AutoDrainPolicy(enabled=False)
 WHOLE = {"gpus": 1, "mem_per_gpu": "whole"}
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=STORES)
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    s: Store = MemoryStore() if request.param == "memory" else open_store(tmp_path, write=True)
+    s = open_test_store(request, tmp_path)
     yield s
     s.close()
 

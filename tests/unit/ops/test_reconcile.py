@@ -13,7 +13,6 @@ import pytest
 
 from gpuctl.adapters.node import LaunchFailed
 from gpuctl.adapters.protocols import Store
-from gpuctl.adapters.store import open_store
 from gpuctl.core.health.autodrain import AutoDrainPolicy
 from gpuctl.core.jobs.model import (
     Cordon,
@@ -32,18 +31,15 @@ from gpuctl.ops.invariants import check_invariants
 from gpuctl.ops.loop import PassReport, Reconciler, ReconcileSettings
 from gpuctl.testing.drainkit import Kit, LoopKit
 from gpuctl.testing.fakerunner import FakeCluster, FakeFleet, FakeRunner, ManualClock
-from gpuctl.testing.memstore import MemoryStore
+from tests.pg import STORES, open_test_store
 
 GIB = 1024
 CKPT = "/shared/ckpt"
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=STORES)
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    if request.param == "memory":
-        s: Store = MemoryStore()
-    else:
-        s = open_store(tmp_path / "state", write=True)
+    s = open_test_store(request, tmp_path / "state")
     yield s
     s.close()
 

@@ -11,23 +11,20 @@ from pathlib import Path
 import pytest
 
 from gpuctl.adapters.protocols import Store
-from gpuctl.adapters.store import open_store
 from gpuctl.core.health.autodrain import AutoDrainPolicy
 from gpuctl.core.jobs.model import IncarnationState, JobState
 from gpuctl.ops.invariants import check_invariants
 from gpuctl.ops.moves.migrate import migrate
 from gpuctl.testing.drainkit import CKPT, Kit
-from gpuctl.testing.memstore import MemoryStore
+from tests.pg import STORES, open_test_store
 
 OFF = AutoDrainPolicy(enabled=False)
 FRESH = "to start it fresh, submit its spec again with `gpuctl submit --replace`"
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=STORES)
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    s: Store = (
-        MemoryStore() if request.param == "memory" else open_store(tmp_path / "state", write=True)
-    )
+    s = open_test_store(request, tmp_path / "state")
     yield s
     s.close()
 

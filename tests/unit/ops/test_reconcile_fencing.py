@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from gpuctl.adapters.protocols import Store
-from gpuctl.adapters.store import open_store
 from gpuctl.core.health.autodrain import AutoDrainPolicy
 from gpuctl.core.jobs.model import IncarnationState, JobState
 from gpuctl.errors import TransportError
@@ -23,18 +22,16 @@ from gpuctl.ops.invariants import check_invariants
 from gpuctl.ops.moves import nodeops
 from gpuctl.ops.moves.migrate import migrate
 from gpuctl.testing.drainkit import Kit
-from gpuctl.testing.memstore import MemoryStore
+from tests.pg import STORES, open_test_store
 from tests.unit.ops.test_reconcile import make
 
 WHOLE = {"gpus": 1, "mem_per_gpu": "whole"}
 OFF = AutoDrainPolicy(enabled=False)
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=STORES)
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    s: Store = (
-        MemoryStore() if request.param == "memory" else open_store(tmp_path / "s", write=True)
-    )
+    s = open_test_store(request, tmp_path / "s")
     yield s
     s.close()
 

@@ -10,15 +10,14 @@ from pathlib import Path
 import pytest
 
 from gpuctl.adapters.protocols import Store
-from gpuctl.adapters.store import open_store
 from gpuctl.core.jobs.model import IncarnationState, JobState
 from gpuctl.testing.drainkit import Kit
-from gpuctl.testing.memstore import MemoryStore
+from tests.pg import STORES, open_test_store
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=STORES)
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    s: Store = MemoryStore() if request.param == "memory" else open_store(tmp_path, write=True)
+    s = open_test_store(request, tmp_path)
     yield s
     s.close()
 

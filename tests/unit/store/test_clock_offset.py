@@ -17,14 +17,14 @@ from gpuctl.adapters.store.sqlite import SqliteStore
 from gpuctl.core.jobs.model import Event, Incarnation, IncarnationState, Job, JobState
 from gpuctl.core.jobs.spec import JobSpec
 from gpuctl.core.placement.model import JobRequest
-from gpuctl.testing.memstore import MemoryStore
+from tests.pg import STORES, open_test_store
 
 CAP = {("n1", 0): 80_000}
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=STORES)
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    s: Store = MemoryStore() if request.param == "memory" else open_store(tmp_path, write=True)
+    s = open_test_store(request, tmp_path)
     yield s
     s.close()
 

@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from gpuctl.adapters.store import open_store
+from gpuctl.adapters.store.dbapi import Conn
 from gpuctl.adapters.store.opening import open_connection
-from gpuctl.adapters.store.schema import MIGRATIONS, Migration
+from gpuctl.adapters.store.schema import MIGRATIONS, Dialect, Migration
 from gpuctl.adapters.store.sqlite import SqliteStore
 from gpuctl.core.jobs.model import Event, Job, JobState
 from gpuctl.core.jobs.spec import JobSpec
@@ -114,7 +115,7 @@ NEXT = NOW + 1
 
 
 def next_chain() -> tuple[Migration, ...]:
-    def add_column(conn: sqlite3.Connection) -> None:
+    def add_column(conn: Conn, dialect: Dialect) -> None:
         conn.execute("ALTER TABLE jobs ADD COLUMN owner TEXT")
 
     return (*MIGRATIONS, Migration(NEXT, "jobs.owner", add_column))

@@ -22,14 +22,14 @@ from gpuctl.core.jobs.spec import JobSpec
 from gpuctl.core.placement.model import JobRequest
 from gpuctl.errors import StoreConflict
 from gpuctl.ops.invariants import check_invariants
-from gpuctl.testing.memstore import MemoryStore
+from tests.pg import STORES, open_test_store
 
 CAP = {("n1", 0): 40_000, ("n1", 1): 40_000, ("n2", 0): 40_000, ("n2", 1): 40_000}
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=STORES)
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    s: Store = MemoryStore() if request.param == "memory" else open_store(tmp_path, write=True)
+    s = open_test_store(request, tmp_path)
     yield s
     s.close()
 
