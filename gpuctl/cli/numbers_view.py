@@ -20,8 +20,14 @@ def numbers_line(n: JobFigures) -> str:
         f" · checkpoint age max {human_s(n.checkpoint_age_max_s)}"
         f" p95 {human_s(n.checkpoint_age_p95_s)}"
         f" · failover {pct} ({n.failovers_succeeded} of {n.failovers_attempted})"
+        f", {drain_moves(n)}"
         f" · preemptions {rate}{spot}\n"
     )
+
+
+def drain_moves(n: JobFigures) -> str:
+    """Planned moves off drained nodes, apart from the failovers: "6 drain moves"."""
+    return f"{n.drain_moves} drain move{'' if n.drain_moves == 1 else 's'}"
 
 
 def _pct(value: float | None) -> str:
@@ -35,7 +41,7 @@ BAND_TEXT[BandName.OVER.value] += ": failover cannot land"
 def fleet_line(n: FleetNumbers) -> str:
     """Utilization (with its band), fragmentation and observed SM use in one line."""
     band = BAND_TEXT.get(n.band or "", "")
-    util = _pct(n.utilization_pct) + (f" ({band})" if band else "")
+    util = _pct(n.utilization_pct) + " allocated" + (f" ({band})" if band else "")
     stranded = "" if n.stranded_gib is None else f", {n.stranded_gib:.1f} GiB stranded"
     return (
         f"fleet: utilization {util} · fragmentation {_pct(n.fragmentation_pct)}{stranded}"

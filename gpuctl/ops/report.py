@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpuctl.adapters.protocols import Store
+from gpuctl.core.band import TARGET_BAND, BandName
 from gpuctl.core.fleet.nodestate import NodeStatus
 from gpuctl.core.fleet.numbers import FleetNumbers
 from gpuctl.core.health import HealthRules, NodeVerdict, evaluate_fleet
@@ -279,12 +280,13 @@ def markdown(doc: Mapping[str, Any]) -> str:
 
 def _number_rows(numbers: Mapping[str, Any]) -> list[tuple[str, str, str]]:
     n, w = numbers["now"], numbers["window"]
-    band = f" ({n['band']})" if n["band"] else ""
+    band = f" ({TARGET_BAND.words(BandName(n['band']))})" if n["band"] else ""
     stranded = "" if n["stranded_gib"] is None else f", {n['stranded_gib']:.1f} GiB stranded"
 
     def failover(x: Mapping[str, Any]) -> str:
         done = f" ({x['failovers_succeeded']} of {x['failovers_attempted']})"
-        return _pct(x["failover_success_pct"]) + done
+        drained = x.get("drain_moves", 0)
+        return _pct(x["failover_success_pct"]) + done + f"; {drained} drain move(s) apart"
 
     def preempt(x: Mapping[str, Any]) -> str:
         rate = x["preemptions_per_hour"]

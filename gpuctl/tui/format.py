@@ -275,16 +275,18 @@ def number_values(n: FleetNumbers) -> dict[str, float | None]:
 def number_cards(n: FleetNumbers) -> dict[str, tuple[Text, str]]:
     """Each number as (headline, detail line), from `gpuctl.ops.fleetstatus.numbers`."""
     j = n.jobs
+    # the share of GPU memory allocated, its band in words: "46% allocated", "idle silicon, <
+    # 50%" (a bare "46% idle" read as "46% of the fleet is idle")
     headline = band_text(n.utilization_pct, n.band)
-    if n.band:
-        headline.append(f" {n.band}", style=BAND_STYLE.get(n.band, ""))
+    headline.append(" allocated", style=BAND_STYLE.get(n.band or "", ""))
+    band = "" if n.band is None else TARGET_BAND.words(BandName(n.band)) + " · "
     stranded = n.stranded_gib
     rate = j.preemptions_per_hour
     spot = j.spot_preempted_pct
     return {
         "utilization": (
             headline,
-            f"SM {pct(n.observed_util_pct)}"
+            f"{band}SM {pct(n.observed_util_pct)}"
             f" · {gib(n.allocated_mib, 0)}/{gib(n.capacity_mib, 0)} GiB",
         ),
         "fragmentation": (
@@ -302,7 +304,8 @@ def number_cards(n: FleetNumbers) -> dict[str, tuple[Text, str]]:
         ),
         "failover": (
             Text(pct(j.failover_success_pct), style="bold"),
-            f"{j.failovers_succeeded} of {j.failovers_attempted} · {j.failovers_pending} pending",
+            f"{j.failovers_succeeded} of {j.failovers_attempted} · {j.failovers_pending} pending"
+            f" · {j.drain_moves} drained",
         ),
         "preemption": (
             Text(NA if rate is None else f"{rate:.2f}/h", style="bold"),

@@ -149,9 +149,13 @@ def test_markdown_has_a_title_a_numbers_table_and_the_sections(
     util = report_json(inventory, state, node_env)
     pct = util["numbers"]["now"]["utilization_pct"]
     assert any(
-        line.startswith(f"| Utilization (allocated) | {pct:.0f}% (idle) |") for line in lines
+        line.startswith(f"| Utilization (allocated) | {pct:.0f}% (idle silicon, < 50%) |")
+        for line in lines
     )
-    assert any(line.startswith("| Failover success | — | 100% (1 of 1) |") for line in lines)
+    assert any(
+        line.startswith("| Failover success | — | 100% (1 of 1); 0 drain move(s) apart |")
+        for line in lines
+    )
     assert any(line.startswith("- **gpu03**: unknown; does not answer (refused)") for line in lines)
     assert "\x1b" not in md
     assert any("**hold** gpu01 c: c held: [2Jcrash loop \\| 3 exits" in line for line in lines)

@@ -229,5 +229,9 @@ def test_status_json_carries_the_fleet_numbers(inventory: Path, node_env: dict[s
 def test_status_table_ends_with_the_numbers(inventory: Path, node_env: dict[str, str]) -> None:
     result = _invoke(inventory, _transport(node_env), "status")
     lines = result.stdout.splitlines()
-    assert lines[-2].startswith("fleet: utilization 0% (idle silicon, < 50%) · fragmentation")
+    # the share of GPU memory allocated, and its band in words (not "0% idle")
+    assert lines[-2].startswith(
+        "fleet: utilization 0% allocated (idle silicon, < 50%) · fragmentation"
+    )
     assert lines[-1].startswith("jobs: queue wait p50 N/A")
+    assert "· failover N/A (0 of 0), 0 drain moves ·" in lines[-1]

@@ -26,7 +26,7 @@ def test_once_on_a_saved_snapshot_prints_the_numbers_then_the_fleet(tmp_path: Pa
     assert result.exit_code == 3, result.output  # gpu-04 did not answer
     lines = result.stdout.splitlines()
     assert lines[0] == "gpuctl dash · snapshot fleet-5-nodes.json · 5 node(s)"
-    assert lines[2].startswith("UTILIZATION         0% idle")
+    assert lines[2].startswith("UTILIZATION         0% allocated idle silicon, < 50%")
     assert [line.split()[0] for line in lines[2:8]] == [
         "UTILIZATION",
         "FRAGMENTATION",

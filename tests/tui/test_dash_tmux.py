@@ -85,7 +85,7 @@ def test_an_operator_watches_the_lab_fleet_sees_a_node_die_reads_the_queue_and_q
         screen = pane.wait_for(
             lambda s: "ready" in row(s, "lab-01") and "ready" in row(s, "lab-02"), "both nodes"
         )
-        assert "UTILIZATION" in screen and "0% idle" in screen
+        assert "UTILIZATION" in screen and "0% allocated" in screen
         assert "QUEUE WAIT p50" in screen and "1 waiting" in screen
         assert "FAILOVER OK" in screen and "CHECKPOINT AGE max" in screen
         assert row(screen, "lab-01").split()[2] == "2/2"  # GPUs seen / expected

@@ -77,10 +77,11 @@ def test_the_numbers_as_text_name_each_number_with_its_detail() -> None:
     jobs = job_figures((), (), {}, 0.0).to_dict()  # the fields this test leaves out
     lines = fmt.numbers_text(FleetNumbers.from_dict({**jobs, **numbers})).splitlines()
     assert lines == [
-        "UTILIZATION         72% target   SM 61% · 7/10 GiB",
+        # the share allocated, its band in words: never "72% target" (nor "46% idle")
+        "UTILIZATION         72% allocated in the 60-80% band · SM 61% · 7/10 GiB",
         "FRAGMENTATION       N/A          not measured yet",
         "QUEUE WAIT p50      30s          p95 1m35s · 2 waiting, oldest 10m00s",
         "CHECKPOINT AGE max  5m00s        p95 4m00s · 3 running",
-        "FAILOVER OK         100%         1 of 1 · 0 pending",
+        "FAILOVER OK         100%         1 of 1 · 0 pending · 0 drained",
         "PREEMPTIONS         0.50/h       spot: 25% preempted",
     ]

@@ -10,11 +10,13 @@ Definitions (docs/design.md, in words and here in code):
 - **Checkpoint age**: now − the newest committed checkpoint, per running job; max and p95 over
   running jobs. A running job with no committed checkpoint yet counts from its first start
   (everything it did is at risk) and is counted in `checkpoint_missing`.
-- **Failover success %**: failovers — incarnations ended by node loss, drain or preemption
-  (`EndReason.NODE_LOST`, `DRAINED`, `PREEMPTED`) within the window — whose job was running again
-  (a later incarnation that got a pid) within the restart budget (default 10 min) of the moment the
-  incarnation was ended / failovers attempted. A failover still inside its budget is not counted
-  yet; one whose job an operator cancelled inside the budget is not counted at all.
+- **Failover success %**: failovers — incarnations ended because their node failed or they were
+  preempted (`EndReason.NODE_LOST`, `PREEMPTED`) within the window — whose job was running again
+  (a later incarnation that got a pid) within the restart budget (default 10 min) of the moment
+  the incarnation was ended / failovers attempted. A failover still inside its budget is not
+  counted yet; one whose job an operator cancelled inside the budget is not counted at all. A
+  drain's moves are planned, not failovers, and are counted apart: **drain moves** (`DRAINED`:
+  jobs a drain moved off a node, and how many of them ran again within the budget).
 - **Preemption rate**: spot preemptions per hour over the window (or over the time since the first
   job was submitted, when that is shorter), and % of the spot jobs that ran in the window that were
   preempted at least once in it.
@@ -33,7 +35,10 @@ from gpuctl.core.jobs.model import Checkpoint, EndReason, Incarnation, Job, JobS
 
 DEFAULT_WINDOW_S = 24 * 3600.0
 DEFAULT_RESTART_BUDGET_S = 600.0
-FAILOVER_REASONS = frozenset({EndReason.NODE_LOST, EndReason.DRAINED, EndReason.PREEMPTED})
+# restarts forced on a job: its node failed, or it was preempted (stopped for failover or
+# standard work, without a say of its own)
+FAILOVER_REASONS = frozenset({EndReason.NODE_LOST, EndReason.PREEMPTED})
+DRAIN_REASONS = frozenset({EndReason.DRAINED})  # planned: a drain moved the job
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -59,6 +64,9 @@ class JobFigures:
     failovers_succeeded: int
     failovers_pending: int  # still inside the budget
     failover_success_pct: float | None
+    # planned moves off drained nodes (never failovers)
+    drain_moves: int  # in the window
+    drain_moves_restarted: int  # running again within the budget
     # preemption
     preemptions: int
     preemptions_per_hour: float | None
@@ -71,8 +79,10 @@ class JobFigures:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> JobFigures:
-        """Inverse of `to_dict` (keys it does not write are ignored)."""
-        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls)})
+        """Inverse of `to_dict` (keys it does not write are ignored; the drain counts, added
+        later, are 0 in a document written before them)."""
+        added = {"drain_moves": 0, "drain_moves_restarted": 0}
+        return cls(**{f.name: d.get(f.name, added.get(f.name)) for f in dataclasses.fields(cls)})
 
 
 def percentile(values: Sequence[float], p: float) -> float | None:
@@ -99,7 +109,12 @@ def job_figures(
     start = now - window_s
     started, p50, p95, waiting, oldest_wait, oldest_job = _queue(jobs, start, now)
     running, missing, age_max, age_p95, age_job = _checkpoints(jobs, newest_checkpoints, now)
-    attempted, succeeded, pending, success = _failovers(jobs, incs, start, now, restart_budget_s)
+    attempted, succeeded, pending, success = _failovers(
+        jobs, incs, start, now, restart_budget_s, FAILOVER_REASONS
+    )
+    drained, drained_ok, drained_pending, _ = _failovers(
+        jobs, incs, start, now, restart_budget_s, DRAIN_REASONS
+    )
     preempted, per_hour, spot, spot_preempted, spot_pct = _preemptions(
         jobs, incs, start, now, window_s
     )
@@ -122,6 +137,8 @@ def job_figures(
         failovers_succeeded=succeeded,
         failovers_pending=pending,
         failover_success_pct=success,
+        drain_moves=drained + drained_pending,
+        drain_moves_restarted=drained_ok,
         preemptions=preempted,
         preemptions_per_hour=per_hour,
         spot_jobs=spot,
@@ -177,7 +194,12 @@ def _checkpoints(
 
 
 def _failovers(
-    jobs: list[Job], incs: list[Incarnation], start: float, now: float, budget_s: float
+    jobs: list[Job],
+    incs: list[Incarnation],
+    start: float,
+    now: float,
+    budget_s: float,
+    reasons: frozenset[EndReason],
 ) -> tuple[int, int, int, float | None]:
     by_job: dict[str, list[Incarnation]] = {}
     for inc in incs:
@@ -185,7 +207,7 @@ def _failovers(
     job_of = {j.id: j for j in jobs}
     attempted = succeeded = pending = 0
     for inc in incs:
-        if inc.end_reason not in FAILOVER_REASONS or inc.ended_at is None:
+        if inc.end_reason not in reasons or inc.ended_at is None:
             continue
         t0 = inc.ended_at
         if not start <= t0 <= now:

@@ -136,8 +136,8 @@ def test_failover_success_counts_restarts_running_again_within_the_budget() -> N
         # b: preempted, relaunched 11 min later: failure (past the 10 min budget)
         inc("b", 1, t - 100, ended=t, reason=EndReason.PREEMPTED, state=IncarnationState.KILLED),
         inc("b", 2, t + 660),
-        # c: drained; the first relaunch failed, the second ran 5 min later: success
-        inc("c", 1, t - 100, ended=t, reason=EndReason.DRAINED, state=IncarnationState.KILLED),
+        # c: lost; the first relaunch failed, the second ran 5 min later: success
+        inc("c", 1, t - 100, ended=t, reason=EndReason.NODE_LOST, state=IncarnationState.LOST),
         inc("c", 2, t + 60, ended=t + 61, reason=EndReason.LAUNCH_FAILED, pid=None),
         inc("c", 3, t + 300),
         # d: lost and never restarted, budget long past: failure
@@ -153,6 +153,19 @@ def test_failover_success_counts_restarts_running_again_within_the_budget() -> N
     n = job_figures(jobs, incs, {}, NOW)
     assert (n.failovers_attempted, n.failovers_succeeded, n.failovers_pending) == (4, 2, 1)
     assert n.failover_success_pct == 50.0
+
+
+def test_a_drain_s_moves_are_no_failovers_and_are_counted_apart() -> None:
+    t = NOW - 5000
+    incs = []
+    for name in "abcdef":  # a drain moved six jobs, each running again a minute later
+        incs += [
+            inc(name, 1, t - 100, ended=t, reason=EndReason.DRAINED, state=IncarnationState.KILLED),
+            inc(name, 2, t + 60),
+        ]
+    n = job_figures([job(j) for j in "abcdef"], incs, {}, NOW)
+    assert (n.failovers_attempted, n.failover_success_pct) == (0, None)  # nothing failed
+    assert (n.drain_moves, n.drain_moves_restarted) == (6, 6)
 
 
 def test_the_restart_budget_and_window_are_parameters() -> None:

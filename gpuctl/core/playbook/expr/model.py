@@ -69,6 +69,8 @@ FLEET_NAMES: Mapping[str, NameInfo] = {
     "failovers_succeeded": _N,
     "failovers_pending": _N,
     "failover_success_pct": _N,
+    "drain_moves": _N,
+    "drain_moves_restarted": _N,
     "preemptions": _N,
     "preemptions_per_hour": _N,
     "spot_jobs": _N,
