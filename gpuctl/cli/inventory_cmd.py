@@ -113,7 +113,6 @@ def import_ansible(
     source: Path = typer.Argument(..., metavar="FILE", help="An Ansible inventory, INI or YAML."),
     out: Path | None = typer.Option(
         None,
-        "-o",
         "--out",
         help="Write the gpuctl inventory here (default: stdout).",
         show_default=False,

@@ -143,7 +143,7 @@ EXAMPLES = {  # one typical line per command, shown under its --help
     "nodes show": "nodes show gpu01 -i fleet.yaml",
     "inventory check": "inventory check -i fleet.yaml",
     "inventory list": "inventory list -i fleet.yaml -o json",
-    "inventory import ansible": "inventory import ansible hosts.ini -o fleet.yaml",
+    "inventory import ansible": "inventory import ansible hosts.ini --out fleet.yaml",
     "hosts trust": "hosts trust gpu01 -i fleet.yaml",
     "hosts list": "hosts list -i fleet.yaml",
     "lab up": "lab up --dir /tmp/lab --nodes 3",

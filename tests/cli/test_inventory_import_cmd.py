@@ -21,7 +21,7 @@ def gpuctl(*args: str) -> Result:
 
 def test_an_ini_inventory_becomes_a_gpuctl_inventory(tmp_path: Path) -> None:
     out = tmp_path / "fleet.yaml"
-    result = gpuctl("inventory", "import", "ansible", str(FIXTURES / "hosts.ini"), "-o", str(out))
+    result = gpuctl("inventory", "import", "ansible", str(FIXTURES / "hosts.ini"), "--out", str(out))
     assert result.exit_code == 0, result.output
     assert "skipped: train.vars: gpu_count (not a string: int)" in result.stderr
     inv = load_inventory(out).by_name()
@@ -56,7 +56,7 @@ def test_a_yaml_inventory_goes_to_stdout_and_its_skipped_vars_to_stderr() -> Non
 
 def test_a_dry_run_writes_nothing(tmp_path: Path) -> None:
     out = tmp_path / "fleet.yaml"
-    args = ("inventory", "import", "ansible", str(FIXTURES / "hosts.ini"), "-o", str(out))
+    args = ("inventory", "import", "ansible", str(FIXTURES / "hosts.ini"), "--out", str(out))
     result = gpuctl(*args, "--dry-run")
     assert result.exit_code == 0, result.output
     assert "dry run: 5 node(s), 3 group(s)" in result.stderr
