@@ -113,9 +113,11 @@ def relay_tag(node_dir: Path) -> str:
     return f"gpuctl-lab-relay:{node_dir}"
 
 
-def start_relay(relay_ns: str, host: str, port: int, node_dir: Path, log: Path) -> int:
+def start_relay(
+    relay_ns: str, host: str, port: int, node_dir: Path, log: Path, *, to: str | None = None
+) -> int:
     """Listen on host:port here and forward every connection to the node's sshd across the
-    link; return the relay's pid."""
+    link (or to `to`, HOST:PORT as seen in the relay's namespace); return the relay's pid."""
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -125,7 +127,8 @@ def start_relay(relay_ns: str, host: str, port: int, node_dir: Path, log: Path) 
         python = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else sys.executable
         argv = [
             sshd_mod.IP, "netns", "exec", relay_ns, python, str(RELAY_SCRIPT),
-            "--listen-fd", str(fd), "--to", f"{NODE_ADDR}:{port}", "--tag", relay_tag(node_dir),
+            "--listen-fd", str(fd), "--to", to or f"{NODE_ADDR}:{port}",
+            "--tag", relay_tag(node_dir),
         ]  # fmt: skip
         return sshd_mod.spawn_detached(argv, log, pass_fds=(fd,))
     except OSError as exc:

@@ -71,8 +71,10 @@ def render_sshd_config(
     user: str,
     env: Mapping[str, str],
     sshd_version: tuple[int, int] | None = None,
+    forwarding: bool = False,
 ) -> str:
-    """The sshd_config of one lab node: key-only auth for one user, the node's env via SetEnv."""
+    """The sshd_config of one lab node: key-only auth for one user, the node's env via SetEnv.
+    `forwarding`: a jump host's, forwarding TCP (`direct-tcpip`, ProxyJump) for that user."""
     set_env = " ".join(_arg(f"{k}={v}") for k, v in env.items())
     lines = [
         "# written by gpuctl lab up",
@@ -93,7 +95,7 @@ def render_sshd_config(
         "PrintMotd no",
         "PrintLastLog no",
         "X11Forwarding no",
-        "AllowTcpForwarding no",
+        f"AllowTcpForwarding {'local' if forwarding else 'no'}",
         "AllowAgentForwarding no",
         "PermitTunnel no",
         "MaxStartups 100:30:200",
