@@ -15,7 +15,8 @@ DEMO_DIR ?= /tmp/gpuctl-demo
 # check the exposition and the example alert rules with it; the Prometheus server it brings is
 # stopped and disabled, and recommends such as the node exporter are not installed), postgresql's
 # server (the store tests start their own in a temporary folder; Debian's cluster service is stopped
-# and disabled). Installed only when missing.
+# and disabled), chromium (the HTML report's test screenshots the page headless). Installed only
+# when missing.
 sysdeps:
 	@missing=""; \
 	  test -x /usr/sbin/sshd || missing="$$missing openssh-server openssh-client"; \
@@ -23,6 +24,7 @@ sysdeps:
 	  command -v tmux >/dev/null 2>&1 || missing="$$missing tmux"; \
 	  command -v promtool >/dev/null 2>&1 || missing="$$missing prometheus"; \
 	  ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || missing="$$missing postgresql"; \
+	  command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
 	  if [ -n "$$missing" ]; then \
 	    echo "installing:$$missing"; \
 	    if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \

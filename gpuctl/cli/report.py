@@ -24,15 +24,23 @@ if TYPE_CHECKING:
 class ReportFormat(enum.StrEnum):
     MARKDOWN = "markdown"
     JSON = "json"
+    HTML = "html"
+    CSV = "csv"
 
 
 def report(
     ctx: typer.Context,
     window: str = typer.Option("24h", "--window", help="The window: 24h, 90m, 7d, 1h30m."),
     output: ReportFormat = typer.Option(
-        ReportFormat.MARKDOWN, "-o", "--output", help="markdown or json.", case_sensitive=False
+        ReportFormat.MARKDOWN,
+        "-o",
+        "--output",
+        help="markdown, json, html (one self-contained page of SVG charts of the store's "
+        "history) or csv (the history's series).",
+        case_sensitive=False,
     ),
     rules: Path | None = typer.Option(None, "--rules", help="A health rules file to merge."),
+    out: Path | None = typer.Option(None, "--out", help="Write html or csv to this file."),
 ) -> None:
     """Poll the fleet and write the report on stdout.
 
@@ -42,6 +50,9 @@ def report(
     from gpuctl.ops import report as service
 
     window_s = service.parse_window(window)
+    if output in (ReportFormat.HTML, ReportFormat.CSV):
+        _history_report(ctx, output, window_s, out)
+        return
     health_rules = load_rules(rules)
     inventory = fleet.load_inventory(ctx)
     snapshot = fleet.gather(ctx, inventory.nodes)
@@ -70,6 +81,28 @@ def report(
     else:
         sys.stdout.write(service.markdown(doc))
     raise typer.Exit(int(exit_for_poll(n.reach for n in snapshot.nodes)))
+
+
+def _history_report(
+    ctx: typer.Context, output: ReportFormat, window_s: float, out: Path | None
+) -> None:
+    """The store's history over the window, as HTML charts or CSV (no poll)."""
+    from gpuctl.ops import report_html
+
+    now = time.time()
+    with fleet.open_state(ctx, write=False) as store:
+        if output is ReportFormat.HTML:
+            text = report_html.html_page(store, now, window_s)
+        else:
+            text = report_html.csv_text(store, now, window_s)
+    if out is None:
+        sys.stdout.write(text)
+        return
+    try:
+        out.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise StateError(f"--out {out}: cannot write: {exc.strerror}") from None
+    sys.stderr.write(f"wrote {out}\n")
 
 
 def _history(ctx: typer.Context) -> History:

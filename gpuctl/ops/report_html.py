@@ -1,0 +1,259 @@
+"""`gpuctl report -o html|csv`: the fleet's history over a window as one self-contained HTML page
+of inline SVG charts (matplotlib's SVG backend: static, no JavaScript, no display), or the series
+as one CSV table.
+
+Charts: fragmentation % and stranded GiB over the window; utilization heatmap, node × hour;
+queue-wait histogram; checkpoint age per job (a sawtooth: a stuck checkpointer's line keeps
+climbing); failovers over time; allocated vs observed vs ghost memory per node (the newest
+sample); consolidation moves (or "no consolidation in the window"). matplotlib is imported here
+only, when a chart is drawn.
+"""
+
+from __future__ import annotations
+
+import csv
+import html
+import io
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from gpuctl.adapters.protocols import Store
+from gpuctl.core.history import FLEET_SERIES, NODE_SERIES, FleetSample, NodeSample
+from gpuctl.core.jobs.figures import FAILOVER_REASONS
+
+CSV_COLUMNS = ("at", "step_s", "series", "node", "value")
+CONSOLIDATION_KINDS = ("consolidate", "migrate", "migrated")
+
+
+def csv_text(store: Store, now: float, window_s: float) -> str:
+    """One table, long form: at (ISO 8601, UTC), step_s, series (a fleet number or a node
+    column), node (empty for the fleet), value (empty: undefined)."""
+    since = now - window_s
+    out = io.StringIO()
+    w = csv.writer(out, lineterminator="\n")
+    w.writerow(CSV_COLUMNS)
+    for s in store.fleet_samples(since, now):
+        for k in FLEET_SERIES:
+            w.writerow((_iso(s.at), s.step_s, k, "", _num(s.get(k))))
+    for n in store.node_samples(since, now):
+        for k, v in zip(NODE_SERIES, n.values(), strict=True):
+            w.writerow((_iso(n.at), n.step_s, k, n.node, _num(v)))
+    return out.getvalue()
+
+
+def _iso(at: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
+
+
+def _num(v: float | None) -> str:
+    return "" if v is None else f"{v:g}"
+
+
+def html_page(store: Store, now: float, window_s: float, title: str = "gpuctl report") -> str:
+    """The page: one heading, then a section per chart, each an inline <svg>."""
+    since = now - window_s
+    fleet = store.fleet_samples(since, now)
+    nodes = store.node_samples(since, now)
+    sections = [
+        ("Fragmentation and stranded memory", _fragmentation(fleet)),
+        ("Utilization by node and hour", _heatmap(nodes)),
+        ("Queue wait", _queue_wait(store, since)),
+        ("Checkpoint age per job", _checkpoint_age(store, since, now)),
+        ("Failovers", _failovers(store, since)),
+        ("Memory per node: allocated, observed, ghost", _memory(nodes)),
+        ("Consolidation", _consolidation(store, since)),
+    ]
+    body = "\n".join(
+        f'<section><h2>{html.escape(name)}</h2>\n<div class="chart">{chart}</div></section>'
+        for name, chart in sections
+    )
+    head = (
+        f"<title>{html.escape(title)}</title>"
+        "<style>body{font-family:sans-serif;margin:1em 2em;background:#fff}"
+        "section{margin-bottom:1.5em}.none{color:#666;font-style:italic}</style>"
+    )
+    span = f"{_iso(since)} to {_iso(now)}"
+    return (
+        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">{head}</head><body>'
+        f"<h1>{html.escape(title)}</h1><p>{span}</p>\n{body}\n</body></html>\n"
+    )
+
+
+def _none(text: str) -> str:
+    return f'<p class="none">{html.escape(text)}</p>'
+
+
+def _figure(width: float = 8.0, height: float = 3.0) -> tuple[Any, Any]:
+    import matplotlib
+
+    matplotlib.use("svg")  # no display, whatever the environment says
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(width, height))
+    return fig, ax
+
+
+def _svg(fig: Any) -> str:
+    import matplotlib.pyplot as plt
+
+    buf = io.StringIO()
+    fig.tight_layout()
+    fig.savefig(buf, format="svg")
+    plt.close(fig)
+    text = buf.getvalue()
+    return text[text.index("<svg") :]  # the XML declaration and doctype stay out of the page
+
+
+def _times(ats: Sequence[int]) -> list[Any]:
+    import datetime
+
+    return [datetime.datetime.fromtimestamp(a, datetime.UTC) for a in ats]
+
+
+def _fragmentation(fleet: Sequence[FleetSample]) -> str:
+    pts = [(s.at, s.get("fragmentation_pct"), s.get("stranded_gib")) for s in fleet]
+    if not pts:
+        return _none("no history in the window (gpuctl reconcile --watch records it)")
+    fig, ax = _figure()
+    ats = _times([p[0] for p in pts])
+    ax.plot(ats, [p[1] for p in pts], color="tab:red", label="fragmentation %")
+    ax.set_ylabel("fragmentation %")
+    ax2 = ax.twinx()
+    ax2.plot(ats, [p[2] for p in pts], color="tab:blue", label="stranded GiB")
+    ax2.set_ylabel("stranded GiB")
+    fig.legend(loc="upper left")
+    return _svg(fig)
+
+
+def _heatmap(nodes: Sequence[NodeSample]) -> str:
+    if not nodes:
+        return _none("no node samples in the window")
+    names = sorted({n.node for n in nodes})
+    hours = sorted({n.at // 3600 for n in nodes})
+    col = {h: i for i, h in enumerate(hours)}
+    row = {name: i for i, name in enumerate(names)}
+    sums = [[0.0] * len(hours) for _ in names]
+    counts = [[0] * len(hours) for _ in names]
+    for n in nodes:
+        if n.util_pct is not None:
+            r, c = row[n.node], col[n.at // 3600]
+            sums[r][c] += n.util_pct
+            counts[r][c] += 1
+    grid = [
+        [s / k if k else float("nan") for s, k in zip(sr, kr, strict=True)]
+        for sr, kr in zip(sums, counts, strict=True)
+    ]
+    fig, ax = _figure(8.0, max(2.0, 0.25 * len(names) + 1.2))
+    im = ax.imshow(grid, aspect="auto", cmap="viridis", vmin=0, vmax=100, interpolation="nearest")
+    ax.set_yticks(range(len(names)), names, fontsize=7)
+    step = max(1, len(hours) // 12)
+    ax.set_xticks(
+        range(0, len(hours), step), [_iso(h * 3600)[5:13] for h in hours[::step]], fontsize=7
+    )
+    fig.colorbar(im, ax=ax, label="SM utilization %")
+    return _svg(fig)
+
+
+def _queue_wait(store: Store, since: float) -> str:
+    waits = [
+        j.first_started_at - j.submitted_at
+        for j in store.jobs()
+        if j.first_started_at is not None and j.first_started_at >= since
+    ]
+    if not waits:
+        return _none("no job started in the window")
+    fig, ax = _figure()
+    ax.hist([max(0.0, w) / 60 for w in waits], bins=20, color="tab:purple")
+    ax.set_xlabel("minutes from submit to first start")
+    ax.set_ylabel("jobs")
+    return _svg(fig)
+
+
+def _checkpoint_age(store: Store, since: float, now: float) -> str:
+    lines: list[tuple[str, list[float], list[float]]] = []
+    for inc in store.incarnations():
+        if inc.ended_at is not None and inc.ended_at < since:
+            continue
+        start = max(since, inc.started_at)
+        end = now if inc.ended_at is None else inc.ended_at
+        commits = sorted(
+            c.committed_at
+            for c in store.checkpoints(inc.job_id)
+            if c.incarnation == inc.n and start <= c.committed_at <= end
+        )
+        xs, ys = [start], [0.0]
+        last = inc.started_at
+        for t in [*commits, end]:
+            xs.append(t)
+            ys.append((t - last) / 60)
+            if t != end:
+                xs.append(t)
+                ys.append(0.0)
+                last = t
+        lines.append((f"{inc.job_id}#{inc.n}", xs, ys))
+    if not lines:
+        return _none("no job ran in the window")
+    fig, ax = _figure()
+    for label, xs, ys in lines[:20]:
+        ax.plot(_times([int(x) for x in xs]), ys, label=label)
+    ax.set_ylabel("minutes since the last checkpoint")
+    ax.legend(fontsize=7, loc="upper left")
+    return _svg(fig)
+
+
+def _failovers(store: Store, since: float) -> str:
+    ended = [
+        i
+        for i in store.incarnations()
+        if i.ended_at is not None and i.ended_at >= since and i.end_reason in FAILOVER_REASONS
+    ]
+    if not ended:
+        return _none("no failover in the window")
+    fig, ax = _figure(8.0, 2.5)
+    jobs = sorted({i.job_id for i in ended})
+    y = {j: k for k, j in enumerate(jobs)}
+    assert all(i.ended_at is not None for i in ended)
+    ax.scatter(
+        _times([int(i.ended_at or 0) for i in ended]),
+        [y[i.job_id] for i in ended],
+        color="tab:orange",
+        marker="x",
+    )
+    ax.set_yticks(range(len(jobs)), jobs, fontsize=7)
+    return _svg(fig)
+
+
+def _memory(nodes: Sequence[NodeSample]) -> str:
+    newest: dict[str, NodeSample] = {}
+    for n in nodes:
+        newest[n.node] = n
+    if not newest:
+        return _none("no node samples in the window")
+    names = sorted(newest)
+    gib = [
+        [(getattr(newest[name], k) or 0) / 1024 for name in names]
+        for k in ("mem_allocated_mib", "mem_used_mib", "mem_ghost_mib")
+    ]
+    fig, ax = _figure(8.0, 3.0)
+    width = 0.27
+    xs = range(len(names))
+    colours = ("tab:blue", "tab:green", "tab:red")
+    labels = ("allocated", "observed", "ghost")
+    for k, (vals, colour, label) in enumerate(zip(gib, colours, labels, strict=True)):
+        ax.bar([x + (k - 1) * width for x in xs], vals, width, color=colour, label=label)
+    ax.set_xticks(list(xs), names, fontsize=7, rotation=45)
+    ax.set_ylabel("GiB")
+    ax.legend(fontsize=7)
+    return _svg(fig)
+
+
+def _consolidation(store: Store, since: float) -> str:
+    moves = [e for e in store.events(since=since) if e.kind in CONSOLIDATION_KINDS]
+    if not moves:
+        return _none("no consolidation in the window")
+    fig, ax = _figure(8.0, 2.5)
+    ax.scatter(_times([int(e.at) for e in moves]), [1] * len(moves), color="tab:green")
+    ax.set_yticks([])
+    ax.set_title(f"{len(moves)} consolidation move(s)", fontsize=9)
+    return _svg(fig)
