@@ -24,7 +24,16 @@ from gpuctl.core.band import TARGET_BAND, BandName
 from gpuctl.core.fleet.nodestate import NODE_STATES
 from gpuctl.core.fleet.numbers import FleetNumbers
 from gpuctl.core.health import Verdict
-from gpuctl.ops.metrics._text import GpuReading, JobReading, gpu_text, job_text
+from gpuctl.ops.metrics._text import (
+    GpuReading,
+    JobReading,
+    escape,
+    flag,
+    gpu_text,
+    header,
+    job_text,
+    labelled,
+)
 
 MIB = float(1 << 20)
 GIB = float(1 << 30)
@@ -194,10 +203,11 @@ class Reading:
 
 
 def series_text(reading: Reading | None) -> str:
-    """The per-GPU and per-job families of `reading` as exposition text (`_text`: too many
-    samples on a large fleet for prometheus_client's generator)."""
+    """The per-node, per-GPU and per-job families of `reading` as exposition text (`_text`: too
+    many samples on a large fleet for prometheus_client's generator)."""
     out: list[str] = []
     if reading is not None:
+        _node_text(reading.nodes, out)
         gpu_text(reading.gpus, out)
         if reading.jobs is not None:
             job_text(reading.jobs, out)
@@ -205,12 +215,11 @@ def series_text(reading: Reading | None) -> str:
 
 
 def families(reading: Reading | None) -> list[Metric]:
-    """The fleet, node, counter and exporter families of `reading` (none before the first
-    refresh); the per-GPU and per-job ones are `series_text`."""
+    """The fleet, counter and exporter families of `reading` (none before the first refresh);
+    the per-node, per-GPU and per-job ones are `series_text`."""
     if reading is None:
         return []
     out: list[Metric] = [*_number_families(reading.numbers)] if reading.numbers else []
-    out.extend(_node_families(reading.nodes))
     if reading.counters is not None:
         for kind, (name, help_text) in COUNTED_EVENTS.items():
             counter = CounterMetricFamily(name, help_text)
@@ -277,41 +286,52 @@ def _number_families(numbers: FleetNumbers) -> Iterator[Metric]:
     yield band
 
 
-def _node_families(nodes: Sequence[NodeReading]) -> Iterator[Metric]:
-    up = GaugeMetricFamily(
+def _node_text(nodes: Sequence[NodeReading], out: list[str]) -> None:
+    """The per-node families, as text (`_text`): a large fleet has thousands of these samples."""
+    bases = [f'node="{escape(n.name)}"' for n in nodes]
+    header(
         "gpuctl_node_up",
         "1 when the node answered the last poll "
         "(--from-store: when the control loop does not hold it down).",
-        labels=["node"],
+        "gauge",
+        out,
     )
-    sched = GaugeMetricFamily(
+    labelled("gpuctl_node_up", bases, [flag(n.up) for n in nodes], out)
+    header(
         "gpuctl_node_schedulable",
         "1 when placement may put new work on the node (answered, readable, not cordoned).",
-        labels=["node"],
+        "gauge",
+        out,
     )
-    health = GaugeMetricFamily(
+    labelled("gpuctl_node_schedulable", bases, [flag(n.schedulable) for n in nodes], out)
+    judged = [(n.verdict, b) for n, b in zip(nodes, bases, strict=True) if n.verdict is not None]
+    header(
         "gpuctl_node_health",
         "1 for the node's health verdict (healthy, degraded, unhealthy, unknown).",
-        labels=["node", "verdict"],
+        "gauge",
+        out,
     )
-    state = GaugeMetricFamily(
+    for v in Verdict:
+        labelled(
+            "gpuctl_node_health",
+            [b for _, b in judged],
+            [int(verdict is v) for verdict, _ in judged],
+            out,
+            f'verdict="{v.value}"',
+        )
+    stated = [(n.state, b) for n, b in zip(nodes, bases, strict=True) if n.state is not None]
+    header(
         "gpuctl_node_state",
         "1 for the node's state (ready, cordoned, draining, down, unknown), as gpuctl status "
         "shows it.",
-        labels=["node", "state"],
+        "gauge",
+        out,
     )
-    for n in nodes:
-        _add(up, [n.name], n.up)
-        _add(sched, [n.name], n.schedulable)
-        if n.verdict is not None:
-            for v in Verdict:
-                health.add_metric([n.name, v.value], 1.0 if n.verdict is v else 0.0)
-        if n.state is not None:
-            for st in NODE_STATES:
-                state.add_metric([n.name, st], 1.0 if n.state == st else 0.0)
-    yield from (up, sched, health, state)
-
-
-def _add(family: GaugeMetricFamily, labels: list[str], value: float | bool | None) -> None:
-    if value is not None:
-        family.add_metric(labels, float(value))
+    for st in NODE_STATES:
+        labelled(
+            "gpuctl_node_state",
+            [b for _, b in stated],
+            [int(state == st) for state, _ in stated],
+            out,
+            f'state="{st}"',
+        )

@@ -16,16 +16,19 @@ lint; join on `UUID` to take it from DCGM's series).
 from __future__ import annotations
 
 import dataclasses
+import functools
+import operator
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from gpuctl.core.health import Verdict
 from gpuctl.core.model import GpuSnapshot
 
 MIB = 1 << 20
 LIVE_JOB_STATES = ("queued", "running", "held")  # per-job series: only these (cardinality)
+LABELS_KEPT = 1 << 18  # label texts kept from one exposition to the next: they rarely change
 
-Value = int | float | bool | None
+Value = int | float | None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -50,10 +53,16 @@ class JobReading:
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
-def escape(value: object, limit: int = 128) -> str:
+@functools.lru_cache(maxsize=LABELS_KEPT)
+def escape(value: str | int, limit: int = 128) -> str:
     """A label value as the text format quotes it. Values from node output are untrusted: no
     control characters, bounded length."""
-    text = _CONTROL.sub("", str(value))[:limit]  # newlines too: nothing left to escape there
+    text = str(value)
+    if len(text) <= limit and text.isascii() and text.isprintable():  # the usual case, fast
+        if '"' not in text and "\\" not in text:
+            return text
+    else:
+        text = _CONTROL.sub("", text)[:limit]  # newlines too: nothing left to escape there
     return text.replace("\\", "\\\\").replace('"', '\\"')
 
 
@@ -62,20 +71,11 @@ def label_text(pairs: Iterable[tuple[str, object]]) -> str:
     return ",".join(f'{k}="{escape(v)}"' for k, v in pairs)
 
 
-def number(value: Value) -> str | None:
-    """A sample value as text (None: no sample). Integers print exactly, as Prometheus reads
-    them."""
-    if value is None:
-        return None
-    if value is True:
-        return "1"
-    if value is False:
-        return "0"
-    if isinstance(value, int):
-        return str(value)
-    return repr(float(value))
+def flag(value: bool | None) -> int | None:
+    return None if value is None else int(value)
 
 
+@functools.lru_cache(maxsize=LABELS_KEPT)
 def job_labels(job_id: str, job_name: str) -> str:
     return label_text((("job_id", job_id), ("job_name", job_name)))
 
@@ -87,11 +87,23 @@ def header(name: str, help_text: str, kind: str, out: list[str]) -> None:
 
 
 def samples(name: str, heads: Sequence[str], values: Iterable[Value], out: list[str]) -> None:
-    """`heads[i]` is a sample's `{labels} ` (its trailing space included); None: no sample."""
-    for head, value in zip(heads, values, strict=True):
-        text = number(value)
-        if text is not None:
-            out.append(f"{name}{head}{text}\n")
+    """`heads[i]` is a sample's `{labels} ` (its trailing space included); None: no sample.
+    Values are ints or floats (a flag through `flag`): both print as Prometheus reads them."""
+    out.append(
+        "".join([f"{name}{h}{v}\n" for h, v in zip(heads, values, strict=True) if v is not None])
+    )
+
+
+def labelled(
+    name: str, bases: Sequence[str], values: Iterable[Value], out: list[str], extra: str = ""
+) -> None:
+    """Samples `name{base,extra} value` (the hot path: one string made per sample)."""
+    pre, post = name + "{", ("," + extra if extra else "") + "} "
+    out.append(
+        "".join(
+            [f"{pre}{b}{post}{v}\n" for b, v in zip(bases, values, strict=True) if v is not None]
+        )
+    )
 
 
 def family(
@@ -115,29 +127,53 @@ def heads(bases: Sequence[str], extra: str = "") -> list[str]:
 
 # --- GPUs ----------------------------------------------------------------------------------------
 
-Card = Callable[[GpuSnapshot], Value]
+_FLAG = {True: 1, False: 0}
 
-# (name, HELP, type, (extra label text, value of the card)...): from the probe's observation
-CARD_SERIES: tuple[tuple[str, str, str, tuple[tuple[str, Card], ...]], ...] = (
+
+def column(items: Sequence[object], attr: str, unit: str = "") -> list[Value]:
+    """`attr` of each item (None stays None): as is, a flag as 0/1 (`flag`), MiB as bytes
+    (`mib`), a percentage as a ratio (`pct`). In C where it can be: 8,000 GPUs × 25 columns."""
+    values = map(operator.attrgetter(attr), items)
+    if unit == "flag":
+        return list(map(_FLAG.get, values))
+    if unit == "mib":
+        return [None if v is None else v * MIB for v in values]
+    if unit == "pct":
+        return [None if v is None else v / 100 for v in values]
+    return list(values)
+
+
+FLAGS = frozenset(
+    (
+        "retired_pages_pending",
+        "remapped_rows_pending",
+        "remapped_rows_failure",
+        "thermal_slowdown_hw",
+        "thermal_slowdown_sw",
+    )
+)
+
+# (name, HELP, type, (extra label text, the card's attribute)...): from the probe's observation
+CARD_SERIES: tuple[tuple[str, str, str, tuple[tuple[str, str], ...]], ...] = (
     (
         "gpuctl_gpu_power_watts",
         "Power draw the card reports.",
         "gauge",
-        (("", lambda c: c.power_w),),
+        (("", "power_w"),),
     ),
     (
         "gpuctl_gpu_power_limit_watts",
         "Power limit the card enforces.",
         "gauge",
-        (("", lambda c: c.power_limit_w),),
+        (("", "power_limit_w"),),
     ),
     (
         "gpuctl_gpu_ecc_volatile_errors",
         "ECC errors since the driver last loaded (volatile: a reload resets them), by kind.",
         "gauge",
         (
-            ('kind="corrected"', lambda c: c.ecc_volatile_corrected),
-            ('kind="uncorrected"', lambda c: c.ecc_volatile_uncorrected),
+            ('kind="corrected"', "ecc_volatile_corrected"),
+            ('kind="uncorrected"', "ecc_volatile_uncorrected"),
         ),
     ),
     (
@@ -145,8 +181,8 @@ CARD_SERIES: tuple[tuple[str, str, str, tuple[tuple[str, Card], ...]], ...] = (
         "ECC errors over the card's life (aggregate, kept by the card across reboots), by kind.",
         "counter",
         (
-            ('kind="corrected"', lambda c: c.ecc_aggregate_corrected),
-            ('kind="uncorrected"', lambda c: c.ecc_aggregate_uncorrected),
+            ('kind="corrected"', "ecc_aggregate_corrected"),
+            ('kind="uncorrected"', "ecc_aggregate_uncorrected"),
         ),
     ),
     (
@@ -154,44 +190,44 @@ CARD_SERIES: tuple[tuple[str, str, str, tuple[tuple[str, Card], ...]], ...] = (
         "Memory pages the card retired, by cause (sbe: single-bit, dbe: double-bit ECC errors).",
         "gauge",
         (
-            ('cause="sbe"', lambda c: c.retired_pages_sbe),
-            ('cause="dbe"', lambda c: c.retired_pages_dbe),
+            ('cause="sbe"', "retired_pages_sbe"),
+            ('cause="dbe"', "retired_pages_dbe"),
         ),
     ),
     (
         "gpuctl_gpu_retired_pages_pending",
         "1 when a page retirement waits for the next driver reload.",
         "gauge",
-        (("", lambda c: c.retired_pages_pending),),
+        (("", "retired_pages_pending"),),
     ),
     (
         "gpuctl_gpu_remapped_rows",
         "Memory rows the card remapped, by kind of error (correctable, uncorrectable).",
         "gauge",
         (
-            ('kind="correctable"', lambda c: c.remapped_rows_correctable),
-            ('kind="uncorrectable"', lambda c: c.remapped_rows_uncorrectable),
+            ('kind="correctable"', "remapped_rows_correctable"),
+            ('kind="uncorrectable"', "remapped_rows_uncorrectable"),
         ),
     ),
     (
         "gpuctl_gpu_remapped_rows_pending",
         "1 when a row remapping waits for the next GPU reset.",
         "gauge",
-        (("", lambda c: c.remapped_rows_pending),),
+        (("", "remapped_rows_pending"),),
     ),
     (
         "gpuctl_gpu_remap_failure",
         "1 when a row remapping failed (the card needs service).",
         "gauge",
-        (("", lambda c: c.remapped_rows_failure),),
+        (("", "remapped_rows_failure"),),
     ),
     (
         "gpuctl_gpu_thermal_slowdown",
         "1 while the card slows its clocks for heat, by who decided it (hardware, software).",
         "gauge",
         (
-            ('kind="hardware"', lambda c: c.thermal_slowdown_hw),
-            ('kind="software"', lambda c: c.thermal_slowdown_sw),
+            ('kind="hardware"', "thermal_slowdown_hw"),
+            ('kind="software"', "thermal_slowdown_sw"),
         ),
     ),
 )
@@ -223,48 +259,39 @@ class GpuReading:
 
 def gpu_labels(g: GpuReading) -> str:
     """The GPU's label text, `node="…",Hostname="…",gpu="…",UUID="…"`."""
-    return label_text(
-        (
-            ("node", g.node),
-            ("Hostname", g.hostname or g.node),
-            ("gpu", g.index),
-            ("UUID", g.uuid or ""),
-        )
-    )
+    return _gpu_labels(g.node, g.hostname or g.node, g.index, g.uuid or "")
 
 
-def _pct(value: int | None) -> float | None:
-    return None if value is None else value / 100
-
-
-def _mib(value: int | None) -> int | None:
-    return None if value is None else value * MIB
+@functools.lru_cache(maxsize=LABELS_KEPT)
+def _gpu_labels(node: str, hostname: str, index: int, uuid: str) -> str:
+    """Kept while the GPU's names stay the same (they rarely change; escaping them was most of
+    an exposition's work)."""
+    return label_text((("node", node), ("Hostname", hostname), ("gpu", index), ("UUID", uuid)))
 
 
 # (name, HELP, the value of a GPU): gpuctl's own per-GPU gauges
-GPU_GAUGES: tuple[tuple[str, str, Callable[[GpuReading], Value]], ...] = (
-    ("gpuctl_gpu_memory_total_bytes", "GPU memory the card reports.", lambda g: _mib(g.total_mib)),
+GPU_GAUGES: tuple[tuple[str, str, str, str], ...] = (
+    ("gpuctl_gpu_memory_total_bytes", "GPU memory the card reports.", "total_mib", "mib"),
     (
         "gpuctl_gpu_memory_observed_bytes",
         "GPU memory in use as NVML reports it.",
-        lambda g: _mib(g.observed_mib),
+        "observed_mib",
+        "mib",
     ),
     (
         "gpuctl_gpu_memory_allocated_bytes",
         "GPU memory gpuctl granted on the card (a whole card: all of it).",
-        lambda g: _mib(g.allocated_mib),
+        "allocated_mib",
+        "mib",
     ),
     (
         "gpuctl_gpu_memory_ghost_bytes",
         "GPU memory in use by processes gpuctl does not account for.",
-        lambda g: _mib(g.ghost_mib),
+        "ghost_mib",
+        "mib",
     ),
-    (
-        "gpuctl_gpu_utilization_ratio",
-        "SM utilization NVML reports (0-1).",
-        lambda g: _pct(g.util_pct),
-    ),
-    ("gpuctl_gpu_temperature_celsius", "GPU temperature.", lambda g: g.temp_c),
+    ("gpuctl_gpu_utilization_ratio", "SM utilization NVML reports (0-1).", "util_pct", "pct"),
+    ("gpuctl_gpu_temperature_celsius", "GPU temperature.", "temp_c", ""),
 )
 
 
@@ -283,9 +310,9 @@ def gpu_text(gpus: Sequence[GpuReading], out: list[str]) -> None:
         [1] * len(gpus),
         out,
     )
-    plain = heads(bases)
-    for name, help_text, value in GPU_GAUGES:
-        family(name, help_text, "gauge", plain, [value(g) for g in gpus], out)
+    for name, help_text, attr, unit in GPU_GAUGES:
+        header(name, help_text, "gauge", out)
+        labelled(name, bases, column(gpus, attr, unit), out)
     judged = [(g.verdict, b) for g, b in zip(gpus, bases, strict=True) if g.verdict is not None]
     header(
         "gpuctl_gpu_health",
@@ -294,25 +321,27 @@ def gpu_text(gpus: Sequence[GpuReading], out: list[str]) -> None:
         out,
     )
     for v in Verdict:
-        samples(
+        labelled(
             "gpuctl_gpu_health",
-            heads([b for _, b in judged], f'verdict="{v.value}"'),
-            [verdict is v for verdict, _ in judged],
+            [b for _, b in judged],
+            [int(verdict is v) for verdict, _ in judged],
             out,
+            f'verdict="{v.value}"',
         )
     observed = [(g.card, b) for g, b in zip(gpus, bases, strict=True) if g.card is not None]
+    observed_bases = [b for _, b in observed]
+    cards = [c for c, _ in observed]
     for name, help_text, kind, columns in CARD_SERIES:
         header(name, help_text, kind, out)
-        for extra, read in columns:
-            samples(
-                name, heads([b for _, b in observed], extra), [read(c) for c, _ in observed], out
-            )
+        for extra, attr in columns:
+            unit = "flag" if attr in FLAGS else ""
+            labelled(name, observed_bases, column(cards, attr, unit), out, extra)
     family(
         "gpuctl_gpu_last_xid",
         "Code of the GPU's newest XID error in the kernel log the probe reads (0: none), like "
         "dcgm-exporter's DCGM_FI_DEV_XID_ERRORS.",
         "gauge",
-        plain,
+        heads(bases),
         [g.last_xid for g in gpus],
         out,
     )

@@ -1,0 +1,177 @@
+"""Metrics scrape benchmark: how long `gpuctl metrics serve` takes to build one exposition of a
+large fleet, server-side, and how big it is.
+
+    python benchmarks/metrics_scrape.py [--nodes 1000] [--gpus 8] [--jobs-per-node 4]
+                                        [--rounds 15] [--seed 7] [-o json]
+
+A synthetic fleet view (every GPU with what the probe reads: memory, utilization, temperature,
+power, ECC, remapped rows, thermal flags; an XID on a few) and an in-memory store with jobs: one
+running job per two cards on average, a queue of one job per node and a few held. The reading is
+made once (`read_fleet`, as a refresh makes it; its time is reported too), then the exposition of
+that reading is built `--rounds` times, as a scrape after a refresh does: the median CPU time,
+and the size in bytes (plain and gzipped, as Prometheus asks for it).
+
+Goal (issue 16): ≤ 100 ms for 1,000 nodes × 8 GPUs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import random
+import statistics
+import sys
+import time
+
+from gpuctl.config.jobspec import spec_from_data
+from gpuctl.core.jobs.model import Checkpoint, Event, Incarnation, IncarnationState, Job, JobState
+from gpuctl.core.model import (
+    FleetSnapshot,
+    GpuProcess,
+    GpuSnapshot,
+    NodeFacts,
+    NodeSnapshot,
+    NodeState,
+    Observation,
+    Reach,
+    XidEvent,
+)
+from gpuctl.ops.metrics import exposition, read_fleet
+from gpuctl.testing.memstore import MemoryStore
+
+NOW = 2_000_000_000.0
+CAP = 81559
+GOAL_S = 0.100
+
+
+def fleet(nodes: int, gpus: int, rng: random.Random) -> FleetSnapshot:
+    out = []
+    for n in range(nodes):
+        name = f"gpu{n:04d}"
+        cards = tuple(
+            GpuSnapshot(
+                index=i,
+                uuid=f"GPU-{n:08x}-{i:04x}-4000-8000-{rng.getrandbits(48):012x}",
+                model="NVIDIA H100 80GB HBM3",
+                pci_bus_id=f"00000000:{0x18 + i:02X}:00.0",
+                mem_total_mib=CAP,
+                mem_used_mib=rng.randrange(0, CAP),
+                util_pct=rng.randrange(0, 101),
+                temp_c=rng.randrange(30, 85),
+                power_w=round(rng.uniform(60, 700), 2),
+                power_limit_w=700.0,
+                ecc_mode=True,
+                ecc_volatile_corrected=rng.choice((0, 0, 0, 3)),
+                ecc_volatile_uncorrected=0,
+                ecc_aggregate_corrected=rng.choice((0, 0, 12, 117)),
+                ecc_aggregate_uncorrected=0,
+                remapped_rows_correctable=rng.choice((0, 0, 0, 1)),
+                remapped_rows_uncorrectable=0,
+                remapped_rows_pending=False,
+                remapped_rows_failure=False,
+                mig_mode=False,
+                thermal_slowdown_hw=False,
+                thermal_slowdown_sw=rng.random() < 0.01,
+            )
+            for i in range(gpus)
+        )
+        xids = (XidEvent(13, "0000:18:00", "Graphics Exception", "812.5"),) if n % 50 == 0 else ()
+        procs = tuple(GpuProcess(100_000 + n * 10 + i, c.uuid, 4096) for i, c in enumerate(cards))
+        obs = Observation(gpus=cards, processes=procs, xids=xids, facts=NodeFacts(hostname=name))
+        out.append(NodeSnapshot(name, Reach.OK, NodeState.READY, observation=obs, taken_at=NOW))
+    return FleetSnapshot(taken_at=NOW, nodes=tuple(out))
+
+
+def store_for(snap: FleetSnapshot, jobs_per_node: int, rng: random.Random) -> MemoryStore:
+    store = MemoryStore()
+    spec = spec_from_data(
+        {"name": "bench", "command": ["train"], "resources": {"mem_per_gpu": "16GiB"}}
+    )
+    for node in snap.nodes:
+        cards = [g for g in node.gpus]
+        for k in range(jobs_per_node):
+            jid = f"{node.name}-j{k}"
+            submitted = NOW - rng.uniform(600, 86400)
+            store.add_job(
+                Job(jid, jid, spec, JobState.QUEUED, 0, "standard", submitted),
+                Event(submitted, "bench", "submit", "s", jid),
+            )
+            card = cards[k % len(cards)] if cards else None
+            if k == jobs_per_node - 1 or card is None:
+                if k % 97 == 0:
+                    store.update_job(jid, state=JobState.HELD, reason="crash loop")
+                continue  # queued (or held)
+            inc = Incarnation(jid, 1, node.name, (card.index,), (card.uuid or "",), 16384, False,
+                              IncarnationState.LAUNCHING, submitted + 60, f"/runs/{jid}")  # fmt: skip
+            store.begin_launch(
+                inc,
+                capacity_mib={(node.name, card.index): CAP},
+                event=Event(submitted + 60, "gpuctl", "launch", "l", jid),
+            )
+            store.update_incarnation(
+                jid, 1, state=IncarnationState.RUNNING, pid=100_000 + int(node.name[3:]) * 10 + k
+            )
+            store.add_checkpoint(Checkpoint(jid, 1, 10, f"/ckpt/{jid}", NOW - rng.uniform(0, 3600),
+                                            "shared"))  # fmt: skip
+    return store
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--nodes", type=int, default=1000)
+    ap.add_argument("--gpus", type=int, default=8)
+    ap.add_argument("--jobs-per-node", type=int, default=4)
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("-o", dest="output", choices=("table", "json"), default="table")
+    args = ap.parse_args(argv)
+    rng = random.Random(args.seed)
+    snap = fleet(args.nodes, args.gpus, rng)
+    store = store_for(snap, args.jobs_per_node, rng)
+    started = time.process_time()
+    reading = read_fleet(snap, store, NOW, ())
+    refresh_s = time.process_time() - started
+    times, page = [], b""
+    for _ in range(args.rounds):
+        started = time.process_time()
+        page = exposition(reading)
+        times.append(time.process_time() - started)
+    started = time.process_time()
+    gzipped = gzip.compress(page, compresslevel=1)
+    gzip_s = time.process_time() - started
+    median = statistics.median(times)
+    figures = {
+        "nodes": args.nodes,
+        "gpus": len(reading.gpus),
+        "live_jobs": len(reading.jobs or ()),
+        "samples": sum(1 for line in page.splitlines() if line and not line.startswith(b"#")),
+        "build_median_s": median,
+        "build_min_s": min(times),
+        "build_max_s": max(times),
+        "bytes": len(page),
+        "gzip_bytes": len(gzipped),
+        "gzip_s": gzip_s,
+        "reading_s": refresh_s,
+        "goal_s": GOAL_S,
+        "met": median <= GOAL_S,
+    }
+    if args.output == "json":
+        print(json.dumps(figures, indent=2))
+    else:
+        print(
+            f"metrics exposition of {args.nodes} nodes × {args.gpus} GPUs "
+            f"({figures['gpus']} GPUs, {figures['live_jobs']} live jobs, "
+            f"{figures['samples']} samples)\n"
+            f"build (CPU, median of {args.rounds})  {median * 1000:.1f} ms "
+            f"(min {min(times) * 1000:.1f}, max {max(times) * 1000:.1f})\n"
+            f"size                          {len(page) / 1e6:.2f} MB, "
+            f"{len(gzipped) / 1e6:.2f} MB gzipped ({gzip_s * 1000:.0f} ms, once per reading)\n"
+            f"the reading (refresh, CPU)    {refresh_s:.2f} s\n"
+            f"goal ≤ {GOAL_S * 1000:.0f} ms: {'met' if figures['met'] else 'NOT met'}"
+        )
+    return 0 if figures["met"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
