@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # gpuctl's demo (`make demo` runs it): a 3-node lab fleet, three training jobs (one spot), a node
 # killed mid-training, and the jobs resuming elsewhere from their last committed checkpoints.
-# Everything lives in DEMO_DIR (default /tmp/gpuctl-demo): the lab, and gpuctl's state
-# (--state-dir), never your own. About a minute. docs/demo.md walks through it.
+# Everything lives in DEMO_DIR (default /tmp/gpuctl-demo): the lab, gpuctl's state
+# (--state-dir, never your own), the job specs and their checkpoints. The demo removes all of it
+# when it ends, however it ends. About a minute. docs/demo.md walks through it.
 #
 #   examples/demo.sh                        # with gpuctl on the PATH
 #   GPUCTL=.venv/bin/gpuctl DEMO_DIR=/tmp/d examples/demo.sh
@@ -13,10 +14,13 @@ GPUCTL=${GPUCTL:-gpuctl}
 PYTHON=${PYTHON:-python3}
 GRACE=${GRACE:-5}
 EXAMPLES=$(cd "$(dirname "$0")" && pwd)
+LAB=$DEMO_DIR/lab
 STATE=$DEMO_DIR/state
+SPECS=$DEMO_DIR/jobs
+CHECKPOINTS=$DEMO_DIR/checkpoints
 JOBS=(train-demo train-demo-2 train-spot)
 
-gpuctl() { "$GPUCTL" --state-dir "$STATE" -i "$DEMO_DIR/inventory.yaml" "$@"; }
+gpuctl() { "$GPUCTL" --state-dir "$STATE" -i "$LAB/inventory.yaml" "$@"; }
 if [ -t 1 ]; then
   step() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
 else
@@ -61,23 +65,34 @@ all_checkpointed() {
   for job in "${JOBS[@]}"; do [ "$(field "$job" checkpoint.step)" != - ] || return 1; done
 }
 
-cleanup() {
-  "$GPUCTL" lab down --dir "$DEMO_DIR" >/dev/null 2>&1 || true
+# a job spec of examples/ for the demo: its name, its workdir (examples/) and its checkpoints in
+# DEMO_DIR, so that nothing is left in /tmp
+spec() {
+  sed -e "s/^name: .*/name: $3/" -e "s|^workdir: \\.|workdir: $EXAMPLES|" \
+    -e "s|^  dir: /tmp/gpuctl-checkpoints/|  dir: $CHECKPOINTS/|" "$EXAMPLES/$1" >"$SPECS/$2"
+}
+
+cleanup() {  # the lab stops with its jobs; then everything the demo wrote goes
+  "$GPUCTL" lab down --dir "$LAB" >/dev/null 2>&1 || true
+  rm -rf "$LAB" "$STATE" "$SPECS" "$CHECKPOINTS"
+  rmdir "$DEMO_DIR" 2>/dev/null || true
 }
 trap cleanup EXIT
 
 step "1. a lab fleet: 3 nodes of real sshd on loopback, 8 simulated H100s each"
-"$GPUCTL" lab down --dir "$DEMO_DIR" >/dev/null 2>&1 || true
-rm -rf "$STATE"  # the demo's own state, from an earlier run
-"$GPUCTL" lab up --nodes 3 --dir "$DEMO_DIR"
+cleanup  # what an earlier run left, if it was killed
+mkdir -p -m 755 "$DEMO_DIR"
+mkdir -p "$SPECS" && mkdir -m 1777 "$CHECKPOINTS"  # the lab user writes the checkpoints
+"$GPUCTL" lab up --nodes 3 --dir "$LAB"
 
 step "2. gpuctl status: every node answers, nothing allocated yet"
 gpuctl status
 
 step "3. submit three training jobs (examples/train.py: a checkpoint every 10 steps of 0.5 s)"
-sed -e 's/^name: train-demo$/name: train-demo-2/' -e "s|^workdir: \\.|workdir: $EXAMPLES|" \
-  "$EXAMPLES/train-job.yaml" >"$DEMO_DIR/train-job-2.yaml"
-gpuctl submit "$EXAMPLES/train-job.yaml" "$DEMO_DIR/train-job-2.yaml" "$EXAMPLES/train-spot-job.yaml"
+spec train-job.yaml train-job.yaml train-demo
+spec train-job.yaml train-job-2.yaml train-demo-2
+spec train-spot-job.yaml train-spot-job.yaml train-spot
+gpuctl submit "$SPECS/train-job.yaml" "$SPECS/train-job-2.yaml" "$SPECS/train-spot-job.yaml"
 gpuctl jobs list
 
 step "4. the control loop (gpuctl reconcile, one pass a second) places and launches them"
@@ -90,7 +105,7 @@ gpuctl jobs list
 VICTIM=$(field train-demo node)
 
 step "6. kill $VICTIM, the node running train-demo: its sshd and every process on it"
-"$GPUCTL" lab kill "$VICTIM" --dir "$DEMO_DIR"
+"$GPUCTL" lab kill "$VICTIM" --dir "$LAB"
 say "for ${GRACE}s the node only counts as failing (sshd down is not a dead job);"
 say "then it is down: its jobs restart elsewhere, from their newest committed checkpoint"
 reconcile_until "the failover" 60 'all_running_at 1 && [ "$(field train-demo incarnation)" -ge 2 ]'
@@ -99,18 +114,19 @@ step "7. the jobs: same ids, the next incarnation, on the nodes still up"
 gpuctl jobs list
 gpuctl jobs show train-demo | sed -n '/^incarnations:/,/^$/p'
 
-step "8. train-demo's log: incarnation 2 resumed from the checkpoint, step after step"
+step "8. gpuctl status after the failover: the fleet, and the five numbers"
+gpuctl status || [ $? -eq 3 ]  # exit 3: a node does not answer (the one killed)
+
+step "9. train-demo's log: incarnation 2 resumed from the checkpoint, step after step"
 sleep 2  # a few steps of the new incarnation
 gpuctl logs train-demo | grep -E '^(train:|resumed|starting|step)' | head -4
 echo "    ..."
 gpuctl logs train-demo | tail -n 3
 
-step "9. the store is consistent: gpuctl db check"
+step "10. the store is consistent: gpuctl db check"
 gpuctl db check
 
-step "10. lab down (the jobs stop with their nodes)"
-for job in "${JOBS[@]}"; do
-  rm -rf "/tmp/gpuctl-checkpoints/$(field "$job" id)"
-done
+step "11. lab down (the jobs stop with their nodes), and $DEMO_DIR removed"
+"$GPUCTL" lab down --dir "$LAB"
 trap - EXIT
-"$GPUCTL" lab down --dir "$DEMO_DIR"
+cleanup
