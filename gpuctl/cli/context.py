@@ -14,7 +14,7 @@ from gpuctl.adapters.clock import SystemClock
 from gpuctl.adapters.protocols import Clock, Transport
 from gpuctl.errors import UsageError
 from gpuctl.ops.parts import LinkFactory, ssh_link
-from gpuctl.ops.stores import StoreOpener, open_sqlite
+from gpuctl.ops.stores import StoreOpener, open_sqlite, url_opener
 
 if TYPE_CHECKING:
     from gpuctl.ops.compose import Root
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 class AppContext:
     inventory_path: Path | None = None
     state_dir: Path | None = None  # --state-dir; else GPUCTL_STATE_DIR, else the XDG state dir
+    state_url: str | None = None  # --state-url; else GPUCTL_STATE_URL; else SQLite in state_dir
     debug: bool = False
     env: Mapping[str, str] = dataclasses.field(default_factory=lambda: dict(os.environ))
     # Tests inject a transport here; commands otherwise build the SSH transport lazily.
@@ -38,18 +39,29 @@ class AppContext:
 
     def root(self) -> Root:
         """The composition root for this run: the state folder of --state-dir /
-        GPUCTL_STATE_DIR / the XDG state dir, and the parts above."""
+        GPUCTL_STATE_DIR / the XDG state dir, the store of --state-url / GPUCTL_STATE_URL if
+        one is given (else SQLite in that folder), and the parts above."""
         from gpuctl.config.paths import state_dir
         from gpuctl.ops import compose
 
+        opener = self.store_opener
+        url = self.resolve_state_url()
+        if url is not None and opener is open_sqlite:  # a test's own opener stays
+            opener = url_opener(url)
         return compose.Root(
             env=self.env,
             state_dir=state_dir(self.env, self.state_dir),
             clock=self.clock,
-            open_store=self.store_opener,
+            open_store=opener,
             transport=self.transport_factory or compose.default_transport,
             link=self.fleet_link or ssh_link,
         )
+
+    def resolve_state_url(self) -> str | None:
+        """--state-url, then GPUCTL_STATE_URL (checked: no password in it); None: SQLite."""
+        from gpuctl.ops.stores import state_url
+
+        return state_url(self.env, self.state_url)
 
     def resolve_inventory_path(self) -> Path:
         """-i/--inventory, then GPUCTL_INVENTORY. No implicit default: gpuctl never scans a fleet

@@ -1,4 +1,5 @@
-"""`gpuctl db check|path`: is the state store sound, and where is it."""
+"""`gpuctl db check|path|migrate`: is the state store sound, where is it, and moving it from
+SQLite to PostgreSQL."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ from gpuctl.errors import exit_for_db_check
 if TYPE_CHECKING:
     from gpuctl.ops.fleetcheck import FleetCheck
 
-app = typer.Typer(help="gpuctl's state store: check it, find it.", no_args_is_help=True)
+app = typer.Typer(
+    help="gpuctl's state store: check it, find it, move it to PostgreSQL.", no_args_is_help=True
+)
 
 
 def _state_dir(ctx: typer.Context) -> Path:
@@ -41,7 +44,7 @@ def check(
     With --fleet, the job processes that really run on the nodes are compared with the store."""
     from gpuctl.ops.invariants import check_database
 
-    report = check_database(_state_dir(ctx))
+    report = check_database(_state_dir(ctx), context.get(ctx).resolve_state_url())
     found = _check_fleet(ctx) if fleet and report.healthy else None
     if output in (Output.JSON, Output.YAML):
         document = report.to_dict()
@@ -109,7 +112,66 @@ def _check_fleet(ctx: typer.Context) -> FleetCheck:
 
 @app.command("path")
 def path(ctx: typer.Context) -> None:
-    """Print the database's path (it may not exist yet)."""
+    """Print the database's path (it may not exist yet), or its URL (never a password) when the
+    state is in PostgreSQL (--state-url / GPUCTL_STATE_URL)."""
     from gpuctl.adapters.store import db_path
 
+    url = context.get(ctx).resolve_state_url()
+    if url is not None:
+        from gpuctl.adapters.store.postgres.url import redact
+
+        sys.stdout.write(f"{redact(url)}\n")
+        return
     sys.stdout.write(f"{db_path(_state_dir(ctx))}\n")
+
+
+@app.command("migrate")
+def migrate(
+    ctx: typer.Context,
+    to: str = typer.Option(
+        ...,
+        "--to",
+        help="The PostgreSQL database to copy into, e.g. postgresql://gpuctl@db/gpuctl "
+        "(no password: ~/.pgpass). It must hold no gpuctl rows yet.",
+        show_default=False,
+    ),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="Say what would be copied (rows per table); change nothing."
+    ),
+    output: Output = OUTPUT_OPTION,
+) -> None:
+    """Copy the SQLite store of the state folder into PostgreSQL, in one transaction.
+
+    The SQLite store is brought to this gpuctl's schema first (a backup is kept beside it) and
+    left as it was otherwise. Then run gpuctl with --state-url (or GPUCTL_STATE_URL) set to the
+    same URL."""
+    from gpuctl.adapters.store import db_path, open_store
+    from gpuctl.adapters.store.postgres import copy
+    from gpuctl.adapters.store.postgres.url import check, redact
+    from gpuctl.errors import UsageError
+
+    url = check(to, where="--to")
+    state_dir = _state_dir(ctx)
+    if not db_path(state_dir).exists():
+        raise UsageError(
+            f"{db_path(state_dir)}: no SQLite store here: nothing to copy",
+            hint="give the state folder that holds it with --state-dir",
+        )
+    with open_store(state_dir, write=not dry_run) as source:
+        if dry_run:
+            done = copy.plan(source)
+        else:
+            done = copy.copy(source, url, _progress if sys.stderr.isatty() else None)
+    if output in (Output.JSON, Output.YAML):
+        emit_document({**done.to_dict(), "to": redact(url), "dry_run": dry_run}, output)
+    else:
+        verb = "would copy" if dry_run else "copied"
+        sys.stdout.write("".join(f"{t:<16} {n}\n" for t, n in done.tables))
+        sys.stderr.write(
+            f"{verb} {done.rows} row(s) of schema v{done.schema_version} from {source.path} "
+            f"to {safe(redact(url))}\n"
+        )
+
+
+def _progress(table: str, done: int, total: int) -> None:
+    sys.stderr.write(f"\rcopying {table}: {done}/{total}" + ("\n" if done >= total else ""))

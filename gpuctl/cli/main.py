@@ -96,7 +96,12 @@ class _Boundary(TyperGroup):
 
 
 # the root's options accepted after a command too, and the AppContext field each sets
-_GLOBAL_OPTIONS = {"inventory": "inventory_path", "state_dir": "state_dir", "debug": "debug"}
+_GLOBAL_OPTIONS = {
+    "inventory": "inventory_path",
+    "state_dir": "state_dir",
+    "state_url": "state_url",
+    "debug": "debug",
+}
 
 
 def _spread(command: ClickCommand, shared: list[ClickParameter], path: str) -> None:
@@ -159,6 +164,7 @@ EXAMPLES = {  # one typical line per command, shown under its --help
     "bench placement": "bench placement --nodes nodes.csv --pods pods.csv --seeds 42-51",
     "db check": "db check --fleet -i fleet.yaml",
     "db path": "db path",
+    "db migrate": "db migrate --to postgresql://gpuctl@db.example/gpuctl --dry-run",
     "metrics serve": "metrics serve -i fleet.yaml --port 9400",
     "metrics dump": "metrics dump --from-store",
     "playbook check": "playbook check sweep.yaml -i fleet.yaml",
@@ -242,6 +248,14 @@ def _root(
         help="gpuctl's state folder (default: $GPUCTL_STATE_DIR, then $XDG_STATE_HOME/gpuctl).",
         show_default=False,
     ),
+    state_url: str | None = typer.Option(
+        None,
+        "--state-url",
+        help="Keep the state in PostgreSQL, e.g. postgresql://gpuctl@db:5432/gpuctl (default: "
+        "$GPUCTL_STATE_URL, else SQLite in the state folder). No password in it: libpq reads "
+        "~/.pgpass (or $PGPASSFILE) or a service (?service=NAME).",
+        show_default=False,
+    ),
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks and debug logs."),
     version: bool = typer.Option(
         False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
@@ -250,9 +264,12 @@ def _root(
     if isinstance(ctx.obj, AppContext):  # tests pass a prepared context (injected transport)
         ctx.obj.inventory_path = inventory or ctx.obj.inventory_path
         ctx.obj.state_dir = state_dir or ctx.obj.state_dir
+        ctx.obj.state_url = state_url or ctx.obj.state_url
         ctx.obj.debug = debug or ctx.obj.debug
     else:
-        ctx.obj = AppContext(inventory_path=inventory, state_dir=state_dir, debug=debug)
+        ctx.obj = AppContext(
+            inventory_path=inventory, state_dir=state_dir, state_url=state_url, debug=debug
+        )
     _configure_logging(debug)
 
 

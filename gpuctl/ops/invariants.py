@@ -28,9 +28,12 @@ import dataclasses
 from collections import defaultdict
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuctl.adapters.protocols import Store
+
+if TYPE_CHECKING:
+    from gpuctl.adapters.store import SqliteStore
 from gpuctl.core.jobs.migration import Reservation
 from gpuctl.core.jobs.model import Incarnation, IncarnationState, Job, JobState
 
@@ -210,9 +213,9 @@ class DbReport:
         }
 
 
-def check_database(state_dir: Path) -> DbReport:
+def check_database(state_dir: Path, state_url: str | None = None) -> DbReport:
     """Open the store read-only and check everything; a store that refuses to open is a problem
-    in the report, not an exception."""
+    in the report, not an exception. With `state_url`, the PostgreSQL store there."""
     from gpuctl.adapters.store import SCHEMA_VERSION, db_path, open_store
     from gpuctl.errors import StateError
 
@@ -229,10 +232,24 @@ def check_database(state_dir: Path) -> DbReport:
         events=None,
         problems=(),
     )
+    if state_url is not None:
+        from gpuctl.adapters.store.postgres import open_url
+        from gpuctl.adapters.store.postgres.url import redact
+
+        base = dataclasses.replace(base, database=redact(state_url), exists=True)
+        try:
+            pg = open_url(state_url, write=False)
+        except StateError as exc:
+            return dataclasses.replace(base, problems=(exc.message,))
+        return _checked(pg, dataclasses.replace(base, exists=not pg.ephemeral))
     try:
         store = open_store(state_dir, write=False)
     except StateError as exc:
         return dataclasses.replace(base, problems=(exc.message,))
+    return _checked(store, base)
+
+
+def _checked(store: SqliteStore, base: DbReport) -> DbReport:
     with store:
         if store.ephemeral:
             return base

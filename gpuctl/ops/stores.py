@@ -1,14 +1,15 @@
-"""How the state store is opened: a `StoreOpener` (the SQLite store of a state folder by default;
-a test injects its own through the CLI's `AppContext`), and over it a `SessionStore` that a
-long-lived service calls for one read or one write at a time: opened per use, or, for the
-dashboard, one read-only connection kept open (`KeptStore`).
+"""How the state store is opened: a `StoreOpener` (the SQLite store of a state folder by default,
+the PostgreSQL database of `--state-url` / `GPUCTL_STATE_URL` when one is given; a test injects
+its own through the CLI's `AppContext`), and over it a `SessionStore` that a long-lived service
+calls for one read or one write at a time: opened per use, or, for the dashboard, one read-only
+connection kept open (`KeptStore`, SQLite's).
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -34,6 +35,32 @@ def open_sqlite(state_dir: Path, *, write: bool) -> Store:
     from gpuctl.adapters.store import open_store
 
     return open_store(state_dir, write=write)
+
+
+STATE_URL_ENV = "GPUCTL_STATE_URL"
+
+
+def state_url(env: Mapping[str, str], override: str | None = None) -> str | None:
+    """`--state-url`, else `GPUCTL_STATE_URL`, checked (a PostgreSQL URL, no password in it:
+    `UsageError` naming where it came from); None: the SQLite store of the state folder."""
+    from gpuctl.adapters.store.postgres.url import check
+
+    if override:
+        return check(override, where="--state-url")
+    if env.get(STATE_URL_ENV):
+        return check(env[STATE_URL_ENV], where=STATE_URL_ENV)
+    return None
+
+
+def url_opener(url: str) -> StoreOpener:
+    """The PostgreSQL store at `url` (the state folder is not where it lives)."""
+
+    def open_url(state_dir: Path, *, write: bool) -> Store:
+        from gpuctl.adapters.store.postgres import open_url
+
+        return open_url(url, write=write)
+
+    return open_url
 
 
 def per_use(open_store: StoreOpener, state_dir: Path) -> SessionStore:

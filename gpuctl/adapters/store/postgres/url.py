@@ -51,7 +51,10 @@ def redact(url: str) -> str:
         if "@" in netloc:
             user, host = netloc.rsplit("@", 1)
             netloc = f"{user.split(':', 1)[0]}@{host}"
-        query = urlencode([(k, v) for k, v in _query(parts.query) if k != "password"])
+        query = parts.query
+        if any(k == "password" for k, _ in _query(query)):
+            kept = [(k, v) for k, v in _query(query) if k != "password"]
+            query = urlencode(kept, safe="/")
         return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
     except ValueError:
         return "<a URL that cannot be read>"
