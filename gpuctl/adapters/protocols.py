@@ -112,7 +112,8 @@ class Clock(Protocol):
 
 class Store(Protocol):
     """Jobs, incarnations (and the cards they hold), checkpoints, cordons, liveness and the audit
-    log. Implementations: SQLite (`gpuctl.adapters.store.sqlite`); PostgreSQL later.
+    log. Implementations: SQLite (`gpuctl.adapters.store.sqlite`), PostgreSQL
+    (`gpuctl.adapters.store.postgres`).
 
     Every mutating method is one transaction. Compare-and-set methods raise
     `gpuctl.errors.StoreConflict` when the row is not in the expected state, so two control loops
