@@ -11,7 +11,7 @@ from gpuctl.adapters.protocols import Store
 from gpuctl.adapters.store import open_store
 from gpuctl.core.history import DAY_S, FleetSample, NodeSample, Retention
 from gpuctl.core.jobs.model import Event
-from gpuctl.testing.memstore import MemoryStore
+from tests.pg import STORES, open_test_store
 
 NOW = 1_800_000_000  # a whole hour
 
@@ -24,13 +24,11 @@ def node(at: int, name: str, util: float, step: int = 60) -> NodeSample:
     return NodeSample(at, step, name, util, 1000, 2000, 10, 80_000)
 
 
-@pytest.fixture(params=["sqlite", "memory"])
+@pytest.fixture(params=STORES)
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    if request.param == "memory":
-        yield MemoryStore()
-        return
-    with open_store(tmp_path / "state", write=True) as s:
-        yield s
+    s = open_test_store(request, tmp_path / "state")
+    yield s
+    s.close()
 
 
 def test_samples_survive_closing_and_reopening_the_store(tmp_path: Path) -> None:
