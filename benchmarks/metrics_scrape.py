@@ -89,7 +89,7 @@ def store_for(snap: FleetSnapshot, jobs_per_node: int, rng: random.Random) -> Me
         {"name": "bench", "command": ["train"], "resources": {"mem_per_gpu": "16GiB"}}
     )
     for node in snap.nodes:
-        cards = [g for g in node.gpus]
+        cards = list(node.gpus)
         for k in range(jobs_per_node):
             jid = f"{node.name}-j{k}"
             submitted = NOW - rng.uniform(600, 86400)
@@ -102,7 +102,8 @@ def store_for(snap: FleetSnapshot, jobs_per_node: int, rng: random.Random) -> Me
                 if k % 97 == 0:
                     store.update_job(jid, state=JobState.HELD, reason="crash loop")
                 continue  # queued (or held)
-            inc = Incarnation(jid, 1, node.name, (card.index,), (card.uuid or "",), 16384, False,
+            uuids = (card.uuid or "",)
+            inc = Incarnation(jid, 1, node.name, (card.index,), uuids, 16384, False,
                               IncarnationState.LAUNCHING, submitted + 60, f"/runs/{jid}")  # fmt: skip
             store.begin_launch(
                 inc,
