@@ -245,7 +245,7 @@ NUMBER_KEYS = (
 )
 # What a number card's title shrinks to when the card is too narrow for its title (80 columns)
 SHORT_TITLES = {
-    "utilization": "UTIL",
+    "utilization": "ALLOCATED",
     "fragmentation": "FRAG",
     "queue": "QUEUE p50",
     "checkpoint": "CKPT max",
@@ -257,6 +257,15 @@ SHORT_TITLES = {
 def card_title(key: str, title: str, width: int) -> str:
     """A number card's title for a card `width` cells wide inside: whole, or its short form."""
     return title if len(title) <= width else SHORT_TITLES.get(key, title)
+
+
+def card_headline(headline: Text, width: int) -> Text:
+    """A number card's headline for a card `width` cells wide inside: whole, or its first words
+    that fit (`46%` of `46% allocated`), never a word cut."""
+    if headline.cell_len <= width:
+        return headline
+    cut = headline.plain.rfind(" ", 0, width + 1)
+    return headline[:cut] if cut > 0 else headline
 
 
 def number_values(n: FleetNumbers) -> dict[str, float | None]:

@@ -44,8 +44,8 @@ class NumberCard(Static):
             self._render_card()
 
     def _render_card(self) -> None:
-        headline = self._headline or Text(fmt.NA)
         width = max(8, self.content_size.width or 24)
+        headline = fmt.card_headline(self._headline or Text(fmt.NA), self.content_size.width or 24)
         lo, hi = (0.0, 100.0) if self.key in PERCENT_KEYS else (0.0, None)
         spark = fmt.sparkline(list(self.history), width, lo=lo, hi=hi)
         body = Text(self.shown_title, style="dim")
