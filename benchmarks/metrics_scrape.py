@@ -104,7 +104,7 @@ def store_for(snap: FleetSnapshot, jobs_per_node: int, rng: random.Random) -> Me
                 continue  # queued (or held)
             uuids = (card.uuid or "",)
             inc = Incarnation(jid, 1, node.name, (card.index,), uuids, 16384, False,
-                              IncarnationState.LAUNCHING, submitted + 60, f"/runs/{jid}")  # fmt: skip
+                              IncarnationState.LAUNCHING, submitted + 60, jid)  # fmt: skip
             store.begin_launch(
                 inc,
                 capacity_mib={(node.name, card.index): CAP},
