@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 from gpuctl.errors import GpuctlError
 
-ACTIONS = ("cordon", "uncordon", "drain", "consolidate")
+ACTIONS = ("cordon", "uncordon", "drain", "consolidate", "cancel", "kill")
 
 Progress = Callable[[str], None]  # one line per job's outcome, as it comes
 
@@ -21,7 +21,7 @@ class ActionPlan:
     """What an action would do. `value` is the service's own plan, handed back to `carry_out`."""
 
     action: str
-    target: str | None  # a node; None for fleet-wide actions (consolidate)
+    target: str | None  # a node, a job (cancel, kill); None for fleet-wide actions (consolidate)
     text: str  # the plan as the operator reads it (node and store text: shells strip escapes)
     reason: str | None = None
     value: Any = None

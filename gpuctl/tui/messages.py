@@ -22,7 +22,8 @@ class OpenJob(Message):
 
 
 class ActionRequested(Message):
-    """The operator asked for cordon / uncordon / drain / consolidate (target: a node or None)."""
+    """The operator asked for cordon / uncordon / drain / consolidate (target: a node or None),
+    or to cancel / kill a job (target: the job's id)."""
 
     def __init__(self, action: str, target: str | None) -> None:
         super().__init__()

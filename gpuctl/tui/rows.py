@@ -273,6 +273,8 @@ def job_row(line: JobLine, now: float) -> tuple[Cell, ...]:
         words = fmt.human_s(None if since is None else now - since)
         age = Cell(((words, ""), (" (none)", "yellow"))) if ckpt is None else Cell.of(words)
     state = Cell.of(job.state.value, "yellow" if job.state is JobState.HELD else "")
+    if job.cancel_requested and not job.state.terminal:  # as `gpuctl jobs list` says it
+        state = Cell.of(f"{job.state.value} (cancelling)", "yellow")
     return (
         fmt.plain(job.id),
         fmt.plain(job.name),

@@ -1,6 +1,7 @@
 """The operator's actions on the fleet, planned first and applied only once confirmed: cordon,
 uncordon, drain and consolidate, behind both `gpuctl cordon|uncordon|drain|consolidate` and the
-dashboard's action keys. A plan is text the operator reads (the same in a terminal and in the
+dashboard's action keys, and the dashboard's cancel of a job (`_jobs`: the cancel of `gpuctl
+cancel`, `kill` its `--force`). A plan is text the operator reads (the same in a terminal and in the
 dashboard's confirm dialog) and the service's own plan, handed back to `carry_out`.
 
 Cordon and uncordon write the store (`gpuctl.ops.moves.nodeops`). Drain and consolidation plan on a
@@ -32,6 +33,7 @@ from gpuctl.ops.actions._fleet import (
     FleetActions,
     drain_text,
 )
+from gpuctl.ops.actions._jobs import CancelOrder
 
 __all__ = [
     "ACTIONS",
@@ -40,6 +42,7 @@ __all__ = [
     "ActionRefused",
     "ActionService",
     "Applied",
+    "CancelOrder",
     "ConsolidationOrder",
     "DrainOrder",
     "FleetActions",

@@ -14,6 +14,7 @@ from gpuctl.core.jobs.model import Cordon
 from gpuctl.core.model import Inventory
 from gpuctl.core.units import human_s
 from gpuctl.ops.action_plans import ACTIONS, ActionPlan, ActionRefused, Applied, Progress
+from gpuctl.ops.actions._jobs import JOB_ACTIONS, CancelOrder, carry_out_cancel, plan_cancel
 from gpuctl.ops.loop import control_loop
 from gpuctl.ops.parts import FleetReader, minute_of_day, sleep_of
 from gpuctl.ops.stores import SessionStore
@@ -89,11 +90,13 @@ class FleetActions:
 
     def plan(self, action: str, target: str | None, *, reason: str | None = None) -> ActionPlan:
         """The plan for a dashboard key; a cordon or drain without a reason says it came from
-        the dashboard."""
+        the dashboard. `cancel` and `kill` take a job (`gpuctl cancel`, `--force`)."""
         if action not in ACTIONS:
             raise ActionRefused(f"unknown action {action!r}")
         if action == "consolidate":
             return self.plan_consolidation()
+        if action in JOB_ACTIONS:
+            return plan_cancel(self, target or "", force=action == "kill")
         if not target:
             raise ActionRefused(f"{action} needs a node")
         why = (reason or "").strip() or f"from gpuctl dash by {self.operator}"
@@ -211,6 +214,8 @@ class FleetActions:
 
         if isinstance(plan.value, NodeBatch):
             return carry_out_batch(self, plan, progress)
+        if isinstance(plan.value, CancelOrder):
+            return carry_out_cancel(self, plan.value)
 
         if plan.action == "cordon" and plan.target is not None:
             with self.open_store(True) as store:

@@ -37,7 +37,7 @@ class Dash(Protocol):
     ) -> None: ...
 
 
-ACTIONS = ("cordon", "uncordon", "drain", "consolidate")
+ACTIONS = ("cordon", "uncordon", "drain", "consolidate", "cancel", "kill")
 
 
 class DashScreen(Screen[None]):

@@ -16,7 +16,9 @@ from gpuctl.ops.dashboard import DashData, Services
 from gpuctl.ops.jobs import JobDetail
 from gpuctl.tui import format as fmt
 from gpuctl.tui import rows
+from gpuctl.tui.messages import ActionRequested
 from gpuctl.tui.screens.base import DashScreen
+from gpuctl.tui.screens.jobs import JOB_ACTION_BINDINGS, JOB_ACTION_KEYS
 
 LOG_LINES = 200
 
@@ -47,8 +49,11 @@ def load_job(services: Services, job_id: str) -> JobPage:
 
 class JobScreen(DashScreen):
     NAME = "job"
-    BINDINGS: ClassVar[list[BindingType]] = [Binding("l", "reload", "Reload log")]
-    KEYS = (("l", "read the job and its log again"),)
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("l", "reload", "Reload log"),
+        *JOB_ACTION_BINDINGS,
+    ]
+    KEYS = (("l", "read the job and its log again"), *JOB_ACTION_KEYS)
 
     def __init__(self, job_id: str) -> None:
         super().__init__()
@@ -71,6 +76,12 @@ class JobScreen(DashScreen):
         self.query_one("#job-log", Static).update(Text("reading the log ...", style="dim"))
         services = self.dash.services
         self.dash.background(lambda: load_job(services, self.job_id), self.loaded, name="job")
+
+    def action_cancel(self) -> None:
+        self.post_message(ActionRequested("cancel", self.job_id))
+
+    def action_kill(self) -> None:
+        self.post_message(ActionRequested("kill", self.job_id))
 
     def loaded(self, page: JobPage) -> None:
         self.page = page

@@ -11,15 +11,27 @@ from textual.widgets import DataTable
 
 from gpuctl.ops.dashboard import DashData
 from gpuctl.tui import rows
-from gpuctl.tui.messages import OpenJob
+from gpuctl.tui.messages import ActionRequested, OpenJob
 from gpuctl.tui.screens.base import DashScreen
 from gpuctl.tui.widgets.table import KeyedTable
+
+JOB_ACTION_BINDINGS: list[BindingType] = [
+    Binding("k", "cancel", "Cancel job"),
+    Binding("K", "kill", "Kill now", key_display="K"),
+]
+JOB_ACTION_KEYS = (
+    ("k", "cancel the job (plan, then confirm): a running one gets SIGTERM, KILL after its grace"),
+    ("K", "kill a running job at once, no last checkpoint (cancel --force; plan, then confirm)"),
+)
 
 
 class _JobTable(DashScreen):
     COLUMNS: ClassVar[tuple[tuple[str, str], ...]] = ()
-    BINDINGS: ClassVar[list[BindingType]] = [Binding("enter", "open", "Job")]
-    KEYS = (("enter", "open the job under the cursor (detail and log tail)"),)
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("enter", "open", "Job"),
+        *JOB_ACTION_BINDINGS,
+    ]
+    KEYS = (("enter", "open the job under the cursor (detail and log tail)"), *JOB_ACTION_KEYS)
 
     def compose_body(self) -> Iterator[Widget]:
         yield KeyedTable(self.COLUMNS, id="table")
@@ -36,6 +48,19 @@ class _JobTable(DashScreen):
         key = self.query_one(KeyedTable).cursor_key()
         if key is not None:
             self.post_message(OpenJob(key))
+
+    def _job_action(self, action: str) -> None:
+        key = self.query_one(KeyedTable).cursor_key()
+        if key is None:
+            self.app.notify("no job selected", severity="warning")
+            return
+        self.post_message(ActionRequested(action, key))
+
+    def action_cancel(self) -> None:
+        self._job_action("cancel")
+
+    def action_kill(self) -> None:
+        self._job_action("kill")
 
     def table_rows(self, data: DashData) -> list[rows.Row]:
         raise NotImplementedError
