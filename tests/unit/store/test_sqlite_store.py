@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from gpuctl.adapters.store import SCHEMA_VERSION, codec, open_store
+from gpuctl.adapters.store.postgres import open_url
 from gpuctl.adapters.store.sqlite import SqliteStore
 from gpuctl.core.jobs.model import (
     Checkpoint,
@@ -109,8 +110,18 @@ def state_dir(tmp_path: Path) -> Path:
     return tmp_path / "state"
 
 
-@pytest.fixture
-def store(state_dir: Path) -> Iterator[SqliteStore]:
+# tests that reach into SQLite's file or rows (sqlite3); test_postgres_store.py has their
+# PostgreSQL side
+SQLITE_ONLY = pytest.mark.parametrize("store", ["sqlite"], indirect=True)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store(request: pytest.FixtureRequest, state_dir: Path) -> Iterator[SqliteStore]:
+    """The SQLite store, and the PostgreSQL one (`PostgresStore` runs `SqliteStore`'s SQL)."""
+    if request.param == "postgresql":
+        with open_url(request.getfixturevalue("pg_url"), write=True) as pg:
+            yield pg
+        return
     with open_store(state_dir, write=True) as s:
         yield s
 
@@ -165,6 +176,7 @@ def test_reading_a_store_that_does_not_exist_yet_shows_it_empty_and_creates_noth
     assert not state_dir.exists()
 
 
+@SQLITE_ONLY
 def test_a_store_opened_read_only_refuses_every_write(store: SqliteStore, state_dir: Path) -> None:
     submitted(store)
     with open_store(state_dir, write=False) as ro:
@@ -211,6 +223,7 @@ def test_a_job_id_is_never_reused(store: SqliteStore) -> None:
     assert len(store.events()) == 1  # the refused submit left no event
 
 
+@SQLITE_ONLY
 def test_a_stored_spec_keeps_secret_names_and_files_and_no_value(store: SqliteStore) -> None:
     submitted(store)
     (text,) = sqlite3.connect(store.path).execute("SELECT spec FROM jobs").fetchone()
@@ -220,6 +233,7 @@ def test_a_stored_spec_keeps_secret_names_and_files_and_no_value(store: SqliteSt
     ]
 
 
+@SQLITE_ONLY
 @pytest.mark.parametrize(
     ("secrets", "where"),
     [
@@ -243,6 +257,7 @@ def test_a_stored_spec_carrying_a_secret_value_is_refused_naming_the_field(
     assert err.value.message == f"job train-a1b2c3: its stored spec is not valid at {where}"
 
 
+@SQLITE_ONLY
 def test_a_stored_spec_that_no_longer_validates_fails_closed(store: SqliteStore) -> None:
     submitted(store)
     with sqlite3.connect(store.path) as conn:  # another gpuctl's spec
@@ -469,6 +484,7 @@ def test_events_filter_by_time_job_and_kind_and_limit_keeps_the_newest(
     assert store.events(limit=1)[0].data == {"mib": 5}
 
 
+@SQLITE_ONLY
 def test_the_audit_log_cannot_be_updated_or_deleted(store: SqliteStore) -> None:
     store.append_event(ev("submit"))
     raw = sqlite3.connect(store.path)
@@ -517,6 +533,7 @@ def test_a_healthy_store_checks_clean(store: SqliteStore) -> None:
     }
 
 
+@SQLITE_ONLY
 def test_check_reports_rows_that_point_nowhere_and_a_marker_for_another_database(
     store: SqliteStore, state_dir: Path
 ) -> None:
@@ -547,6 +564,7 @@ def test_card_capacities_remember_what_each_launch_was_given(store: SqliteStore)
 # --- one control loop at a time -----------------------------------------------------------------
 
 
+@SQLITE_ONLY
 def test_the_loop_lock_admits_one_holder_and_names_it(store: SqliteStore, state_dir: Path) -> None:
     held = rf"holds the lock \(pid {os.getpid()}\)"
     with open_store(state_dir, write=True) as other:
@@ -582,6 +600,7 @@ RACER = textwrap.dedent(
 )
 
 
+@SQLITE_ONLY
 def test_two_processes_racing_for_the_last_room_on_a_card_one_wins(
     store: SqliteStore, state_dir: Path
 ) -> None:

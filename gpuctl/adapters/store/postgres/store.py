@@ -45,7 +45,7 @@ from gpuctl.adapters.store.opening import Opened
 from gpuctl.adapters.store.postgres import url as urls
 from gpuctl.adapters.store.sqlite import SqliteStore
 from gpuctl.core.jobs.migration import Reservation
-from gpuctl.core.jobs.model import Event, Incarnation, Job
+from gpuctl.core.jobs.model import Event, Incarnation, Job, JobState
 from gpuctl.errors import StateError, StoreConflict, StoreCorrupt, StoreFull
 
 if TYPE_CHECKING:
@@ -232,6 +232,25 @@ class PostgresStore(SqliteStore):
 
     def __enter__(self) -> PostgresStore:
         return self
+
+    # --- reads: an empty filter matches nothing (PostgreSQL refuses SQLite's `IN ()`) ----------
+
+    def jobs(self, states: Iterable[JobState] | None = None) -> list[Job]:
+        wanted = None if states is None else list(states)
+        return [] if wanted == [] else super().jobs(wanted)
+
+    def events(
+        self,
+        *,
+        since: float | None = None,
+        job_id: str | None = None,
+        kinds: Iterable[str] | None = None,
+        limit: int | None = None,
+    ) -> list[Event]:
+        wanted = None if kinds is None else list(kinds)
+        if wanted == []:
+            return []
+        return super().events(since=since, job_id=job_id, kinds=wanted, limit=limit)
 
     # --- what checks many rows: behind the grants lock -----------------------------------------
 
