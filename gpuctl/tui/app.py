@@ -22,9 +22,18 @@ from textual.worker import Worker, WorkerState
 from gpuctl.core.fleet.view import PlacementMemo
 from gpuctl.errors import GpuctlError
 from gpuctl.ops.actions import ActionPlan
-from gpuctl.ops.dashboard import DashData, HealthKeeper, Services, collect
+from gpuctl.ops.dashboard import (
+    ALL_EVENTS,
+    NO_CHECKPOINTS,
+    DashData,
+    EventFilter,
+    HealthKeeper,
+    Services,
+    collect,
+    parse_event_filter,
+)
 from gpuctl.tui import format as fmt
-from gpuctl.tui.messages import ActionRequested, OpenJob, OpenNode
+from gpuctl.tui.messages import ActionRequested, OpenJob, OpenNode, ToggleCheckpoints
 from gpuctl.tui.quietgc import QuietGc
 from gpuctl.tui.screens.base import DashScreen
 from gpuctl.tui.screens.job import JobScreen
@@ -84,6 +93,7 @@ class DashApp(App[None]):
         self.overdue_s: float | None = None  # how long the running poll is past its deadline
         # the last notifications (severity, message), for tests and logs
         self.notified: deque[tuple[str, str]] = deque(maxlen=NOTES_KEPT)
+        self.event_filter: EventFilter = ALL_EVENTS  # which events the overview lists
         self._health = HealthKeeper()
         self._placement = PlacementMemo()  # nodes whose placement inputs did not move
         self._poll_started: float | None = None
@@ -165,13 +175,15 @@ class DashApp(App[None]):
             return  # one poll at a time: a slow one never piles up others behind it
         self._poll_started = time.monotonic()
         services, health, placement = self.services, self._health, self._placement
-        reasons = self.wants_reasons()
+        reasons, event_filter = self.wants_reasons(), self.event_filter
 
         def poll() -> None:
             # The data goes through `_inbox`, not the worker's result: a finished worker sits in
             # reference cycles that only the cyclic collector frees, and would keep a whole
             # refresh (a thousand nodes' views) alive with it.
-            self._inbox = collect(services, health, reasons=reasons, placement=placement)
+            self._inbox = collect(
+                services, health, reasons=reasons, placement=placement, event_filter=event_filter
+            )
 
         self.run_worker(
             poll,
@@ -277,7 +289,7 @@ class DashApp(App[None]):
         self._reasons_now()
 
     def action_command(self) -> None:
-        hint = "nodes | queue | jobs | node NAME | job ID"
+        hint = "nodes | queue | jobs | node NAME | job ID | events KINDS"
         self.push_screen(PromptScreen(":", placeholder=hint), self.run_command)
 
     def run_command(self, line: str | None) -> None:
@@ -292,13 +304,31 @@ class DashApp(App[None]):
                 self.notify(":job needs a job id", severity="warning")
                 return
             self.goto(cmd, arg)
+        elif cmd == "events":
+            try:
+                wanted = parse_event_filter(" ".join(words[1:]))
+            except GpuctlError as exc:
+                self.notify(f"{exc.message} ({exc.hint})", severity="warning")
+                return
+            self.goto("nodes")
+            self.filter_events(wanted)
         elif cmd == "help":
             self.action_help()
         else:
             self.notify(
-                f"unknown command :{cmd} (try :nodes, :queue, :jobs, :node NAME, :job ID)",
+                f"unknown command :{cmd} (try :nodes, :queue, :jobs, :node NAME, :job ID, "
+                ":events KINDS)",
                 severity="warning",
             )
+
+    def filter_events(self, wanted: EventFilter) -> None:
+        """List only the events `wanted` keeps, from the next poll (asked for now)."""
+        self.event_filter = wanted
+        self.action_refresh()
+
+    def on_toggle_checkpoints(self, message: ToggleCheckpoints) -> None:
+        """The `e` key: hide checkpoint events, or show every event again."""
+        self.filter_events(ALL_EVENTS if self.event_filter.active else NO_CHECKPOINTS)
 
     def action_help(self) -> None:
         screen = self._dash_screen()

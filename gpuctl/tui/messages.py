@@ -29,3 +29,7 @@ class ActionRequested(Message):
         super().__init__()
         self.action = action
         self.target = target
+
+
+class ToggleCheckpoints(Message):
+    """Hide checkpoint events from the events list, or show every event again."""

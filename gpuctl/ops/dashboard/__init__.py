@@ -7,11 +7,19 @@ view, state, health verdict and cordon, the jobs (and why each queued one waits)
 and alerts. The TUI draws a `DashData`; `gpuctl dash --once` prints one.
 
 This front re-exports the package's public names; the pieces are private: the sources and the
-services bundle (`_sources`), one refresh's values and how they are collected (`_view`).
+services bundle (`_sources`), one refresh's values and how they are collected (`_view`), which
+events are listed (`_events`: `:events drain,failover`, checkpoints hidden).
 """
 
 from __future__ import annotations
 
+from gpuctl.ops.dashboard._events import (
+    ALL_EVENTS,
+    NO_CHECKPOINTS,
+    EventFilter,
+    parse_event_filter,
+    recent_events,
+)
 from gpuctl.ops.dashboard._sources import (
     LOG_TAIL_BYTES,
     LiveSource,
@@ -34,9 +42,12 @@ from gpuctl.ops.dashboard._view import (
 )
 
 __all__ = [
+    "ALL_EVENTS",
     "LOG_TAIL_BYTES",
+    "NO_CHECKPOINTS",
     "Alert",
     "DashData",
+    "EventFilter",
     "HealthKeeper",
     "JobLine",
     "LiveSource",
@@ -49,5 +60,7 @@ __all__ = [
     "SnapshotSource",
     "alerts",
     "collect",
+    "parse_event_filter",
+    "recent_events",
     "waiting_reasons",
 ]

@@ -21,6 +21,7 @@ from gpuctl.core.jobs.model import Cordon, Event, JobState
 from gpuctl.core.model import FleetSnapshot, NodeSnapshot, Reach
 from gpuctl.core.placement.model import Card, FleetState, PlacementNode, Settings
 from gpuctl.errors import GpuctlError, StateError
+from gpuctl.ops.dashboard._events import ALL_EVENTS, EventFilter, recent_events
 from gpuctl.ops.dashboard._sources import Services
 from gpuctl.ops.jobs import JobView
 
@@ -74,11 +75,12 @@ class DashData:
     numbers: FleetNumbers
     nodes: tuple[NodeView, ...]
     jobs: tuple[JobLine, ...] = ()
-    events: tuple[Event, ...] = ()  # newest first
+    events: tuple[Event, ...] = ()  # newest first, those `event_filter` keeps
     node_events: tuple[Event, ...] = ()  # cordon / uncordon / drain, newest first
     alerts: tuple[Alert, ...] = ()
     store_error: str | None = None
     reasons: bool = False  # whether `JobLine.why` was worked out (only when a screen shows it)
+    event_filter: EventFilter = ALL_EVENTS  # which kinds `events` lists
 
     def node(self, name: str) -> NodeView | None:
         return next((n for n in self.nodes if n.name == name), None)
@@ -125,12 +127,13 @@ def collect(
     *,
     reasons: bool = True,
     placement: PlacementMemo | None = None,
+    event_filter: EventFilter = ALL_EVENTS,
 ) -> DashData:
     """One refresh: poll the source, read the store, ask the services. A store that cannot be
     read leaves the fleet view intact (`store_error` says why). `reasons`: also plan the queue to
     say why each queued job waits (the costliest part on a large fleet; the dashboard asks for it
     only while the queue or a job is on screen). `health` and `placement` carry what the app
-    keeps from one poll to the next."""
+    keeps from one poll to the next; `event_filter`: which kinds of events to list."""
     from gpuctl.ops import fleetstatus
 
     snapshot = services.source.poll()
@@ -138,7 +141,9 @@ def collect(
     store_error = None
     try:
         with services.open_store(False) as store:
-            return _with_store(services, health, snapshot, now, store, reasons, placement)
+            return _with_store(
+                services, health, snapshot, now, store, reasons, placement, event_filter
+            )
     except StateError as exc:
         store_error = exc.message
     state = fleetstatus.fleet_state(snapshot, None, versioned=False, memo=placement)
@@ -154,6 +159,7 @@ def _with_store(
     store: Store,
     reasons: bool,
     placement: PlacementMemo | None,
+    event_filter: EventFilter = ALL_EVENTS,
 ) -> DashData:
     from gpuctl.ops import fleetstatus
     from gpuctl.ops.jobs import list_jobs
@@ -163,7 +169,7 @@ def _with_store(
     views = list_jobs(store)
     whys = waiting_reasons(state, views, services.settings) if reasons else {}
     jobs = tuple(JobLine(v, whys.get(v.job.id)) for v in views)
-    events = tuple(reversed(store.events(since=now - EVENT_WINDOW_S, limit=RECENT_EVENTS)))
+    events = recent_events(store, now - EVENT_WINDOW_S, RECENT_EVENTS, event_filter)
     node_events = tuple(reversed(store.events(kinds=NODE_EVENT_KINDS, limit=NODE_EVENTS)))
     holding: dict[str, list[str]] = {}
     for inc in store.incarnations(holding=True):
@@ -183,6 +189,7 @@ def _with_store(
         events=events,
         node_events=node_events,
         reasons=reasons,
+        event_filter=event_filter,
     )
 
 
@@ -238,6 +245,7 @@ def _assemble(
     node_events: tuple[Event, ...] = (),
     store_error: str | None = None,
     reasons: bool = False,
+    event_filter: EventFilter = ALL_EVENTS,
 ) -> DashData:
     cordons = cordons or {}
     holding = holding or {}
@@ -272,6 +280,7 @@ def _assemble(
         alerts=alerts(nodes, jobs, store_error),
         store_error=store_error,
         reasons=reasons,
+        event_filter=event_filter,
     )
 
 

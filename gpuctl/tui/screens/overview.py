@@ -11,7 +11,7 @@ from textual.widgets import DataTable
 
 from gpuctl.ops.dashboard import DashData
 from gpuctl.tui import rows
-from gpuctl.tui.messages import ActionRequested, OpenNode
+from gpuctl.tui.messages import ActionRequested, OpenNode, ToggleCheckpoints
 from gpuctl.tui.screens.base import DashScreen
 from gpuctl.tui.widgets.fleet import EventsList, FleetTable
 from gpuctl.tui.widgets.numbers import NumbersPanel
@@ -25,6 +25,7 @@ class OverviewScreen(DashScreen):
         Binding("u", "uncordon", "Uncordon"),
         Binding("d", "drain", "Drain"),
         Binding("x", "consolidate", "Consolidate"),
+        Binding("e", "events", "Events filter"),
         Binding("tab", "app.focus_next", "Next pane", show=False),
     ]
     KEYS = (
@@ -32,6 +33,7 @@ class OverviewScreen(DashScreen):
         ("c / u", "cordon / uncordon that node (plan, then confirm)"),
         ("d", "drain that node (plan, then confirm)"),
         ("x", "consolidate the fleet (plan, then confirm)"),
+        ("e", "events: hide checkpoint events, or show every event again (:events KINDS)"),
         ("tab", "switch between the fleet table and the events"),
     )
 
@@ -41,7 +43,10 @@ class OverviewScreen(DashScreen):
         yield EventsList(id="events")
 
     def heading(self) -> str:
-        return "nodes"
+        data = self.dash.data
+        if data is None or not data.event_filter.active:
+            return "nodes"
+        return f"nodes · events {data.event_filter.describe()}"
 
     def on_mount(self) -> None:
         self.query_one(FleetTable).focus()
@@ -85,6 +90,9 @@ class OverviewScreen(DashScreen):
 
     def action_drain(self) -> None:
         self._node_action("drain")
+
+    def action_events(self) -> None:
+        self.post_message(ToggleCheckpoints())
 
     def action_consolidate(self) -> None:
         self.post_message(ActionRequested("consolidate", None))

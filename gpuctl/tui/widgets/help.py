@@ -20,6 +20,8 @@ COMMANDS = (
     (":jobs", "running and held jobs"),
     (":node NAME", "one node"),
     (":job ID", "one job, with its log tail"),
+    (":events KINDS", "list only these events (drain,failover), or all but some (-checkpoint)"),
+    (":events", "list every event again"),
     (":q", "quit"),
 )
 GLOBAL_KEYS = (
