@@ -192,7 +192,7 @@ class Root:
         and the actions (drain and consolidation move jobs through its job runner); the store
         read through one connection kept open."""
         from gpuctl.config.health_rules import load_rules
-        from gpuctl.ops.dashboard import LiveSource, RemoteLogs, Services
+        from gpuctl.ops.dashboard import LiveSource, RemoteLogs, RemoteProcesses, Services
 
         opener = session(self.open_store, self.state_dir, kept=True)
         link = self.connect()
@@ -209,6 +209,7 @@ class Root:
             rules=rules,
             expected_gpus={n.name: n.expected_gpus for n in inventory.nodes},
             logs=RemoteLogs(link.runner, inventory),
+            processes=RemoteProcesses(link.runner, inventory),
             operator=self.operator,
         )
 

@@ -3,12 +3,12 @@ the widgets only sync them into keyed tables, and `--once` prints them as text."
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from gpuctl.core.jobs.model import Event, Incarnation, JobState
 from gpuctl.core.model import GpuSnapshot
 from gpuctl.core.placement.model import Card
-from gpuctl.ops.dashboard import Alert, DashData, JobLine, NodeView
+from gpuctl.ops.dashboard import NOT_GPUCTL, Alert, DashData, JobLine, NodeView
 from gpuctl.ops.jobs import placed
 from gpuctl.tui import format as fmt
 from gpuctl.tui.format import DASH, Cell
@@ -41,7 +41,13 @@ GPU_COLUMNS = (
     ("reasons", "REASONS"),
 )
 GPU_BAR_WIDTH = 24
-PROCESS_COLUMNS = (("pid", "PID"), ("gpu", "GPU"), ("mem", "MiB"), ("name", "PROCESS"))
+PROCESS_COLUMNS = (
+    ("pid", "PID"),
+    ("gpu", "GPU"),
+    ("mem", "MiB"),
+    ("name", "PROCESS"),
+    ("job", "JOB"),
+)
 QUEUE_COLUMNS = (
     ("id", "JOB"),
     ("name", "NAME"),
@@ -198,7 +204,19 @@ def gpu_rows(node: NodeView) -> list[Row]:
     return out
 
 
-def process_rows(node: NodeView) -> list[Row]:
+def _owner_cell(owner: str | None) -> Cell:
+    if owner is None:
+        return Cell.of("…", "grey50")  # being read
+    if owner == NOT_GPUCTL:
+        return Cell.of(owner, "red")
+    if owner.endswith("(stray)"):
+        return fmt.plain(owner, "bold red")
+    return fmt.plain(owner, "grey50" if owner == "?" else "")
+
+
+def process_rows(node: NodeView, owners: Mapping[int, str] | None = None) -> list[Row]:
+    """The probe's GPU processes; JOB: whose each is (`ops.dashboard.read_owners`), `…` until
+    read."""
     obs = node.snapshot.observation
     if obs is None:
         return []
@@ -214,6 +232,7 @@ def process_rows(node: NodeView) -> list[Row]:
                     Cell.of("?" if gpu is None else str(gpu)),
                     Cell.of("-" if p.used_mib is None else str(p.used_mib)),
                     fmt.plain(p.name or "-"),
+                    _owner_cell(None if owners is None else owners.get(p.pid)),
                 ),
             )
         )

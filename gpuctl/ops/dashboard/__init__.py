@@ -8,7 +8,8 @@ and alerts. The TUI draws a `DashData`; `gpuctl dash --once` prints one.
 
 This front re-exports the package's public names; the pieces are private: the sources and the
 services bundle (`_sources`), one refresh's values and how they are collected (`_view`), which
-events are listed (`_events`: `:events drain,failover`, checkpoints hidden).
+events are listed (`_events`: `:events drain,failover`, checkpoints hidden), whose each GPU
+process is (`_owners`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,14 @@ from gpuctl.ops.dashboard._events import (
     EventFilter,
     parse_event_filter,
     recent_events,
+)
+from gpuctl.ops.dashboard._owners import (
+    NOT_GPUCTL,
+    ProcessLister,
+    ProcessOwners,
+    RemoteProcesses,
+    owners_of,
+    read_owners,
 )
 from gpuctl.ops.dashboard._sources import (
     LOG_TAIL_BYTES,
@@ -44,6 +53,7 @@ from gpuctl.ops.dashboard._view import (
 __all__ = [
     "ALL_EVENTS",
     "LOG_TAIL_BYTES",
+    "NOT_GPUCTL",
     "NO_CHECKPOINTS",
     "Alert",
     "DashData",
@@ -54,13 +64,18 @@ __all__ = [
     "LogReader",
     "NodeView",
     "Poller",
+    "ProcessLister",
+    "ProcessOwners",
     "RemoteLogs",
+    "RemoteProcesses",
     "SavedSource",
     "Services",
     "SnapshotSource",
     "alerts",
     "collect",
+    "owners_of",
     "parse_event_filter",
+    "read_owners",
     "recent_events",
     "waiting_reasons",
 ]

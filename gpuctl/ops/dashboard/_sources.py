@@ -20,6 +20,7 @@ from gpuctl.ops.stores import KeptStore, SessionStore
 if TYPE_CHECKING:
     from gpuctl.core.health import HealthRules
     from gpuctl.ops.action_plans import ActionService
+    from gpuctl.ops.dashboard._owners import ProcessLister
 
 POLL_MARGIN_S = 5.0
 LOG_TAIL_BYTES = 64 << 10
@@ -127,6 +128,7 @@ class Services:
     rules: HealthRules | None = None
     expected_gpus: Mapping[str, int | None] = dataclasses.field(default_factory=dict)
     logs: LogReader | None = None
+    processes: ProcessLister | None = None  # the node screen names each GPU process's job
     settings: Settings = dataclasses.field(default_factory=Settings)
     operator: str = "unknown"
 

@@ -12,7 +12,7 @@ from textual.containers import Horizontal
 from textual.widget import Widget
 from textual.widgets import Static
 
-from gpuctl.ops.dashboard import DashData
+from gpuctl.ops.dashboard import DashData, NodeView, ProcessOwners, read_owners
 from gpuctl.tui import format as fmt
 from gpuctl.tui import rows
 from gpuctl.tui.messages import ActionRequested
@@ -32,6 +32,8 @@ class NodeScreen(DashScreen):
     def __init__(self, name: str) -> None:
         super().__init__()
         self.node_name = name
+        self.owners: ProcessOwners | None = None  # whose each GPU process is, once read
+        self._reading: frozenset[int] | None = None  # the pids being matched now
 
     def heading(self) -> str:
         return f"node {fmt.safe(self.node_name)}"
@@ -71,12 +73,16 @@ class NodeScreen(DashScreen):
             head.append(f"\n{fmt.safe(node.snapshot.error)}", style="red")
         if node.jobs:
             head.append(f"\njobs here: {fmt.safe(', '.join(node.jobs))}")
+        if self.owners is not None and self.owners.note:
+            head.append(f"\n{fmt.safe(self.owners.note)}", style="yellow")
         summary.update(head)
         needle = self.filter
         self.query_one("#gpus", KeyedTable).sync(
             [r for r in rows.gpu_rows(node) if rows.matches(needle, r[1])]
         )
-        self.query_one("#processes", KeyedTable).sync(rows.process_rows(node))
+        self._read_owners(node)
+        owners = self.owners.owners if self.owners is not None else None
+        self.query_one("#processes", KeyedTable).sync(rows.process_rows(node, owners))
         notes = Text("Health\n", style="bold")
         notes.append("\n".join(rows.node_reasons(node)) or "no findings")
         notes.append("\n\nCordon history\n", style="bold")
@@ -89,6 +95,30 @@ class NodeScreen(DashScreen):
         history = rows.cordon_history(data, node.name, self.dash.offset_s)
         notes.append("\n".join(history) or "none recorded")
         self.query_one("#node-notes", Static).update(notes)
+
+    def _read_owners(self, node: NodeView) -> None:
+        """Match the GPU processes to jobs again when the probe's pids changed (one exec on
+        the node, in a worker)."""
+        obs = node.snapshot.observation
+        pids = frozenset(p.pid for p in obs.processes) if obs is not None else frozenset()
+        known = self.owners.pids if self.owners is not None else None
+        if not pids or pids == known or pids == self._reading:
+            return
+        self._reading = pids
+        services, name = self.dash.services, self.node_name
+        self.dash.background(
+            lambda: read_owners(services.open_store, services.processes, name, pids),
+            self._owners_read,
+            name="processes",
+        )
+
+    def _owners_read(self, owners: ProcessOwners) -> None:
+        self.owners = owners
+        if self._reading == owners.pids:
+            self._reading = None
+        data = self.dash.data
+        if data is not None and self.is_attached:
+            self.show(data)
 
     def action_cordon(self) -> None:
         self.post_message(ActionRequested("cordon", self.node_name))
