@@ -27,6 +27,7 @@ from gpuctl.ops.dashboard import (
     NO_CHECKPOINTS,
     DashData,
     EventFilter,
+    GpuHistory,
     HealthKeeper,
     Services,
     collect,
@@ -95,6 +96,7 @@ class DashApp(App[None]):
         self.notified: deque[tuple[str, str]] = deque(maxlen=NOTES_KEPT)
         self.event_filter: EventFilter = ALL_EVENTS  # which events the overview lists
         self._health = HealthKeeper()
+        self.gpu_history = GpuHistory()  # each GPU's last polls, for the node screen
         self._placement = PlacementMemo()  # nodes whose placement inputs did not move
         self._poll_started: float | None = None
         self._callbacks: dict[Worker[Any], Callable[[Any], None]] = {}
@@ -176,14 +178,17 @@ class DashApp(App[None]):
         self._poll_started = time.monotonic()
         services, health, placement = self.services, self._health, self._placement
         reasons, event_filter = self.wants_reasons(), self.event_filter
+        gpu_history = self.gpu_history
 
         def poll() -> None:
             # The data goes through `_inbox`, not the worker's result: a finished worker sits in
             # reference cycles that only the cyclic collector frees, and would keep a whole
             # refresh (a thousand nodes' views) alive with it.
-            self._inbox = collect(
+            data = collect(
                 services, health, reasons=reasons, placement=placement, event_filter=event_filter
             )
+            gpu_history.record(data.snapshot.nodes)
+            self._inbox = data
 
         self.run_worker(
             poll,

@@ -38,9 +38,12 @@ GPU_COLUMNS = (
     ("temp", "TEMP"),
     ("power", "POWER"),
     ("health", "HEALTH"),
+    ("util_hist", "UTIL history"),
+    ("mem_hist", "MEM history"),
     ("reasons", "REASONS"),
 )
 GPU_BAR_WIDTH = 24
+GPU_SPARK_WIDTH = 20  # polls shown of a GPU's history
 PROCESS_COLUMNS = (
     ("pid", "PID"),
     ("gpu", "GPU"),
@@ -174,8 +177,20 @@ def fleet_rows(data: DashData, needle: str = "") -> list[Row]:
 # --- one node ------------------------------------------------------------------------------------
 
 
-def gpu_rows(node: NodeView) -> list[Row]:
+def _spark(values: Sequence[float | None] | None) -> Cell:
+    if not values:
+        return DASH
+    return Cell.of(fmt.sparkline(values, GPU_SPARK_WIDTH, lo=0.0, hi=100.0), "cyan")
+
+
+def gpu_rows(
+    node: NodeView,
+    history: Mapping[int, tuple[Sequence[float | None], Sequence[float | None]]] | None = None,
+) -> list[Row]:
+    """One row per GPU; `history`: each GPU's utilization and memory-in-use % at the last polls
+    (`ops.dashboard.GpuHistory.series`), drawn as sparklines from 0 to 100%."""
     cards = _cards(node)
+    history = history or {}
     verdicts = {g.index: g for g in node.verdict.gpus} if node.verdict else {}
     out: list[Row] = []
     for g in sorted(node.snapshot.gpus, key=lambda g: g.index):
@@ -185,6 +200,7 @@ def gpu_rows(node: NodeView) -> list[Row]:
         reasons = "; ".join(r.text for r in gv.reasons) if gv else ""
         power = "-" if g.power_w is None else f"{g.power_w:.0f}W"
         mem = f"{fmt.gib(alloc)}/{fmt.gib(g.mem_used_mib)}/{fmt.gib(g.mem_total_mib)}"
+        utils, mems = history.get(g.index, ((), ()))
         out.append(
             (
                 str(g.index),
@@ -197,6 +213,8 @@ def gpu_rows(node: NodeView) -> list[Row]:
                     fmt.temp_text(g.temp_c),
                     Cell.of(power),
                     fmt.badge(None if gv is None else gv.severity.value),
+                    _spark(utils),
+                    _spark(mems),
                     fmt.plain(reasons),
                 ),
             )

@@ -9,7 +9,7 @@ and alerts. The TUI draws a `DashData`; `gpuctl dash --once` prints one.
 This front re-exports the package's public names; the pieces are private: the sources and the
 services bundle (`_sources`), one refresh's values and how they are collected (`_view`), which
 events are listed (`_events`: `:events drain,failover`, checkpoints hidden), whose each GPU
-process is (`_owners`).
+process is (`_owners`), each GPU's recent use (`_gpu_history`).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from gpuctl.ops.dashboard._events import (
     parse_event_filter,
     recent_events,
 )
+from gpuctl.ops.dashboard._gpu_history import GPU_POINTS, GpuHistory
 from gpuctl.ops.dashboard._owners import (
     NOT_GPUCTL,
     ProcessLister,
@@ -52,12 +53,14 @@ from gpuctl.ops.dashboard._view import (
 
 __all__ = [
     "ALL_EVENTS",
+    "GPU_POINTS",
     "LOG_TAIL_BYTES",
     "NOT_GPUCTL",
     "NO_CHECKPOINTS",
     "Alert",
     "DashData",
     "EventFilter",
+    "GpuHistory",
     "HealthKeeper",
     "JobLine",
     "LiveSource",

@@ -13,7 +13,7 @@ from textual.screen import Screen
 from textual.widget import Widget
 from textual.widgets import Footer, Static
 
-from gpuctl.ops.dashboard import DashData, Services
+from gpuctl.ops.dashboard import DashData, GpuHistory, Services
 from gpuctl.tui import format as fmt
 from gpuctl.tui.widgets.prompt import PromptScreen
 
@@ -31,6 +31,7 @@ class Dash(Protocol):
     readonly: bool
     refresh_s: float  # seconds between polls
     overdue_s: float | None  # how long the running poll is past its deadline
+    gpu_history: GpuHistory  # each GPU's last polls
 
     def background(
         self, work: Callable[[], Any], done: Callable[[Any], None], *, name: str = "task"

@@ -78,7 +78,11 @@ class NodeScreen(DashScreen):
         summary.update(head)
         needle = self.filter
         self.query_one("#gpus", KeyedTable).sync(
-            [r for r in rows.gpu_rows(node) if rows.matches(needle, r[1])]
+            [
+                r
+                for r in rows.gpu_rows(node, self.dash.gpu_history.series(node.name))
+                if rows.matches(needle, r[1])
+            ]
         )
         self._read_owners(node)
         owners = self.owners.owners if self.owners is not None else None
