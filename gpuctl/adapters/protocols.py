@@ -64,6 +64,24 @@ class Transport(Protocol):
     def close(self) -> None: ...
 
 
+@runtime_checkable
+class SessionTransport(Transport, Protocol):
+    """A transport that also keeps an answering session per node: `ask` runs `program` (which
+    bounds its own steps) with `request` as its `$1` in a command started once and kept between
+    calls, so a warm call opens no channel and starts no remote shell. Its answer is whole or
+    a `TransportError`, as `run`'s."""
+
+    def ask(
+        self,
+        node: NodeSpec,
+        program: str,
+        request: str,
+        *,
+        timeout_s: float,
+        max_output_bytes: int = 8 << 20,
+    ) -> ExecResult: ...
+
+
 class TreeExists(GpuctlError):
     """The destination of a copy already exists."""
 

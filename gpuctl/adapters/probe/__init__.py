@@ -13,7 +13,7 @@ from gpuctl.adapters.probe.nvsmi import (
     parse_xid_lines,
     same_pci_device,
 )
-from gpuctl.adapters.probe.script import probe_command
+from gpuctl.adapters.probe.script import probe_command, probe_program
 
 __all__ = [
     "MAX_PROBE_BYTES",
@@ -22,5 +22,6 @@ __all__ = [
     "parse_xid_line",
     "parse_xid_lines",
     "probe_command",
+    "probe_program",
     "same_pci_device",
 ]

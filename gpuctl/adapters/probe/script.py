@@ -224,3 +224,12 @@ def frame_probe_output(
     if done:
         out.append(f"\n@@{marker} done\n".encode())
     return b"".join(out)
+
+
+def probe_program(*, step_timeout_s: int = 5) -> str:
+    """The probe for a node's answering session (`Transport.ask`): asked `full` it runs
+    `probe_command()`, asked anything else the light one (`static_facts=False`). Constant text."""
+    full = probe_command(step_timeout_s=step_timeout_s).removeprefix(SELF_BOUNDED)
+    light = probe_command(step_timeout_s=step_timeout_s, static_facts=False)
+    light = light.removeprefix(SELF_BOUNDED)
+    return f"{SELF_BOUNDED}case $1 in\nfull)\n{full}\n;;\n*)\n{light}\n;;\nesac\n"

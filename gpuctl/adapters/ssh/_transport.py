@@ -26,7 +26,7 @@ import paramiko
 
 from gpuctl.adapters import exec_wrapper
 from gpuctl.adapters.protocols import ExecResult
-from gpuctl.adapters.ssh import _sftp
+from gpuctl.adapters.ssh import _session, _sftp
 from gpuctl.adapters.ssh import known_hosts as kh
 from gpuctl.adapters.ssh._connect import (
     PhaseTimeout,
@@ -52,19 +52,22 @@ class _Stale(Exception):
 
 
 class _Conn:
-    """One node's connection: opened under `lock`, shared by up to `slots` concurrent channels."""
+    """One node's connection: opened under `lock`, shared by up to `slots` concurrent channels
+    and by its answering session (`ask`), which one caller at a time holds (`asking`)."""
 
     def __init__(self, per_host_limit: int) -> None:
         self.lock = threading.Lock()
         self.slots = threading.BoundedSemaphore(per_host_limit)
         self.client: paramiko.SSHClient | None = None
+        self.asking = threading.Lock()
+        self.session: _session.Session | None = None  # under `asking`
 
     def drop(self, client: paramiko.SSHClient | None) -> None:
         with self.lock:
             if client is not None and self.client is client:
                 self.client = None
         if client is not None:
-            client.close()
+            client.close()  # and with it the channels on it: a session's too
 
 
 def _leg_key(leg: Leg) -> tuple[Any, ...]:
@@ -99,6 +102,8 @@ class SshTransport:
         self._lock = threading.Lock()
         self._conns: dict[tuple[Any, ...], _Conn] = {}
         self.connects = 0  # connections opened so far (reuse is visible in tests and benchmarks)
+        self.sessions_started = 0  # answering sessions started so far (`ask`)
+        self._session_commands: dict[tuple[str, float], str] = {}
 
     # -- the protocol ----------------------------------------------------------------------
 
@@ -138,6 +143,140 @@ class SshTransport:
             raise AssertionError("unreachable")  # pragma: no cover
         finally:
             conn.slots.release()
+
+    def ask(
+        self,
+        node: NodeSpec,
+        program: str,
+        request: str,
+        *,
+        timeout_s: float,
+        max_output_bytes: int = 8 << 20,
+    ) -> ExecResult:
+        """`program` run with `request` as its `$1`, by the node's answering session: started
+        on first use (`exec_wrapper.session_command`), kept for later calls with the same
+        program, so a warm call writes one line and reads one framed answer. `program` must
+        bound its own steps (it starts with `exec_wrapper.SELF_BOUNDED`); `request` is one
+        printable ASCII line. An answer cut short is a `TransportError`, a late one a timeout
+        (the session's processes killed on the node): never a partial answer."""
+        if not (request.isascii() and request.isprintable()):
+            raise ValueError("a session request is one line of printable ASCII")
+        start = time.monotonic()
+        where = kh.node_where(node)
+        route = self.route(node)
+        conn = self._conn(route.legs, node.name)
+        command = self._session_command(program, timeout_s)
+        wait_s = node.connect_timeout_s + timeout_s
+        if not conn.asking.acquire(timeout=wait_s):
+            raise PhaseTimeout(
+                f"{where}: timeout (exec): the node's session stayed busy for {wait_s:g}s",
+                phase="exec",
+            )
+        try:
+            for attempt in range(2):
+                client, fresh = self._client(route, conn)
+                session = conn.session
+                started = False
+                if (
+                    session is None
+                    or session.client is not client
+                    or not session.alive()
+                    or session.command != command
+                ):
+                    if session is not None:
+                        session.close()
+                    conn.session = None
+                    try:
+                        session = self._start_session(node, conn, client, command, timeout_s)
+                    except _Stale:
+                        conn.drop(client)
+                        if fresh or attempt:
+                            raise TransportError(
+                                f"{where}: the connection closed before the command started"
+                            ) from None
+                        continue
+                    conn.session, started = session, True
+                deadline = time.monotonic() + timeout_s
+                try:
+                    status, answer = session.exchange(
+                        request.encode("ascii") + b"\n", deadline, max_output_bytes
+                    )
+                except _session.Cut as cut:
+                    conn.session = None
+                    session.close()
+                    if not started and not cut.received and not attempt:
+                        continue  # the loop ended since the last call: start it again, once
+                    raise TransportError(
+                        f"{where}: the session ended before the answer was whole "
+                        f"({cut.received} bytes of it came)"
+                    ) from None
+                except (_session.Late, exec_wrapper.AnswerFramingError) as exc:
+                    conn.session = None
+                    session.close()
+                    killed = self._kill(node, client, session.pgid)
+                    note = "killed on the node" if killed else "could not kill it on the node"
+                    if isinstance(exc, exec_wrapper.AnswerFramingError):
+                        raise TransportError(f"{where}: {exc}; session {note}") from None
+                    raise PhaseTimeout(
+                        f"{where}: timeout (read): the command ran past {timeout_s:g}s; {note}",
+                        phase="read",
+                    ) from None
+                return ExecResult(
+                    exit_code=status,
+                    stdout=answer,
+                    stderr=b"",
+                    duration_s=time.monotonic() - start,
+                )
+            raise AssertionError("unreachable")  # pragma: no cover
+        finally:
+            conn.asking.release()
+
+    def _session_command(self, program: str, timeout_s: float) -> str:
+        key = (program, timeout_s)
+        command = self._session_commands.get(key)
+        if command is None:
+            command = exec_wrapper.wrap_command(exec_wrapper.session_command(program), timeout_s)
+            with self._lock:
+                if len(self._session_commands) > 16:
+                    self._session_commands.clear()
+                self._session_commands[key] = command
+        return command
+
+    def _start_session(
+        self,
+        node: NodeSpec,
+        conn: _Conn,
+        client: paramiko.SSHClient,
+        command: str,
+        timeout_s: float,
+    ) -> _session.Session:
+        """Open a channel and start the answering loop in it, under the exec deadline."""
+        deadline = time.monotonic() + timeout_s
+        transport = client.get_transport()
+        if transport is None or not transport.is_active():
+            raise _Stale
+        try:
+            chan = transport.open_session(timeout=max(0.001, timeout_s))
+        except (paramiko.SSHException, OSError, EOFError):
+            if time.monotonic() < deadline:
+                raise _Stale from None
+            conn.drop(client)
+            raise self._exec_timeout(node, timeout_s) from None
+        timer = self._watchdog.arm(deadline, chan.close)
+        try:
+            chan.exec_command(command)
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            chan.close()
+            if timer.cancel():  # sshd never answered the exec request: the node hangs
+                conn.drop(client)
+                raise self._exec_timeout(node, timeout_s) from None
+            raise TransportError(
+                f"{kh.node_where(node)}: exec failed: {error_reason(exc)}"
+            ) from None
+        timer.cancel()
+        with self._lock:
+            self.sessions_started += 1
+        return _session.Session(client, chan, command)
 
     # -- folder copies (SFTP) ----------------------------------------------------------------
 
