@@ -338,7 +338,11 @@ class PostgresStore(SqliteStore):
                 time.sleep(_POLL_S)
             yield
         finally:
-            conn.close()  # the server releases the lock with the session
+            # unlocked at once (a closed session's locks go only when its backend has exited,
+            # which the next pass may beat); a dead connection's lock goes with it
+            with contextlib.suppress(psycopg.Error):
+                conn.execute("SELECT pg_advisory_unlock(?)", (LOOP_KEY,))
+            conn.close()
 
     def _holder(self) -> str:
         try:
