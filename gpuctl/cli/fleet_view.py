@@ -17,7 +17,7 @@ from gpuctl.cli.table_fit import FREE, KEY, Col, FitTable
 from gpuctl.core.fleet.nodestate import NodeStatus, node_status
 from gpuctl.core.health.poll_hints import gpu_hints, node_hints
 from gpuctl.core.model import FleetSnapshot, NodeSnapshot, NodeSpec, Reach, fleet_to_dict
-from gpuctl.core.units import human_s
+from gpuctl.core.timefmt import ago
 
 States = Mapping[str, NodeStatus]  # node name -> its state (`ops.fleetstatus.node_states`)
 
@@ -105,16 +105,16 @@ def state_cell(node: NodeSnapshot, status: NodeStatus) -> str:
 
 
 def cordon_note(status: NodeStatus, now: float | None = None) -> str | None:
-    """`cordoned by bob 5m00s ago: maintenance` for a node a cordon keeps from new work."""
+    """`cordoned by bob 5m08s ago: maintenance` for a node a cordon keeps from new work."""
     if not status.cordoned:
         return None
     by = status.by or "-"
     if status.source == "health":
         by += " (health)"
-    ago = ""
+    when = ""
     if status.since is not None:
-        ago = f" {human_s(max(0.0, (time.time() if now is None else now) - status.since))} ago"
-    return f"cordoned by {by}{ago}: {status.reason or '-'}"
+        when = " " + ago(status.since, time.time() if now is None else now)
+    return f"cordoned by {by}{when}: {status.reason or '-'}"
 
 
 # Node names whole; NOTES folds in what is left; when too narrow MODEL goes first, then TEMP…

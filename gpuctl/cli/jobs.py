@@ -13,11 +13,12 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from gpuctl.adapters.clock import local_stamp
 from gpuctl.cli import context
 from gpuctl.cli.confirm import ask
 from gpuctl.cli.fleet import open_state
-from gpuctl.cli.numbers_view import human_s
 from gpuctl.cli.render import OUTPUT_OPTION, Output, emit_document, safe
+from gpuctl.core.timefmt import ago, duration
 
 if TYPE_CHECKING:
     from gpuctl.core.model import Inventory
@@ -259,13 +260,13 @@ def render_list(
         job, inc, ckpt = v.job, placed(v), v.checkpoint
         cancelling = job.cancel_requested and not job.state.terminal
         state = job.state.value + (" (cancelling)" if cancelling else "")
-        step = "-" if ckpt is None else f"{ckpt.step} ({human_s(now - ckpt.committed_at)} ago)"
+        step = "-" if ckpt is None else f"{ckpt.step} ({ago(ckpt.committed_at, now)})"
         row = [job.id, job.name, state, job.tier, str(job.priority)]
         row += ["-" if inc is None else inc.node, _cards(inc), str(job.incarnation), step]
-        row.append(human_s(now - job.submitted_at))
+        row.append(duration(now - job.submitted_at))
         reason = (whys or {}).get(job.id) or job.reason or "-"
         if wide:
-            row += [human_s(_waited(job)), str(job.restarts), reason]
+            row += [duration(_waited(job)), str(job.restarts), reason]
             row.append(" ".join(job.spec.command))
         else:
             row.append(reason)
@@ -280,16 +281,12 @@ def _waited(job: Any) -> float | None:
 def _waited_text(job: Any, now: float) -> str:
     waited = _waited(job)
     if waited is None and not job.state.terminal:
-        return f"waiting {human_s(now - job.submitted_at)}, not started yet"
-    return f"waited {human_s(waited)}"
+        return f"waiting {duration(now - job.submitted_at)}, not started yet"
+    return f"waited {duration(waited)}"
 
 
 def _cards(inc: Any) -> str:
     return "-" if inc is None else ",".join(str(c) for c in inc.cards) or "-"
-
-
-def _at(t: float | None) -> str:
-    return "-" if t is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
 
 
 def render_detail(detail: JobDetail, now: float, *, why: str | None = None) -> str:
@@ -312,10 +309,10 @@ def render_detail(detail: JobDetail, now: float, *, why: str | None = None) -> s
             "checkpoint",
             "none committed yet"
             if ckpt is None
-            else f"step {ckpt.step}, {human_s(now - ckpt.committed_at)} ago "
+            else f"step {ckpt.step}, {ago(ckpt.committed_at, now)} "
             f"(incarnation {ckpt.incarnation}, {ckpt.path})",
         ),
-        ("submitted", f"{_at(job.submitted_at)}  ({_waited_text(job, now)})"),
+        ("submitted", f"{local_stamp(job.submitted_at)}  ({_waited_text(job, now)})"),
         ("command", " ".join(job.spec.command)),
     ]
     out = "".join(f"{k:<12} {v}\n" for k, v in lines)
@@ -328,8 +325,8 @@ def render_detail(detail: JobDetail, now: float, *, why: str | None = None) -> s
                     i.node,
                     _cards(i),
                     i.state.value,
-                    _at(i.started_at),
-                    _at(i.ended_at),
+                    local_stamp(i.started_at),
+                    local_stamp(i.ended_at),
                     "-" if i.exit_code is None else str(i.exit_code),
                     "-" if i.end_reason is None else i.end_reason.value,
                     "fresh" if i.resume_step is None else f"step {i.resume_step}",
@@ -338,7 +335,7 @@ def render_detail(detail: JobDetail, now: float, *, why: str | None = None) -> s
         out += "\nincarnations:\n" + _indent(_table(rows))
     if detail.events:
         rows = [["AT", "ACTOR", "KIND", "MESSAGE"]]
-        rows += [[_at(e.at), e.actor, e.kind, e.message] for e in detail.events]
+        rows += [[local_stamp(e.at), e.actor, e.kind, e.message] for e in detail.events]
         out += "\nevents:\n" + _indent(_table(rows))
     return out
 

@@ -7,13 +7,14 @@ import time
 from rich.console import Console
 from rich.table import Table
 
+from gpuctl.adapters.clock import local_stamp
 from gpuctl.cli.fleet_view import gpu_table
 from gpuctl.cli.render import safe
 from gpuctl.cli.table_fit import FREE, Col, FitTable
 from gpuctl.core.fleet.nodestate import NodeStatus, node_status
 from gpuctl.core.health.poll_hints import node_hints
 from gpuctl.core.model import FleetSnapshot, NodeSnapshot, NodeSpec, NodeState
-from gpuctl.core.units import human_s
+from gpuctl.core.timefmt import ago
 
 
 def node_detail(
@@ -90,8 +91,7 @@ def _state_rows(status: NodeStatus) -> list[tuple[str, str]]:
     by = status.by or "-"
     when = "-"
     if status.since is not None:
-        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(status.since))
-        when = f"{stamp} ({human_s(max(0.0, time.time() - status.since))} ago)"
+        when = f"{local_stamp(status.since)} ({ago(status.since, time.time())})"
     return [
         ("reason", status.reason or "-"),
         ("by", f"{by} ({status.source})" if status.source else by),

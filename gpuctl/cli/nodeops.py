@@ -23,6 +23,7 @@ from gpuctl.cli import context
 from gpuctl.cli.confirm import ask
 from gpuctl.cli.render import OUTPUT_OPTION, Output, emit_document, safe
 from gpuctl.config.hostlist import fold
+from gpuctl.core.timefmt import ago
 from gpuctl.errors import UsageError, exit_for_apply
 
 if TYPE_CHECKING:
@@ -90,7 +91,7 @@ def uncordon(
             if len(names) == 1:
                 there = batch.cordons[0]
                 ask(
-                    f"uncordon {names[0]} (cordoned {_ago(there.at, actions.clock.now())} by "
+                    f"uncordon {names[0]} (cordoned {ago(there.at, actions.clock.now())} by "
                     f"{there.operator}, source {there.source}: {there.reason})?"
                 )
             else:
@@ -204,17 +205,6 @@ def _said(done: Applied, output: Output, *, each: bool = False) -> None:
             sys.stderr.write(f"{safe(o.node)}: {o.outcome}: {safe(o.message)}\n")
     if not done.complete:
         raise typer.Exit(int(exit_for_apply(complete=False)))
-
-
-def _ago(at: float, now: float) -> str:
-    s = max(0.0, now - at)
-    return (
-        f"{s:.0f}s ago"
-        if s < 120
-        else f"{s / 60:.0f}min ago"
-        if s < 7200
-        else f"{s / 3600:.0f}h ago"
-    )
 
 
 def _progress(line: str) -> None:

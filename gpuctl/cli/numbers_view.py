@@ -5,7 +5,7 @@ from __future__ import annotations
 from gpuctl.core.band import TARGET_BAND, BandName
 from gpuctl.core.fleet.numbers import FleetNumbers
 from gpuctl.core.jobs.figures import JobFigures
-from gpuctl.core.units import human_s as human_s  # re-exported for callers of this module
+from gpuctl.core.timefmt import duration
 
 
 def numbers_line(n: JobFigures) -> str:
@@ -14,11 +14,11 @@ def numbers_line(n: JobFigures) -> str:
     rate = "N/A" if n.preemptions_per_hour is None else f"{n.preemptions_per_hour:.2f}/h"
     spot = "" if n.spot_preempted_pct is None else f", {n.spot_preempted_pct:.0f}% of spot"
     return (
-        f"jobs: queue wait p50 {human_s(n.queue_wait_p50_s)}"
-        f" p95 {human_s(n.queue_wait_p95_s)}"
-        f", {n.queue_waiting} waiting (oldest {human_s(n.queue_oldest_wait_s)})"
-        f" · checkpoint age max {human_s(n.checkpoint_age_max_s)}"
-        f" p95 {human_s(n.checkpoint_age_p95_s)}"
+        f"jobs: queue wait p50 {duration(n.queue_wait_p50_s)}"
+        f" p95 {duration(n.queue_wait_p95_s)}"
+        f", {n.queue_waiting} waiting (oldest {duration(n.queue_oldest_wait_s)})"
+        f" · checkpoint age max {duration(n.checkpoint_age_max_s)}"
+        f" p95 {duration(n.checkpoint_age_p95_s)}"
         f" · failover {pct} ({n.failovers_succeeded} of {n.failovers_attempted})"
         f", {drain_moves(n)}"
         f" · preemptions {rate}{spot}\n"

@@ -20,6 +20,7 @@ import typer
 
 from gpuctl.cli.reconcile_stream import Stream
 from gpuctl.cli.render import OUTPUT_OPTION, Output, emit_document, safe
+from gpuctl.core.timefmt import machine_times
 from gpuctl.errors import ExitCode, StateError, StoreConflict, UsageError
 
 if TYPE_CHECKING:
@@ -142,7 +143,9 @@ def _watch(loop: Reconciler, interval: float, output: Output) -> None:
         if report is None:
             sys.stderr.write("another control loop holds the lock; trying again next pass\n")
         elif output in (Output.JSON, Output.YAML):
-            sys.stdout.write(json.dumps(report.to_dict(), separators=(",", ":")) + "\n")
+            sys.stdout.write(
+                json.dumps(machine_times(report.to_dict()), separators=(",", ":")) + "\n"
+            )
             sys.stdout.flush()
 
     try:

@@ -10,6 +10,7 @@ from typing import Any
 
 import typer
 
+from gpuctl.core.timefmt import machine_times
 from gpuctl.errors import UsageError
 
 _ESCAPES = re.compile(
@@ -39,7 +40,9 @@ def safe(text: object) -> str:
 
 
 def emit_document(doc: Any, fmt: Output) -> None:
-    """Print exactly one JSON or YAML document on stdout."""
+    """Print exactly one JSON or YAML document on stdout; its times (keys `at`, `*_at`, `since`,
+    `*_since`) as RFC 3339 UTC strings, durations (`*_s`) as numbers of seconds."""
+    doc = machine_times(doc)
     if fmt is Output.JSON:
         sys.stdout.write(json.dumps(doc, indent=2, sort_keys=False, allow_nan=False) + "\n")
     elif fmt is Output.YAML:

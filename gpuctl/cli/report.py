@@ -14,6 +14,7 @@ import typer
 
 from gpuctl.cli import context, fleet
 from gpuctl.cli.render import safe
+from gpuctl.core.timefmt import machine_times
 from gpuctl.errors import StateError, exit_for_poll
 
 if TYPE_CHECKING:
@@ -77,7 +78,7 @@ def report(
         sys.stderr.write(f"warning: job figures unavailable: {safe(exc.message)}\n")
         doc = build(None, exc.message)
     if output is ReportFormat.JSON:
-        sys.stdout.write(json.dumps(doc, indent=2, allow_nan=False) + "\n")
+        sys.stdout.write(json.dumps(machine_times(doc), indent=2, allow_nan=False) + "\n")
     else:
         sys.stdout.write(service.markdown(doc))
     raise typer.Exit(int(exit_for_poll(n.reach for n in snapshot.nodes)))

@@ -169,17 +169,3 @@ def format_mib(mib: int | None) -> str:
     if abs(mib) >= 1024:
         return f"{mib / 1024:.1f} GiB"
     return f"{mib} MiB"
-
-
-def human_s(seconds: float | None) -> str:
-    """A duration as people read it: 12s, 3m05s, 2h05m, 3d04h; N/A for None."""
-    if seconds is None:
-        return "N/A"
-    s = max(0, round(seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600:02d}h"

@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from gpuctl.adapters.protocols import Store, Transport
+from gpuctl.core import timefmt
 from gpuctl.core.model import FleetSnapshot, Inventory, fleet_from_dict
 from gpuctl.core.placement.engine import plan
 from gpuctl.core.placement.model import JobRequest, Settings
@@ -42,10 +44,20 @@ def load_snapshot(path: Path) -> FleetSnapshot:
     if not isinstance(data, dict) or not isinstance(data.get("nodes"), list):
         raise UsageError(f"{path}: not a fleet snapshot (no 'nodes' list)", hint=hint)
     try:
-        return fleet_from_dict(data)
+        return fleet_from_dict(_epoch_times(data))
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         detail = f"missing key {exc}" if isinstance(exc, KeyError) else str(exc)
         raise UsageError(f"{path}: not a fleet snapshot: {detail}", hint=hint) from None
+
+
+def _epoch_times(data: dict[str, Any]) -> dict[str, Any]:
+    """`taken_at` as `fleet_from_dict` reads it (epoch seconds) from the RFC 3339 that `-o json`
+    prints; a snapshot saved before that holds epoch seconds already."""
+    nodes = [
+        {**n, "taken_at": timefmt.epoch(n.get("taken_at"))} if isinstance(n, dict) else n
+        for n in data["nodes"]
+    ]
+    return {**data, "taken_at": timefmt.epoch(data.get("taken_at")), "nodes": nodes}
 
 
 def gather_snapshot(

@@ -11,11 +11,11 @@ time it held it inside the window, relative to today's capacity.
 
 from __future__ import annotations
 
-import datetime as dt
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from gpuctl.adapters.clock import local_stamp
 from gpuctl.adapters.protocols import Store
 from gpuctl.core.band import TARGET_BAND, BandName
 from gpuctl.core.fleet.nodestate import NodeStatus
@@ -25,6 +25,7 @@ from gpuctl.core.jobs.figures import job_figures
 from gpuctl.core.jobs.model import Event
 from gpuctl.core.model import FleetSnapshot, Inventory, NodeSnapshot, Reach
 from gpuctl.core.placement.model import FleetState
+from gpuctl.core.timefmt import duration
 from gpuctl.errors import UsageError
 from gpuctl.ops import fleetstatus
 
@@ -92,8 +93,7 @@ def build_report(
     events = [] if store is None else store.events(since=now - window_s, kinds=NOTABLE_KINDS)
     return {
         "generated_at": now,
-        "generated_at_utc": _iso(now),
-        "window": _duration(window_s),
+        "window": duration(window_s),
         "window_s": window_s,
         "fleet": {
             "nodes": len(snapshot.nodes),
@@ -111,7 +111,6 @@ def build_report(
             "notable": [
                 {
                     "at": e.at,
-                    "at_utc": _iso(e.at),
                     "kind": e.kind,
                     "node": e.node,
                     "job_id": e.job_id,
@@ -209,24 +208,6 @@ def _text(value: object) -> str:
     return _CONTROL.sub("", one_line).replace("|", "\\|").strip()
 
 
-def _iso(at: float) -> str:
-    return dt.datetime.fromtimestamp(at, tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%SZ")
-
-
-def _duration(seconds: float | None) -> str:
-    """12s, 3m05s, 30m, 2h05m, 24h, 3d04h, 7d; N/A for None."""
-    if seconds is None:
-        return "N/A"
-    s = max(0, round(seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s" if s % 60 else f"{s // 60}m"
-    if s < 2 * 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m" if s % 3600 else f"{s // 3600}h"
-    return f"{s // 86400}d{s % 86400 // 3600:02d}h" if s % 86400 else f"{s // 86400}d"
-
-
 def _pct(value: float | None) -> str:
     return "N/A" if value is None else f"{value:.0f}%"
 
@@ -241,7 +222,7 @@ def markdown(doc: Mapping[str, Any]) -> str:
     lines = [
         "# gpuctl fleet report",
         "",
-        f"Generated {doc['generated_at_utc']} · window {w} · {fleet['nodes']} node(s), "
+        f"Generated {local_stamp(doc['generated_at'])} · window {w} · {fleet['nodes']} node(s), "
         f"{fleet['nodes_up']} up · {fleet['gpus']} GPU(s)",
         "",
         "## Numbers",
@@ -272,7 +253,7 @@ def markdown(doc: Mapping[str, Any]) -> str:
     lines.append("")
     for e in doc["events"]["notable"]:
         where = " ".join(_text(x) for x in (e["node"], e["job_id"]) if x)
-        lines.append(f"- {e['at_utc']} **{e['kind']}** {where}: {_text(e['message'])}")
+        lines.append(f"- {local_stamp(e['at'])} **{e['kind']}** {where}: {_text(e['message'])}")
     if doc.get("store_error"):
         lines += ["", f"Note: the state store could not be read: {_text(doc['store_error'])}"]
     return "\n".join(lines).rstrip() + "\n"
@@ -301,11 +282,11 @@ def _number_rows(numbers: Mapping[str, Any]) -> list[tuple[str, str, str]]:
         ("Fragmentation", _pct(n["fragmentation_pct"]) + stranded, "—"),
         ("Observed SM utilization", _pct(n["observed_util_pct"]), "—"),
         ("Queue wait p50 / p95", f"{n['queue_waiting']} waiting (oldest "
-         f"{_duration(n['queue_oldest_wait_s'])})",
-         f"{_duration(w['queue_wait_p50_s'])} / {_duration(w['queue_wait_p95_s'])} "
+         f"{duration(n['queue_oldest_wait_s'])})",
+         f"{duration(w['queue_wait_p50_s'])} / {duration(w['queue_wait_p95_s'])} "
          f"({w['queue_started']} started)"),
-        ("Checkpoint age max / p95", f"{_duration(n['checkpoint_age_max_s'])} / "
-         f"{_duration(n['checkpoint_age_p95_s'])} ({n['checkpoint_running_jobs']} running)", "—"),
+        ("Checkpoint age max / p95", f"{duration(n['checkpoint_age_max_s'])} / "
+         f"{duration(n['checkpoint_age_p95_s'])} ({n['checkpoint_running_jobs']} running)", "—"),
         ("Failover success", "—", failover(w)),
         ("Preemption rate", "—", preempt(w)),
     ]  # fmt: skip

@@ -14,11 +14,11 @@ from __future__ import annotations
 import csv
 import html
 import io
-import time
 from collections.abc import Sequence
 from typing import Any
 
 from gpuctl.adapters.protocols import Store
+from gpuctl.core import timefmt
 from gpuctl.core.history import FLEET_SERIES, NODE_SERIES, FleetSample, NodeSample
 from gpuctl.core.jobs.figures import FAILOVER_REASONS
 
@@ -43,7 +43,7 @@ def csv_text(store: Store, now: float, window_s: float) -> str:
 
 
 def _iso(at: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
+    return timefmt.rfc3339(at) or ""
 
 
 def _num(v: float | None) -> str:

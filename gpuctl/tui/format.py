@@ -16,9 +16,10 @@ from collections.abc import Iterable, Sequence
 from rich.cells import cell_len
 from rich.text import Span, Text
 
+from gpuctl.core import timefmt
 from gpuctl.core.band import TARGET_BAND, BandName
 from gpuctl.core.fleet.numbers import FleetNumbers
-from gpuctl.core.units import human_s as human_s  # re-exported for callers of this module
+from gpuctl.core.timefmt import duration as duration  # re-exported for the rows
 
 NA = "N/A"
 SPARKS = "▁▂▃▄▅▆▇█"
@@ -97,11 +98,8 @@ def gib(mib: float | None, digits: int = 1) -> str:
 
 
 def clock_hms(epoch_s: float | None, offset_s: float = 0.0) -> str:
-    """HH:MM:SS of an epoch time in UTC shifted by `offset_s` (the caller's local offset)."""
-    if epoch_s is None:
-        return "--:--:--"
-    t = int(epoch_s + offset_s) % 86400
-    return f"{t // 3600:02d}:{t % 3600 // 60:02d}:{t % 60:02d}"
+    """HH:MM:SS of an epoch time at `offset_s` east of UTC (the caller's local offset)."""
+    return timefmt.clock(epoch_s, int(offset_s))
 
 
 # --- sparklines and bars -------------------------------------------------------------------------
@@ -303,13 +301,13 @@ def number_cards(n: FleetNumbers) -> dict[str, tuple[Text, str]]:
             "not measured yet" if stranded is None else f"{stranded:.1f} GiB stranded",
         ),
         "queue": (
-            Text(human_s(j.queue_wait_p50_s), style="bold"),
-            f"p95 {human_s(j.queue_wait_p95_s)} · {j.queue_waiting} waiting"
-            f", oldest {human_s(j.queue_oldest_wait_s)}",
+            Text(duration(j.queue_wait_p50_s), style="bold"),
+            f"p95 {duration(j.queue_wait_p95_s)} · {j.queue_waiting} waiting"
+            f", oldest {duration(j.queue_oldest_wait_s)}",
         ),
         "checkpoint": (
-            Text(human_s(j.checkpoint_age_max_s), style="bold"),
-            f"p95 {human_s(j.checkpoint_age_p95_s)} · {j.checkpoint_running_jobs} running",
+            Text(duration(j.checkpoint_age_max_s), style="bold"),
+            f"p95 {duration(j.checkpoint_age_p95_s)} · {j.checkpoint_running_jobs} running",
         ),
         "failover": (
             Text(pct(j.failover_success_pct), style="bold"),

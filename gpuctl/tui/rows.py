@@ -293,7 +293,7 @@ def queue_rows(data: DashData, needle: str = "") -> list[Row]:
                     fmt.plain(job.name),
                     Cell.of(job.tier),
                     Cell.of(str(job.priority)),
-                    Cell.of(fmt.human_s(data.now - job.submitted_at)),
+                    Cell.of(fmt.duration(data.now - job.submitted_at)),
                     fmt.plain(line.why or ("-" if data.reasons else "working it out ...")),
                 ),
             )
@@ -307,7 +307,7 @@ def job_row(line: JobLine, now: float) -> tuple[Cell, ...]:
     age = DASH
     if job.state is JobState.RUNNING:
         since = ckpt.committed_at if ckpt else job.first_started_at
-        words = fmt.human_s(None if since is None else now - since)
+        words = fmt.duration(None if since is None else now - since)
         age = Cell(((words, ""), (" (none)", "yellow"))) if ckpt is None else Cell.of(words)
     state = Cell.of(job.state.value, "yellow" if job.state is JobState.HELD else "")
     if job.cancel_requested and not job.state.terminal:  # as `gpuctl jobs list` says it

@@ -5,14 +5,19 @@ Nodes are local shells (the lab's node tools, no sshd) running real job processe
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
 
 from gpuctl.adapters.store import open_store
+from gpuctl.core.jobs.model import Cordon, Event
 from gpuctl.lab import nodestate
 from gpuctl.testing.fakes import ShellTransport, shell_fleet
 from tests.cli.test_nodeops_cmd import NODES, gpuctl, running, stop_all
@@ -65,7 +70,8 @@ def test_a_drained_node_is_cordoned_in_status_nodes_list_show_and_their_json(
             "alice",
             "operator",
         )
-        assert isinstance(doc["state_since"], float) and doc["reach"] == "ok"
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", doc["state_since"])
+        assert doc["reach"] == "ok"
 
     shown = gpuctl(fleet, state, "nodes", "show", drained)
     assert shown.exit_code == 0, shown.output
@@ -100,6 +106,27 @@ def test_a_node_the_control_loop_cordoned_for_health_says_so(fleet: Fleet, tmp_p
     assert "ECC" in doc["state_reason"]
     row = rows(gpuctl(fleet, state, "nodes", "list").stdout)["gpu02"]
     assert row.split()[1] == "cordoned" and "cordoned by gpuctl (health) " in row
+
+
+def test_a_cordon_says_since_when_in_local_time_with_its_zone_and_how_long_ago(
+    fleet: Fleet, tmp_path: Path, in_india: ZoneInfo
+) -> None:
+    state = tmp_path / "state"
+    at = float(int(time.time()) - 248)  # 4m08s before the commands below
+    with open_store(state, write=True) as store:
+        cordon = Cordon("gpu01", "maintenance", "bob", "operator", at)
+        store.cordon(cordon, Event(at, "bob", "cordon", "cordoned: maintenance", None, "gpu01"))
+    local = dt.datetime.fromtimestamp(at, in_india).strftime("%Y-%m-%d %H:%M:%S +05:30")
+    ago = r"4m(0[89]|[1-5]\d)s ago"  # as long as the commands take, under a minute
+
+    shown = gpuctl(fleet, state, "nodes", "show", "gpu01")
+    assert shown.exit_code == 0, shown.output
+    assert re.search(rf"^since +{re.escape(local)} \({ago}\)$", shown.stdout, re.M), shown.stdout
+    row = rows(gpuctl(fleet, state, "nodes", "list").stdout)["gpu01"]
+    assert re.search(rf"cordoned by bob {ago}: maintenance$", row), row
+    doc = json.loads(gpuctl(fleet, state, "nodes", "show", "gpu01", "-o", "json").stdout)
+    utc = dt.datetime.fromtimestamp(at, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert (doc["state"], doc["state_since"], doc["taken_at"][-1]) == ("cordoned", utc, "Z")
 
 
 def test_nodes_list_state_shows_only_the_nodes_in_those_states(

@@ -12,6 +12,7 @@ from gpuctl.adapters.store import open_store
 from gpuctl.cli.context import AppContext
 from gpuctl.cli.main import app
 from gpuctl.core.model import fleet_from_dict
+from gpuctl.core.timefmt import machine_times
 from gpuctl.errors import ConnectRefused
 from gpuctl.lab import node_tools, nodestate
 from gpuctl.ops.moves import nodeops
@@ -51,6 +52,23 @@ def test_every_example_job_fits_the_fleet_and_exits_0() -> None:
     eval_line = next(line for line in lines if line.startswith("eval-llama"))
     assert eval_line.split()[3] == "gpu-02"  # avoids the training run's node
     assert "6 of 6 job(s) placed" in result.stdout
+
+
+def test_a_snapshot_saved_with_rfc3339_times_plans_as_one_saved_with_unix_times(
+    tmp_path: Path,
+) -> None:
+    doc = machine_times(json.loads(SNAPSHOT.read_text()))  # as `status -o json` prints it now
+    assert doc["taken_at"] == "2026-11-30T00:53:20Z"
+    saved = tmp_path / "fleet.json"
+    saved.write_text(json.dumps(doc))
+    job = str(EXAMPLES / "train-4xh100.yaml")
+    new, old = (run(job, "--snapshot", str(p), "-o", "json") for p in (saved, SNAPSHOT))
+    assert (new.exit_code, old.exit_code) == (0, 0), new.output
+    assert json.loads(new.stdout) == json.loads(old.stdout)
+    saved.write_text(json.dumps({**doc, "taken_at": "yesterday"}))
+    bad = run(job, "--snapshot", str(saved))
+    assert bad.exit_code == 2 and bad.stdout == ""
+    assert bad.stderr.startswith(f"error: {saved}: not a fleet snapshot: 'yesterday' is not an RFC")
 
 
 def test_json_output_is_one_plan_document_on_the_snapshot_version(tmp_path: Path) -> None:

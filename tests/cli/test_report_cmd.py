@@ -1,10 +1,13 @@
 """`gpuctl report`: one JSON document with the numbers now (those of `gpuctl status`) and over
 the window, the worst nodes, stranded capacity and notable events; Markdown for people."""
 
+import datetime as dt
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
 
@@ -13,6 +16,7 @@ from gpuctl.core.jobs.model import Event
 from gpuctl.testing.fakes import fake_node_env
 from tests.cli.test_metrics_cmd import NODES, gpuctl, record_history, transport
 
+RFC3339 = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ"  # UTC, to the second
 TIME_KEYS = {"now", "queue_oldest_wait_s", "checkpoint_age_max_s", "checkpoint_age_p95_s"}
 
 
@@ -51,7 +55,6 @@ def test_json_has_the_status_numbers_now_and_the_window_figures(
     doc = report_json(inventory, state, node_env, "--window", "24h")
     assert list(doc) == [
         "generated_at",
-        "generated_at_utc",
         "window",
         "window_s",
         "fleet",
@@ -61,7 +64,8 @@ def test_json_has_the_status_numbers_now_and_the_window_figures(
         "events",
         "store_error",
     ]
-    assert (doc["window"], doc["window_s"], doc["store_error"]) == ("24h", 86400.0, None)
+    assert (doc["window"], doc["window_s"], doc["store_error"]) == ("1d00h", 86400.0, None)
+    assert re.fullmatch(RFC3339, doc["generated_at"]), doc["generated_at"]
     assert {k: doc["fleet"][k] for k in ("nodes", "nodes_up", "gpus")} == {
         "nodes": 3,
         "nodes_up": 2,
@@ -86,7 +90,7 @@ def test_a_shorter_window_counts_only_what_happened_inside_it(
     record_history(state, time.time())
     doc = report_json(inventory, state, node_env, "--window", "30m")
     window = doc["numbers"]["window"]
-    assert (doc["window"], doc["window_s"]) == ("30m", 1800.0)
+    assert (doc["window"], doc["window_s"]) == ("30m00s", 1800.0)
     assert window["queue_started"] == 0  # a and b first started more than 30 min ago
     assert window["preemptions"] == 0  # b was preempted 30 min ago, at the edge: outside
     assert doc["events"]["counts"]["preempt"] == 2  # the audit events are a minute old
@@ -121,16 +125,18 @@ def test_worst_nodes_put_the_unreachable_first_and_events_are_listed(
         "preempt",
         "drain",
     ]
+    assert all(re.fullmatch(RFC3339, e["at"]) for e in doc["events"]["notable"])
 
 
 def test_markdown_has_a_title_a_numbers_table_and_the_sections(
-    inventory: Path, state: Path, node_env: dict[str, str]
+    inventory: Path, state: Path, node_env: dict[str, str], in_india: ZoneInfo
 ) -> None:
     record_history(state, time.time())
+    held_at = float(int(time.time()))
     store = open_store(state, write=True)
     try:
         message = "c held: \x1b[2Jcrash loop | 3 exits"
-        store.append_event(Event(time.time(), "gpuctl", "hold", message, "c", "gpu01"))
+        store.append_event(Event(held_at, "gpuctl", "hold", message, "c", "gpu01"))
     finally:
         store.close()
     result = gpuctl(inventory, state, transport(node_env, "gpu03"), "report")
@@ -138,14 +144,19 @@ def test_markdown_has_a_title_a_numbers_table_and_the_sections(
     md = result.stdout
     lines = md.splitlines()
     assert lines[0] == "# gpuctl fleet report"
+    # times in local time with the zone, as in jobs show; -o json has them in RFC 3339, UTC
+    stamp = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \+05:30"
+    assert re.match(rf"Generated {stamp} · window 1d00h · 3 node\(s\)", lines[2]), lines[2]
+    local = dt.datetime.fromtimestamp(held_at, in_india).strftime("%Y-%m-%d %H:%M:%S +05:30")
+    assert f"- {local} **hold** gpu01 c: c held: [2Jcrash loop \\| 3 exits" in lines
     headings = [line for line in lines if line.startswith("## ")]
     assert headings == [
         "## Numbers",
         "## Worst nodes",
         "## Stranded capacity",
-        "## Notable events (24h)",
+        "## Notable events (1d00h)",
     ]
-    assert "| Number | Now | Over 24h |" in lines
+    assert "| Number | Now | Over 1d00h |" in lines
     util = report_json(inventory, state, node_env)
     pct = util["numbers"]["now"]["utilization_pct"]
     assert any(

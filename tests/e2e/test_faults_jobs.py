@@ -50,7 +50,7 @@ def test_a_job_killed_with_sigkill_is_restarted_from_its_checkpoint_then_held_pa
         r.kill_incarnation(job.id, 2)
         r.until(lambda: r.job(job.id).state is JobState.HELD, "held")
         reason = r.job(job.id).reason or ""
-        assert "restart budget spent: 2 failures within 1h (budget 1)" in reason
+        assert "restart budget spent: 2 failures within 1h00m (budget 1)" in reason
         r.run_pass()
         assert [i.n for i in r.incs(job.id)] == [1, 2]  # held: not started again
         assert r.copies(job.id) == []

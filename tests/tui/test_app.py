@@ -82,8 +82,8 @@ async def test_the_numbers_shown_are_the_fleet_status_numbers_for_the_same_state
         cards = fmt.number_cards(expected)
         assert shown == {key: cards[key][0].plain for key, _ in fmt.NUMBER_KEYS}
         assert shown["utilization"].startswith(f"{expected.utilization_pct:.0f}%")
-        assert shown["queue"] == fmt.human_s(expected.jobs.queue_wait_p50_s)
-        assert shown["checkpoint"] == fmt.human_s(expected.jobs.checkpoint_age_max_s)
+        assert shown["queue"] == fmt.duration(expected.jobs.queue_wait_p50_s)
+        assert shown["checkpoint"] == fmt.duration(expected.jobs.checkpoint_age_max_s)
         assert shown["failover"] == "100%"
         assert shown["fragmentation"] == fmt.pct(expected.fragmentation_pct)
         text = "\n".join(screen_text(app))

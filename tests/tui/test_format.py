@@ -8,7 +8,7 @@ from gpuctl.tui import format as fmt
 
 
 def test_durations_read_like_a_clock_and_unknown_is_na() -> None:
-    assert [fmt.human_s(s) for s in (None, 0, 59.6, 185, 7500, 273600)] == [
+    assert [fmt.duration(s) for s in (None, 0, 59.6, 185, 7500, 273600)] == [
         "N/A",
         "0s",
         "1m00s",

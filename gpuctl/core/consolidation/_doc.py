@@ -13,6 +13,7 @@ from gpuctl.core.consolidation.model import (
     TargetOutcome,
 )
 from gpuctl.core.placement.model import Tier
+from gpuctl.core.timefmt import duration
 from gpuctl.core.units import format_mib
 from gpuctl.errors import PlanError
 
@@ -156,14 +157,8 @@ def plan_from_dict(data: Mapping[str, Any]) -> ConsolidationPlan:
 
 
 def age_text(seconds: float | None) -> str:
-    if seconds is None:
-        return "none"
-    s = max(0.0, seconds)
-    if s < 120:
-        return f"{s:.0f} s"
-    if s < 7200:
-        return f"{s / 60:.0f} min"
-    return f"{s / 3600:.1f} h"
+    """A checkpoint's age as `timefmt.duration` writes it; `none` before the first one."""
+    return "none" if seconds is None else duration(seconds)
 
 
 def _cards(node: str, cards: tuple[int, ...]) -> str:

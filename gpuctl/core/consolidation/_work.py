@@ -12,12 +12,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
-from gpuctl.core.consolidation._doc import age_text
 from gpuctl.core.consolidation.model import JobFacts
 from gpuctl.core.placement.constraints import clash, model_ok
 from gpuctl.core.placement.fit import NodeFree
 from gpuctl.core.placement.fragmentation import WorkloadIndex
 from gpuctl.core.placement.model import Allocation, FleetState, LabelRequirement, PlacementNode
+from gpuctl.core.timefmt import duration
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -298,7 +298,7 @@ def pin_reason(a: Allocation, facts: JobFacts | None, work: Work, now: float) ->
         ran = now - facts.last_moved_at
         if ran < facts.min_runtime_between_moves_s:
             return (
-                f"started {age_text(ran)} ago; at least "
-                f"{age_text(facts.min_runtime_between_moves_s)} between moves"
+                f"started {duration(ran)} ago; at least "
+                f"{duration(facts.min_runtime_between_moves_s)} between moves"
             )
     return None

@@ -27,6 +27,7 @@ from collections.abc import Collection, Mapping, Sequence
 
 from gpuctl.core.health.model import Action, NodeVerdict, Severity
 from gpuctl.core.jobs.model import Cordon
+from gpuctl.core.timefmt import duration
 
 HEALTH_SOURCE = "health"
 DEFAULT_DRAIN_AFTER_PASSES = 2
@@ -126,19 +127,13 @@ def flapping(outages: Mapping[str, int], policy: AutoDrainPolicy) -> dict[str, s
     stopped answering and answered again within the last `policy.flap_window_s`."""
     if policy.flap_outages == 0:
         return {}
-    window = _duration(policy.flap_window_s)
+    window = duration(policy.flap_window_s)
     return {
         node: f"flapping: stopped answering and came back {n} times within {window} "
         f"(limit {policy.flap_outages})"
         for node, n in sorted(outages.items())
         if n >= policy.flap_outages
     }
-
-
-def _duration(seconds: float) -> str:
-    if seconds >= 60 and seconds % 60 == 0:
-        return f"{seconds / 60:g} min"
-    return f"{seconds:g}s"
 
 
 def changed(before: NodeHealth | None, after: NodeHealth) -> bool:
@@ -251,7 +246,9 @@ def decide(
             and now - h.healthy_since >= policy.cool_down_s
             and name not in flaps
         ):
-            uncordon.append(NodeStep(name, f"healthy for {now - h.healthy_since:.0f}s (cool-down)"))
+            uncordon.append(
+                NodeStep(name, f"healthy for {duration(now - h.healthy_since)} (cool-down)")
+            )
     return HealthPlan(
         cordon=tuple(cordon),
         drain=tuple(drain),

@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpuctl.core.jobs.model import Incarnation, IncarnationState, Job, JobState
+from gpuctl.core.timefmt import duration
 
 DEFAULT_TIMEOUT_S = 600.0  # reserve -> the source asked to stop; past it, a migration rolls back
 
@@ -178,9 +179,10 @@ def next_step(
             return Step(StepKind.RECORD_END, "the source exited")
         since = stop_requested_at(res)
         if now - since >= res.grace_s:
-            return Step(StepKind.KILL, f"it did not stop within {res.grace_s:g}s of SIGTERM")
+            return Step(StepKind.KILL, f"it did not stop within {duration(res.grace_s)} of SIGTERM")
         return Step(
-            StepKind.WAIT_STOP, f"waiting for it to stop ({now - since:.0f}s of {res.grace_s:g}s)"
+            StepKind.WAIT_STOP,
+            f"waiting for it to stop ({duration(now - since)} of {duration(res.grace_s)})",
         )
     if source.state is IncarnationState.LAUNCHING:
         return Step(StepKind.WAIT, "the source is still launching")
@@ -194,7 +196,7 @@ def _while_running(res: Reservation, alive: bool | None, newest: int | None, now
     if now >= res.deadline_at:
         return Step(
             StepKind.ROLLBACK,
-            f"timed out ({now - res.created_at:.0f}s) before the job was asked to stop; "
+            f"timed out ({duration(now - res.created_at)}) before the job was asked to stop; "
             f"it keeps running on {res.source_node}",
         )
     if alive is None:
@@ -211,12 +213,12 @@ def _while_running(res: Reservation, alive: bool | None, newest: int | None, now
     if now - asked >= res.checkpoint_wait_s:
         return Step(
             StepKind.STOP,
-            f"no newer checkpoint within {res.checkpoint_wait_s:g}s of SIGUSR1; it resumes from "
-            "its newest committed one",
+            f"no newer checkpoint within {duration(res.checkpoint_wait_s)} of SIGUSR1; it resumes "
+            "from its newest committed one",
         )
     return Step(
         StepKind.WAIT_CHECKPOINT,
-        f"waiting for a checkpoint ({now - asked:.0f}s of {res.checkpoint_wait_s:g}s)",
+        f"waiting for a checkpoint ({duration(now - asked)} of {duration(res.checkpoint_wait_s)})",
     )
 
 

@@ -10,6 +10,7 @@ import enum
 from collections.abc import Iterable, Sequence
 
 from gpuctl.core.jobs.model import EndReason, Incarnation
+from gpuctl.core.timefmt import duration
 
 DEFAULT_RESTART_BUDGET = 3
 DEFAULT_RESTART_WINDOW_S = 3600.0
@@ -80,7 +81,7 @@ def restart_decision(runs: Sequence[RunEnd], now: float, policy: RestartPolicy) 
     if failures > policy.budget:
         return RestartDecision(
             RestartVerdict.HOLD,
-            f"restart budget spent: {failures} failures within {_duration(policy.window_s)} "
+            f"restart budget spent: {failures} failures within {duration(policy.window_s)} "
             f"(budget {policy.budget})",
             failures,
         )
@@ -97,11 +98,3 @@ def run_ends(incarnations: Iterable[Incarnation]) -> list[RunEnd]:
             continue
         out.append(RunEnd(inc.started_at, inc.ended_at, inc.end_reason, inc.exit_code))
     return out
-
-
-def _duration(seconds: float) -> str:
-    if seconds >= 3600 and seconds % 3600 == 0:
-        return f"{seconds / 3600:g}h"
-    if seconds >= 60 and seconds % 60 == 0:
-        return f"{seconds / 60:g}min"
-    return f"{seconds:g}s"

@@ -24,7 +24,7 @@ import statistics
 from collections.abc import Sequence
 
 from gpuctl.core.jobs.model import Checkpoint, Incarnation
-from gpuctl.core.units import human_s
+from gpuctl.core.timefmt import duration
 
 DEFAULT_STALL_FACTOR = 2.0
 DEFAULT_STALL_MIN_S = 60.0
@@ -58,8 +58,8 @@ class Stall:
         """What the job's reason says while it is stalled (the same pass after pass)."""
         what = "no checkpoint committed" if self.step is None else f"nothing after step {self.step}"
         return (
-            f"{STALLED}{what} for over {human_s(self.threshold_s)} (it committed every "
-            f"{human_s(self.interval_s)})"
+            f"{STALLED}{what} for over {duration(self.threshold_s)} (it committed every "
+            f"{duration(self.interval_s)})"
         )
 
 

@@ -12,7 +12,7 @@ from gpuctl.adapters.protocols import Clock, JobRunner, Store
 from gpuctl.core.jobs.migration import DEFAULT_TIMEOUT_S
 from gpuctl.core.jobs.model import Cordon
 from gpuctl.core.model import Inventory
-from gpuctl.core.units import human_s
+from gpuctl.core.timefmt import duration
 from gpuctl.ops.action_plans import ACTIONS, ActionPlan, ActionRefused, Applied, Progress
 from gpuctl.ops.actions._jobs import JOB_ACTIONS, CancelOrder, carry_out_cancel, plan_cancel
 from gpuctl.ops.loop import control_loop
@@ -342,7 +342,7 @@ def drain_text(plan: DrainPlan) -> str:
     for m in plan.moves:
         ckpt = "none"
         if m.checkpoint_step is not None:
-            age = "" if m.checkpoint_age_s is None else f", {human_s(m.checkpoint_age_s)} old"
+            age = "" if m.checkpoint_age_s is None else f", {duration(m.checkpoint_age_s)} old"
             ckpt = f"step {m.checkpoint_step}{age}"
         to = m.to_node or f"stays: {m.why_not}"
         cards = ",".join(str(c) for c in m.to_cards) or "-"

@@ -13,7 +13,7 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from gpuctl.core.jobs.model import Job, JobState
-from gpuctl.core.units import human_s
+from gpuctl.core.timefmt import duration
 from gpuctl.ops.action_plans import ActionPlan, ActionRefused, Applied
 
 if TYPE_CHECKING:
@@ -56,7 +56,7 @@ def plan_cancel(actions: FleetActions, ref: str, *, force: bool) -> ActionPlan:
     newest = (
         "no committed checkpoint yet"
         if ckpt is None
-        else f"step {ckpt.step}, {human_s(now - ckpt.committed_at)} old"
+        else f"step {ckpt.step}, {duration(now - ckpt.committed_at)} old"
     )
     if force:
         how = [
@@ -64,7 +64,7 @@ def plan_cancel(actions: FleetActions, ref: str, *, force: bool) -> ActionPlan:
             f"the work since its newest checkpoint ({newest}) is lost",
         ]
     else:
-        grace = human_s(job.spec.policy.grace_s)
+        grace = duration(job.spec.policy.grace_s)
         how = [
             "the control loop sends SIGTERM (the job checkpoints and exits),",
             f"then KILL after its grace ({grace}); newest checkpoint: {newest}",

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from gpuctl.core.jobs.model import EndReason, Fenced, Incarnation, IncarnationState, Job, JobState
 from gpuctl.core.jobs.restarts import RestartVerdict, restart_decision, run_ends
 from gpuctl.core.jobs.spec import DEFAULT_GRACE_S
+from gpuctl.core.timefmt import duration
 from gpuctl.errors import TransportError
 from gpuctl.ops.jobs.service import cancel_is_forced
 
@@ -187,8 +188,8 @@ def kill_if_overdue(p: Pass, inc: Incarnation) -> None:
     if p.now - since < grace:
         p.note(
             "stopping",
-            f"{inc.job_id}: waiting for incarnation {inc.n} to stop ({p.now - since:.0f}s of "
-            f"{grace:g}s)",
+            f"{inc.job_id}: waiting for incarnation {inc.n} to stop ({duration(p.now - since)} of "
+            f"{duration(grace)})",
             job=inc.job_id,
             node=inc.node,
         )
@@ -252,7 +253,7 @@ def fail_over(p: Pass, inc: Incarnation) -> None:
     requeued."""
     live = p.liveness.get(inc.node)
     since = live.failing_since if live is not None else None
-    silent = f" for {p.now - since:.0f}s" if since is not None else ""
+    silent = f" for {duration(p.now - since)}" if since is not None else ""
     keep = inc.end_reason in (EndReason.CANCELLED, EndReason.PREEMPTED)
     lost = p.update_inc(
         inc,

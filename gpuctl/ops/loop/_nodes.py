@@ -16,6 +16,7 @@ from gpuctl.core.jobs.model import (
     RunStatus,
 )
 from gpuctl.core.model import Reach
+from gpuctl.core.timefmt import duration
 from gpuctl.errors import StoreConflict, TransportError
 from gpuctl.ops.loop import _jobs
 from gpuctl.ops.loop.model import NodeReport
@@ -87,14 +88,15 @@ def _liveness_event(
     if change is LivenessChange.FAILING:
         p.act(
             "node_failing",
-            f"{node} did not answer{why}; down after {p.settings.grace_s:g}s without an answer",
+            f"{node} did not answer{why}; down after {duration(p.settings.grace_s)} without an "
+            "answer",
             node=node,
         )
     elif change is LivenessChange.RECOVERED:
         p.act("node_recovered", f"{node} answers again (within the grace)", node=node)
     elif change is LivenessChange.DOWN:
         silent = p.now - (live.failing_since or p.now)
-        p.act("node_down", f"{node} is down: no answer for {silent:.0f}s{why}", node=node)
+        p.act("node_down", f"{node} is down: no answer for {duration(silent)}{why}", node=node)
     elif change is LivenessChange.BACK:
         p.act("node_back", f"{node} answers again after being down", node=node)
 

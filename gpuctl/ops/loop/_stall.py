@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from gpuctl.core.jobs.model import Incarnation, IncarnationState, JobState
 from gpuctl.core.jobs.stall import STALLED, Stall, judge
-from gpuctl.core.units import human_s
+from gpuctl.core.timefmt import duration
 
 if TYPE_CHECKING:
     from gpuctl.ops.loop.model import Pass
@@ -49,8 +49,8 @@ def _judge_one(p: Pass, inc: Incarnation) -> None:
 def _alert_message(job_id: str, inc: Incarnation, stall: Stall) -> str:
     what = "nothing committed" if stall.step is None else f"nothing after step {stall.step}"
     return (
-        f"{job_id} looks stalled on {inc.node}: {what} for {human_s(stall.age_s)}, it committed "
-        f"every {human_s(stall.interval_s)} (alert past {human_s(stall.threshold_s)}); gpuctl "
+        f"{job_id} looks stalled on {inc.node}: {what} for {duration(stall.age_s)}, it committed "
+        f"every {duration(stall.interval_s)} (alert past {duration(stall.threshold_s)}); gpuctl "
         "does nothing about it"
     )
 

@@ -14,6 +14,7 @@ from gpuctl.core.jobs.model import JobState
 from gpuctl.core.playbook import Unit
 from gpuctl.core.playbook.expr import Expr
 from gpuctl.core.playbook.run import NodeResult, StepResult, node_step_result, step_result
+from gpuctl.core.timefmt import duration
 from gpuctl.ops.playbook.model import node_line, numbers_line
 
 if TYPE_CHECKING:
@@ -178,11 +179,11 @@ def _wait(ctx: RunContext, unit: Unit, nodes: tuple[str, ...]) -> StepResult:
                 return node_step_result(unit, results)
         elif cond.evaluate(view.env()):
             return step_result(
-                unit, "ok", f"after {waited:.0f}s: {core.explain_condition(cond, view.env())}"
+                unit, "ok", f"after {duration(waited)}: {core.explain_condition(cond, view.env())}"
             )
         elif waited >= o["timeout_s"]:
             why = core.explain_condition(cond, view.env())
-            return step_result(unit, "failed", f"timed out after {waited:.0f}s: {why}")
+            return step_result(unit, "failed", f"timed out after {duration(waited)}: {why}")
         s.sleep(o["interval_s"])
 
 

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gpuctl.adapters.clock import local_stamp
 from gpuctl.adapters.files import write_atomic
 from gpuctl.core.playbook.run import Journal
 from gpuctl.errors import StateError
@@ -44,8 +45,7 @@ class Holder:
     run_id: str | None = None
 
     def text(self) -> str:
-        at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.since))
-        return f"pid {self.pid} on {self.host} since {at}"
+        return f"pid {self.pid} on {self.host} since {local_stamp(self.since)}"
 
     @staticmethod
     def parse(raw: bytes) -> Holder | None:

@@ -148,7 +148,7 @@ def test_a_job_moved_less_than_its_minimum_runtime_ago_stays() -> None:
     }
     p = plan(state, facts(allocs, **recent))
     assert p.moves == ()
-    assert p.pinned[0].reason == "started 10 min ago; at least 30 min between moves"
+    assert p.pinned[0].reason == "started 10m00s ago; at least 30m00s between moves"
     old = {n: dataclasses.replace(f, last_moved_at=NOW - 3600) for n, f in recent.items()}
     assert len(plan(state, facts(allocs, **old)).moves) == 1
 

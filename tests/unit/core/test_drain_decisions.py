@@ -182,7 +182,7 @@ def test_a_drain_of_an_empty_node_neither_waits_for_nor_spends_the_rate_limit() 
 def test_a_flapping_node_is_cordoned_and_its_cordon_kept_while_it_still_flaps() -> None:
     policy = AutoDrainPolicy(flap_outages=3, flap_window_s=600.0, cool_down_s=60.0)
     assert flapping({"a": 2, "b": 3}, policy) == {
-        "b": "flapping: stopped answering and came back 3 times within 10 min (limit 3)"
+        "b": "flapping: stopped answering and came back 3 times within 10m00s (limit 3)"
     }
     assert flapping({"b": 9}, AutoDrainPolicy(flap_outages=0)) == {}
     well = {n: track(None, verdict(n, Action.NONE), reachable=True, now=0.0, cap=5) for n in "abc"}

@@ -111,7 +111,7 @@ def test_a_crash_is_restarted_within_the_budget_and_held_past_it() -> None:
     assert restart_decision(runs, 500, policy).verdict is RestartVerdict.RESTART
     held = restart_decision([*runs, crash(500, 700)], 700, policy)
     assert held.verdict is RestartVerdict.HOLD
-    assert held.reason.startswith("restart budget spent: 4 failures within 1h")
+    assert held.reason.startswith("restart budget spent: 4 failures within 1h00m")
 
 
 def test_failures_older_than_the_window_do_not_count() -> None:

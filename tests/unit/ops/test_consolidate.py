@@ -103,7 +103,7 @@ def test_facts_come_from_the_spec_the_incarnation_and_the_checkpoints() -> None:
     assert plan.moves == ()
     reasons = sorted(p.reason for p in plan.pinned)
     assert reasons[0] == "disruptible: false"
-    assert reasons[1].startswith("started ") and reasons[1].endswith("2.0 h between moves")
+    assert reasons[1].startswith("started ") and reasons[1].endswith("2h00m between moves")
     (facts_b,) = [
         f for f in service.facts_for(kit.store, kit.clock.now()) if f.job == kit.store.jobs()[1].id
     ]

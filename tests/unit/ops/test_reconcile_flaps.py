@@ -42,7 +42,7 @@ def test_three_outages_within_ten_minutes_cordon_the_node_and_leave_its_job_runn
     flap(k, node, 3)
     (cordon,) = store.cordons()
     assert (cordon.node, cordon.operator, cordon.source) == (node, "gpuctl", "health")
-    assert "came back 3 times within 10 min" in cordon.reason
+    assert "came back 3 times within 10m00s" in cordon.reason
     (event,) = store.events(kinds=["cordon"])
     assert "running jobs are left alone" in event.message
     inc = k.inc(job.id)
