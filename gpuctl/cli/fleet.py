@@ -19,9 +19,22 @@ if TYPE_CHECKING:
 
 
 def load_inventory(ctx: typer.Context) -> Inventory:
+    """The inventory, with the nodes of its Slurm cluster when it has a `slurm:` section
+    (`gpuctl.ops.slurm.resolve_inventory`: the commands run here or on its login node)."""
     from gpuctl.config.inventory import load_inventory as load
 
-    return load(context.get(ctx).resolve_inventory_path())
+    inventory = load(context.get(ctx).resolve_inventory_path())
+    if inventory.slurm is None:
+        return inventory
+    from gpuctl.ops.slurm import resolve_inventory
+
+    if inventory.slurm.via == "local":
+        return resolve_inventory(inventory, None)
+    transport = context.root(ctx).transport()
+    try:
+        return resolve_inventory(inventory, transport)
+    finally:
+        transport.close()
 
 
 def select(

@@ -95,11 +95,10 @@ def _settings(
 
 
 def _gather(ctx: typer.Context) -> FleetSnapshot:
-    from gpuctl.config.inventory import load_inventory
     from gpuctl.ops.place import gather_snapshot
 
     app = context.get(ctx)
-    inventory = load_inventory(app.resolve_inventory_path())
+    inventory = fleet.load_inventory(ctx)  # with a Slurm cluster's nodes
     return gather_snapshot(inventory, transport_factory=app.transport_factory)
 
 

@@ -1,7 +1,8 @@
 """The inventory: YAML files naming the nodes gpuctl reaches, resolved into `core.model.Inventory`.
 
-A file has three optional sections: `defaults` (for the nodes of that file), `groups` (named
-settings and labels, shared by every file of the inventory) and `nodes`. Precedence, highest
+A file has four optional sections: `defaults` (for the nodes of that file), `groups` (named
+settings and labels, shared by every file of the inventory), `nodes` and `slurm` (the nodes
+also come from a Slurm cluster: `gpuctl.ops.slurm` reads them; docs/slurm.md). Precedence, highest
 first: the node, its groups in the order listed, the file's defaults, the built-ins (port 22,
 the current user, timeouts 5 s / 10 s, transport ssh). A node name (and host) may hold hostlist
 ranges, `gpu[01-16]` or `rack[1-2]-gpu[01-04]` (ClusterShell's NodeSet, through
@@ -11,6 +12,7 @@ ranges, `gpu[01-16]` or `rack[1-2]-gpu[01-04]` (ClusterShell's NodeSet, through
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import os
 import re
@@ -24,7 +26,7 @@ from pydantic import AfterValidator, AliasChoices, BaseModel, BeforeValidator, C
 from gpuctl.config.document import Document, Loc
 from gpuctl.config.hostlist import HostlistError, expand
 from gpuctl.config.loader import load_document, validate_data
-from gpuctl.core.model import Inventory, NodeSpec, parse_jump
+from gpuctl.core.model import Inventory, NodeSpec, SlurmSource, parse_jump
 from gpuctl.errors import ConfigError, InventoryError
 
 KIND = "inventory"
@@ -159,10 +161,23 @@ class NodeEntry(Group):
     groups: list[Name] | None = None
 
 
+class SlurmSection(_Model):
+    """`slurm:`: read the nodes from a Slurm cluster, its commands run `local`ly or over SSH on
+    `login` (a `nodes:` entry's name, or a host reached with the file's defaults)."""
+
+    cluster: Name | None = None
+    via: Literal["local", "ssh"] = "local"
+    login: str | None = Field(None, min_length=1, max_length=253)
+    partitions: Annotated[list[Text] | None, BeforeValidator(_as_list)] = None
+    address: Literal["NodeAddr", "NodeHostName", "name"] = "NodeAddr"
+    conf: FilePath | None = None  # SLURM_CONF for the commands (on the login node with ssh)
+
+
 class InventoryFile(_Model):
     defaults: Defaults = Field(default_factory=Defaults)
     groups: dict[Name, Group] = Field(default_factory=dict)
     nodes: list[NodeEntry] = Field(default_factory=list)
+    slurm: SlurmSection | None = None
 
 
 # --- loading -------------------------------------------------------------------------------------
@@ -226,13 +241,64 @@ def load_inventory(path: Path) -> Inventory:
                     raise src.doc.error(
                         ("nodes", i), f"more than {MAX_NODES:,} nodes", error=InventoryError
                     )
-    if not nodes:
+    slurm = _slurm_source(sources, groups, nodes)
+    if not nodes and slurm is None:
         raise InventoryError(
             "the inventory has no nodes",
             path=str(path),
-            hint="add a `nodes:` list; see inventory/example.yaml",
+            hint="add a `nodes:` list (or a `slurm:` section); see inventory/example.yaml",
         )
-    return Inventory(nodes=tuple(nodes), sources=tuple(str(s.doc.path) for s in sources))
+    return Inventory(
+        nodes=tuple(nodes), sources=tuple(str(s.doc.path) for s in sources), slurm=slurm
+    )
+
+
+def _slurm_source(
+    sources: Sequence[_Source], groups: dict[str, tuple[Group, _Source]], nodes: list[NodeSpec]
+) -> SlurmSource | None:
+    """The one `slurm:` section of the inventory, resolved: its login node (a `nodes:` entry by
+    name, else a host with the file's defaults) and the defaults as a template for the nodes
+    only Slurm names."""
+    found = [s for s in sources if s.spec.slurm is not None]
+    if not found:
+        return None
+    if len(found) > 1:
+        first = found[0].doc.where(("slurm",))
+        raise found[1].doc.error(
+            ("slurm",), f"a second slurm: section (first at {first})", error=InventoryError
+        )
+    src = found[0]
+    section = src.spec.slurm
+    assert section is not None
+    template = next(iter(_resolve_entry(src, -1, NodeEntry(name="slurm-node"), groups)))
+    login = None
+    if section.via == "ssh":
+        if section.login is None:
+            raise src.doc.error(
+                ("slurm", "via"),
+                "is ssh: name the login node with slurm: login: (a node or a host)",
+                error=InventoryError,
+            )
+        login = next((n for n in nodes if n.name == section.login), None)
+        if login is None:
+            problem = host_problem(section.login)
+            if problem:
+                raise src.doc.error(("slurm", "login"), problem, error=InventoryError)
+            login = dataclasses.replace(template, name=section.login, host=section.login)
+    elif section.login is not None:
+        raise src.doc.error(
+            ("slurm", "login"), "is set but via is local: set via: ssh", error=InventoryError
+        )
+    return SlurmSource(
+        via=section.via,
+        login=login,
+        cluster=section.cluster,
+        partitions=tuple(section.partitions or ()),
+        address=section.address,
+        conf=section.conf,
+        template=template,
+        source=src.doc.where(("slurm",)),
+    )
 
 
 def _collect_groups(sources: Sequence[_Source]) -> dict[str, tuple[Group, _Source]]:

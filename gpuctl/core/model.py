@@ -1,4 +1,5 @@
-"""Fleet vocabulary: inventory nodes and observed snapshots.
+"""Fleet vocabulary: inventory nodes and observed snapshots (with Slurm's view of the fleet,
+`gpuctl.core.scheduler`, when the inventory reads a Slurm cluster).
 
 Frozen dataclasses, tuples for collections, units in field names, `None` for unknown. Snapshots
 round-trip to JSON (`*_to_dict` / `*_from_dict`) so `-o json`, `--snapshot FILE` and the TUI
@@ -13,6 +14,8 @@ import hashlib
 import re
 from collections.abc import Mapping
 from typing import Any
+
+from gpuctl.core.scheduler import SchedulerView
 
 
 class Reach(enum.StrEnum):
@@ -119,6 +122,8 @@ class NodeSpec:
     jump: tuple[Hop, ...] | None = None
     ssh_config: str | None = None  # the ssh_config file to read; None: the operator's default
     port_set: bool = True  # False: the inventory left the port to ssh_config (else 22)
+    # The Slurm cluster the node is part of (the inventory's `slurm:`): each poll reads it once.
+    slurm: SlurmSource | None = None
 
     @property
     def address(self) -> str:
@@ -126,9 +131,35 @@ class NodeSpec:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class SlurmSource:
+    """How the inventory reaches Slurm (its `slurm:` section): the commands run `local`ly or
+    over SSH on the `login` node, with `SLURM_CONF` set to `conf` when given. `partitions`:
+    only nodes of these (empty: all). `address`: the Slurm field a node's SSH host comes from
+    (`NodeAddr`, `NodeHostName` or `name`) unless the inventory's `nodes:` lists the node.
+    `template`: the file's defaults, as a node, for the nodes only Slurm names. `source`: the
+    file and line it was set at."""
+
+    via: str = "local"  # "local" or "ssh"
+    login: NodeSpec | None = None
+    cluster: str | None = None
+    partitions: tuple[str, ...] = ()
+    address: str = "NodeAddr"
+    conf: str | None = None
+    template: NodeSpec | None = None
+    source: str | None = None
+
+    @property
+    def key(self) -> str:
+        """Which cluster this is, for a poll that reads each cluster once."""
+        login = self.login.address if self.login is not None else ""
+        return f"{self.via}|{login}|{self.conf or ''}|{self.cluster or ''}"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Inventory:
     nodes: tuple[NodeSpec, ...]
     sources: tuple[str, ...] = ()
+    slurm: SlurmSource | None = None  # nodes also come from this Slurm cluster
 
     def by_name(self) -> dict[str, NodeSpec]:
         return {n.name: n for n in self.nodes}
@@ -249,6 +280,7 @@ class NodeSnapshot:
 class FleetSnapshot:
     taken_at: float
     nodes: tuple[NodeSnapshot, ...]
+    scheduler: SchedulerView | None = None  # Slurm's nodes and jobs, read with this poll
 
     def node(self, name: str) -> NodeSnapshot | None:
         """The snapshot of the node called `name` (None: not polled)."""
@@ -262,6 +294,9 @@ class FleetSnapshot:
         for node in self.nodes:
             digest.update(repr(_version_key(node)).encode())
             digest.update(b"\n")
+        if self.scheduler is not None:  # Slurm's jobs hold cards a plan must not take
+            sched = self.scheduler
+            digest.update(repr((sched.nodes, sched.jobs, sched.error)).encode())
         return digest.hexdigest()[:16]
 
 
@@ -323,11 +358,14 @@ def node_to_dict(node: NodeSnapshot) -> dict[str, Any]:
 
 
 def fleet_to_dict(fleet: FleetSnapshot) -> dict[str, Any]:
-    return {
+    doc: dict[str, Any] = {
         "taken_at": fleet.taken_at,
         "version": fleet.version,
         "nodes": [node_to_dict(n) for n in fleet.nodes],
     }
+    if fleet.scheduler is not None:
+        doc["scheduler"] = fleet.scheduler.to_dict()
+    return doc
 
 
 def _build(cls: type[Any], data: Mapping[str, Any]) -> Any:
@@ -361,7 +399,9 @@ def node_from_dict(data: Mapping[str, Any]) -> NodeSnapshot:
 
 
 def fleet_from_dict(data: Mapping[str, Any]) -> FleetSnapshot:
+    sched = data.get("scheduler")
     return FleetSnapshot(
         taken_at=float(data.get("taken_at") or 0.0),
         nodes=tuple(node_from_dict(n) for n in data["nodes"]),
+        scheduler=None if sched is None else SchedulerView.from_dict(sched),
     )

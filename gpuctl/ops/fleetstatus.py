@@ -16,6 +16,9 @@ from gpuctl.adapters.protocols import Store
 from gpuctl.core.fleet.nodestate import CORDON_EVENT_KINDS, NodeStatus, node_statuses
 from gpuctl.core.fleet.numbers import FleetNumbers, fleet_numbers, no_jobs
 from gpuctl.core.fleet.numbers import fragmentation as measure_fragmentation
+from gpuctl.core.fleet.scheduler import allocations as slurm_allocations
+from gpuctl.core.fleet.scheduler import cordons as slurm_cordons
+from gpuctl.core.fleet.scheduler import with_slurm
 from gpuctl.core.fleet.view import PlacementMemo, fleet_state_from_snapshot, with_cordons
 from gpuctl.core.fleet.workload import workload_for, workload_key
 from gpuctl.core.jobs.model import IncarnationState, Job
@@ -78,30 +81,38 @@ def fleet_state(
     versioned: bool = True,
     memo: PlacementMemo | None = None,
 ) -> FleetState:
-    """Placement's view: the snapshot, the cards gpuctl granted, and the cordons. `versioned`,
+    """Placement's view: the snapshot, the cards gpuctl granted and Slurm's jobs hold (the
+    snapshot's `scheduler`), and the cordons (gpuctl's, then Slurm's drains). `versioned`,
     `memo`: see `core.fleet.view.fleet_state_from_snapshot`."""
+    held = slurm_allocations(snapshot.scheduler)
+    cordons = slurm_cordons(snapshot.scheduler)
     if store is None:
-        return fleet_state_from_snapshot(snapshot, versioned=versioned, memo=memo)
+        state = fleet_state_from_snapshot(snapshot, held, versioned=versioned, memo=memo)
+        return with_cordons(state, cordons)
     allocations, _ = store_allocations(store)
-    state = fleet_state_from_snapshot(snapshot, allocations, versioned=versioned, memo=memo)
-    return with_cordons(state, {c.node: c for c in store.cordons()})
+    state = fleet_state_from_snapshot(
+        snapshot, (*allocations, *held), versioned=versioned, memo=memo
+    )
+    return with_cordons(state, {**cordons, **{c.node: c for c in store.cordons()}})
 
 
 def node_states(snapshot: FleetSnapshot, store: Store | None) -> dict[str, NodeStatus]:
     """Each node's state (`core.fleet.nodestate`) by name: its answer and the store's cordons,
-    drains and moves (none without a store)."""
+    drains and moves (none without a store), then Slurm's drains and DOWN nodes where gpuctl
+    has no cordon (`core.fleet.scheduler.with_slurm`)."""
     if store is None:
-        return node_statuses(snapshot.nodes, {})
+        return with_slurm(node_statuses(snapshot.nodes, {}), snapshot.scheduler)
     holding: dict[str, set[str]] = {}
     for inc in store.incarnations(holding=True):
         holding.setdefault(inc.node, set()).add(inc.job_id)
-    return node_statuses(
+    statuses = node_statuses(
         snapshot.nodes,
         {c.node: c for c in store.cordons()},
         reversed(store.events(kinds=CORDON_EVENT_KINDS, limit=NODE_EVENTS)),
         holding,
         {r.job_id for r in store.reservations()},
     )
+    return with_slurm(statuses, snapshot.scheduler)
 
 
 def numbers(

@@ -31,6 +31,7 @@ from gpuctl.core.model import (
 )
 from gpuctl.errors import TransportError, TransportTimeout
 from gpuctl.ops.fanout import Fanout
+from gpuctl.ops.slurm import SlurmPoll
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,7 @@ class Gatherer:
         # full; later polls skip reading them again (one nvidia-smi run fewer per poll)
         self._static: dict[str, NodeFacts] = {}
         self._static_lock = threading.Lock()
+        self._slurm = SlurmPoll(transport)  # Slurm's nodes and jobs, for nodes of a cluster
 
     def poll_node(self, spec: NodeSpec) -> NodeSnapshot:
         start = self._clock.monotonic()
@@ -199,11 +201,13 @@ class Gatherer:
             if progress is not None and isinstance(result, NodeSnapshot):
                 progress(result, done, total)
 
+        self._slurm.start(specs, taken_at)  # read while the nodes are probed
         # poll_node turns every failure into a snapshot, so every result is a NodeSnapshot.
         results = self._fanout.map(specs, self.poll_node, progress=report)
         return FleetSnapshot(
             taken_at=taken_at,
             nodes=tuple(r for r in results.values() if isinstance(r, NodeSnapshot)),
+            scheduler=self._slurm.result(),
         )
 
     def close(self) -> None:

@@ -145,7 +145,9 @@ class NodeTotals:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Allocation:
-    """What gpuctl granted one job: cards on one node, `mib_per_card` on each (whole: all)."""
+    """What gpuctl granted one job: cards on one node, `mib_per_card` on each (whole: all).
+    `owner`: who granted it, `gpuctl` or a workload manager (`slurm`: a Slurm job's cards, which
+    gpuctl counts and never places onto, moves or stops)."""
 
     job: str
     node: str
@@ -158,10 +160,11 @@ class Allocation:
     group: str | None = None
     avoid_jobs: tuple[str, ...] = ()  # job anti-affinity, kept so later jobs respect it too
     avoid_groups: tuple[str, ...] = ()
+    owner: str = "gpuctl"
 
     def to_dict(self) -> dict[str, Any]:
-        """As plans and their version digests write it (JSON)."""
-        return {
+        """As plans and their version digests write it (JSON); `owner` only when not gpuctl."""
+        doc: dict[str, Any] = {
             "job": self.job,
             "node": self.node,
             "cards": list(self.cards),
@@ -174,6 +177,9 @@ class Allocation:
             "avoid_jobs": list(self.avoid_jobs),
             "avoid_groups": list(self.avoid_groups),
         }
+        if self.owner != "gpuctl":
+            doc["owner"] = self.owner
+        return doc
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Allocation:
@@ -189,6 +195,7 @@ class Allocation:
             group=d.get("group"),
             avoid_jobs=tuple(str(s) for s in d.get("avoid_jobs") or ()),
             avoid_groups=tuple(str(s) for s in d.get("avoid_groups") or ()),
+            owner=str(d.get("owner", "gpuctl")),
         )
 
 

@@ -1,0 +1,135 @@
+"""gpuctl over a Slurm cluster: the inventory's nodes from Slurm (`resolve_inventory`), and one read
+of Slurm's nodes and jobs per poll of the fleet (`SlurmPoll`, which the gatherer runs beside its
+probes). The commands run through `gpuctl.adapters.slurm` (locally, or over SSH on a login node).
+
+A node Slurm names and the inventory's `nodes:` lists too keeps the inventory's settings (host,
+port, user, key...) and gains Slurm's labels; a node only Slurm names is reached at its NodeAddr
+(or NodeHostName, or its name: the `slurm: address:` setting) with the file's `defaults:`.
+Partitions and features become labels (`partition/<name>: "true"`, `feature/<name>: "true"`),
+and `slurm: <cluster or "true">` marks the node as Slurm's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+import threading
+from collections.abc import Iterable
+
+from gpuctl.adapters.protocols import Transport
+from gpuctl.adapters.slurm import SlurmCommands, SlurmReader
+from gpuctl.core.model import Inventory, NodeSpec, SlurmSource
+from gpuctl.core.scheduler import SchedNode, SchedulerView
+from gpuctl.errors import GpuctlError, InventoryError
+
+log = logging.getLogger(__name__)
+
+_LABEL = re.compile(r"[^A-Za-z0-9._-]")
+_HOST = re.compile(r"^[A-Za-z0-9_.:%-]{1,253}$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+def resolve_inventory(inventory: Inventory, transport: Transport | None) -> Inventory:
+    """`inventory` with the nodes of its Slurm cluster (none: unchanged). Raises
+    InventoryError naming the inventory's `slurm:` and the command when Slurm cannot be read."""
+    source = inventory.slurm
+    if source is None:
+        return inventory
+    where = source.source or "slurm"
+    try:
+        view = SlurmReader(SlurmCommands(source, transport)).read()
+    except GpuctlError as exc:
+        raise InventoryError(
+            f"{where}: reading the Slurm cluster: {exc.message}",
+            hint=exc.hint or "check the inventory's slurm: section (docs/slurm.md)",
+        ) from None
+    for note in view.notes:
+        log.warning("%s", note)
+    listed = inventory.by_name()
+    nodes: list[NodeSpec] = []
+    slurm_names = set()
+    for sn in view.nodes:
+        slurm_names.add(sn.name)
+        spec = listed.get(sn.name)
+        if spec is None:
+            spec = _new_node(sn, source, where)
+        nodes.append(
+            dataclasses.replace(
+                spec, labels={**slurm_labels(sn, source), **spec.labels}, slurm=source
+            )
+        )
+    login = source.login.name if source.login is not None else None
+    others = [n for n in inventory.nodes if n.name not in slurm_names and n.name != login]
+    if not nodes and not others:
+        raise InventoryError(
+            f"{where}: Slurm lists no nodes"
+            + (f" in partitions {', '.join(source.partitions)}" if source.partitions else ""),
+            hint="check `slurm: partitions:`, or run sinfo on the cluster",
+        )
+    return dataclasses.replace(inventory, nodes=(*others, *nodes))
+
+
+def _new_node(sn: SchedNode, source: SlurmSource, where: str) -> NodeSpec:
+    if not _NAME.match(sn.name):
+        raise InventoryError(f"{where}: Slurm node name {sn.name!r} is not a name gpuctl takes")
+    host = {"NodeAddr": sn.address, "NodeHostName": sn.hostname}.get(source.address, sn.name)
+    host = host or sn.name
+    if host.startswith("-") or not _HOST.match(host):
+        raise InventoryError(f"{where}: Slurm node {sn.name}: bad {source.address} {host!r}")
+    template = source.template or NodeSpec(name=sn.name, host=host)
+    return dataclasses.replace(template, name=sn.name, host=host, source=where, labels={})
+
+
+def slurm_labels(sn: SchedNode, source: SlurmSource) -> dict[str, str]:
+    """Partitions and features as labels, and `slurm` naming the cluster."""
+    labels = {"slurm": source.cluster or "true"}
+    for p in sn.partitions:
+        labels[f"partition/{_LABEL.sub('_', p)}"[:63]] = "true"
+    for f in sn.features:
+        labels[f"feature/{_LABEL.sub('_', f)}"[:63]] = "true"
+    return labels
+
+
+class SlurmPoll:
+    """Slurm's view for one poll of the fleet, read in a thread of its own while the nodes are
+    probed (`start`, then `result`). Keeps one reader per cluster (it knows the release)."""
+
+    def __init__(self, transport: Transport) -> None:
+        self._transport = transport
+        self._readers: dict[str, SlurmReader] = {}
+        self._thread: threading.Thread | None = None
+        self._box: list[SchedulerView] = []
+
+    def start(self, specs: Iterable[NodeSpec], now: float) -> None:
+        source = next((s.slurm for s in specs if s.slurm is not None), None)
+        self._box = []
+        self._thread = None
+        if source is None:
+            return
+        box = self._box
+        self._thread = threading.Thread(
+            target=lambda: box.append(self.read(source, now)),
+            name="gpuctl-slurm-read",
+            daemon=True,
+        )
+        self._thread.start()
+
+    def result(self) -> SchedulerView | None:
+        if self._thread is None:
+            return None
+        self._thread.join()
+        return self._box[0] if self._box else None
+
+    def read(self, source: SlurmSource, now: float) -> SchedulerView:
+        """Slurm's nodes and jobs, or a view carrying why they could not be read: the poll goes
+        on without them (nodes still answer over SSH)."""
+        try:
+            reader = self._readers.get(source.key)
+            if reader is None:
+                reader = SlurmReader(SlurmCommands(source, self._transport))
+                self._readers[source.key] = reader
+            return reader.read_or_error(now)
+        except Exception as exc:  # the login node unreachable, or a surprise: one line
+            log.debug("reading Slurm failed", exc_info=True)
+            return SchedulerView(cluster=source.cluster, taken_at=now, error=str(exc))
