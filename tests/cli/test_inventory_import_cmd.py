@@ -21,7 +21,9 @@ def gpuctl(*args: str) -> Result:
 
 def test_an_ini_inventory_becomes_a_gpuctl_inventory(tmp_path: Path) -> None:
     out = tmp_path / "fleet.yaml"
-    result = gpuctl("inventory", "import", "ansible", str(FIXTURES / "hosts.ini"), "--out", str(out))
+    result = gpuctl(
+        "inventory", "import", "ansible", str(FIXTURES / "hosts.ini"), "--out", str(out)
+    )
     assert result.exit_code == 0, result.output
     assert "skipped: train.vars: gpu_count (not a string: int)" in result.stderr
     inv = load_inventory(out).by_name()
