@@ -15,8 +15,9 @@ DEMO_DIR ?= /tmp/gpuctl-demo
 # check the exposition and the example alert rules with it; the Prometheus server it brings is
 # stopped and disabled, and recommends such as the node exporter are not installed), postgresql's
 # server (the store tests start their own in a temporary folder; Debian's cluster service is stopped
-# and disabled), chromium (the HTML report's test screenshots the page headless). Installed only
-# when missing.
+# and disabled), chromium (the HTML report's test screenshots the page headless), Slurm's
+# slurmctld, slurmd, client and munge (the Slurm tests start their own in a temporary folder;
+# Debian's services are stopped and disabled). Installed only when missing.
 sysdeps:
 	@missing=""; \
 	  test -x /usr/sbin/sshd || missing="$$missing openssh-server openssh-client"; \
@@ -25,6 +26,10 @@ sysdeps:
 	  command -v promtool >/dev/null 2>&1 || missing="$$missing prometheus"; \
 	  ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || missing="$$missing postgresql"; \
 	  command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
+	  test -x /usr/sbin/slurmctld || missing="$$missing slurmctld"; \
+	  test -x /usr/sbin/slurmd || missing="$$missing slurmd"; \
+	  command -v sbatch >/dev/null 2>&1 || missing="$$missing slurm-client"; \
+	  test -x /usr/sbin/munged || missing="$$missing munge"; \
 	  if [ -n "$$missing" ]; then \
 	    echo "installing:$$missing"; \
 	    if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
@@ -35,6 +40,10 @@ sysdeps:
 	    case "$$missing" in *postgresql*) \
 	      if [ -d /run/systemd/system ]; then $$SUDO systemctl disable --now postgresql >/dev/null 2>&1 || true; \
 	      else $$SUDO pg_ctlcluster --force "$$(ls /usr/lib/postgresql | sort -n | tail -1)" main stop >/dev/null 2>&1 || true; fi;; \
+	    esac; \
+	    case "$$missing" in *slurm*|*munge*) \
+	      if [ -d /run/systemd/system ]; then $$SUDO systemctl disable --now slurmctld slurmd munge >/dev/null 2>&1 || true; \
+	      else for s in slurmctld slurmd munge; do $$SUDO service $$s stop >/dev/null 2>&1 || true; done; fi;; \
 	    esac; \
 	  fi
 
