@@ -246,7 +246,7 @@ def load_inventory(path: Path) -> Inventory:
         raise InventoryError(
             "the inventory has no nodes",
             path=str(path),
-            hint="add a `nodes:` list (or a `slurm:` section); see inventory/example.yaml",
+            hint="add a `nodes:` list; see inventory/example.yaml",
         )
     return Inventory(
         nodes=tuple(nodes), sources=tuple(str(s.doc.path) for s in sources), slurm=slurm
