@@ -12,6 +12,7 @@ Partial failure is a value: a node that refuses, times out or fails auth becomes
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import threading
 from collections.abc import Callable, Iterable, Sequence
@@ -31,7 +32,6 @@ from gpuctl.core.model import (
 )
 from gpuctl.errors import TransportError, TransportTimeout
 from gpuctl.ops.fanout import Fanout
-from gpuctl.ops.slurm import SlurmPoll
 
 log = logging.getLogger(__name__)
 
@@ -65,29 +65,29 @@ class Gatherer:
         # full; later polls skip reading them again (one nvidia-smi run fewer per poll)
         self._static: dict[str, NodeFacts] = {}
         self._static_lock = threading.Lock()
-        self._slurm = SlurmPoll(transport)  # Slurm's nodes and jobs, for nodes of a cluster
 
     def poll_node(self, spec: NodeSpec) -> NodeSnapshot:
         start = self._clock.monotonic()
         taken_at = self._clock.now()
-        labels = dict(spec.labels)
+        if spec.transport == "local":
+            return self._snapshot(
+                spec, start, taken_at, lambda: self._probe_local(spec.command_timeout_s)
+            )
+        with self._static_lock:
+            known = self._static.get(spec.name)
+        return self._snapshot(
+            spec,
+            start,
+            taken_at,
+            lambda: self._observed(spec, self._probe(spec, full=known is None), known),
+        )
+
+    def _snapshot(
+        self, spec: NodeSpec, start: float, taken_at: float, observe: Callable[[], Observation]
+    ) -> NodeSnapshot:
+        """The node's snapshot from `observe()`, its failure a snapshot too."""
         try:
-            if spec.transport == "local":
-                observation = self._probe_local(spec.command_timeout_s)
-            else:
-                with self._static_lock:
-                    known = self._static.get(spec.name)
-                result = self._probe(spec, full=known is None)
-                observation = self._with_static(
-                    spec.name, parse_probe(result.stdout, result.exit_code), known
-                )
-                if result.exit_code is None and not observation.nvml_ok:
-                    # cut mid-probe (sshd or the node went away): the node did not answer this
-                    # poll, and its liveness decides down; its GPUs were not found unreadable
-                    raise TransportError(
-                        f"{spec.name}: the session was cut before the probe finished"
-                        f" (no exit status, {len(result.stdout)} bytes of output)"
-                    )
+            observation = observe()
         except TransportError as exc:
             reach, error = Reach(exc.reach), exc.message
         except Exception as exc:  # one node's surprise must not stop the fleet scan
@@ -102,8 +102,49 @@ class Gatherer:
             error=error,
             latency_s=self._clock.monotonic() - start,
             taken_at=taken_at,
-            labels=labels,
+            labels=dict(spec.labels),
         )
+
+    def _observed(
+        self, spec: NodeSpec, result: ExecResult | TransportError, known: NodeFacts | None
+    ) -> Observation:
+        if isinstance(result, TransportError):
+            raise result
+        observation = self._with_static(
+            spec.name, parse_probe(result.stdout, result.exit_code), known
+        )
+        if result.exit_code is None and not observation.nvml_ok:
+            # cut mid-probe (sshd or the node went away): the node did not answer this
+            # poll, and its liveness decides down; its GPUs were not found unreadable
+            raise TransportError(
+                f"{spec.name}: the session was cut before the probe finished"
+                f" (no exit status, {len(result.stdout)} bytes of output)"
+            )
+        return observation
+
+    def _warm_round(
+        self, specs: Sequence[NodeSpec], progress: Progress | None
+    ) -> dict[str, NodeSnapshot]:
+        """The nodes whose answering session is up, asked together from this thread (no
+        worker per node: less CPU per poll); the rest are left to the pool."""
+        sessions = self._sessions
+        remote = [s for s in specs if s.transport != "local"]
+        if sessions is None or not remote or len({s.name for s in specs}) != len(specs):
+            return {}
+        with self._static_lock:
+            known = [self._static.get(s.name) for s in remote]
+        asks = [(s, "full" if k is None else "light") for s, k in zip(remote, known, strict=True)]
+        start, taken_at = self._clock.monotonic(), self._clock.now()
+        answers = sessions.ask_warm(asks, self._program, max_output_bytes=MAX_PROBE_OUTPUT_BYTES)
+        out: dict[str, NodeSnapshot] = {}
+        for i, result in sorted(answers.items()):
+            spec = remote[i]
+            out[spec.name] = snapshot = self._snapshot(
+                spec, start, taken_at, functools.partial(self._observed, spec, result, known[i])
+            )
+            if progress is not None:
+                progress(snapshot, len(out), len(specs))
+        return out
 
     def _probe(self, spec: NodeSpec, *, full: bool) -> ExecResult:
         if self._sessions is not None:
@@ -199,15 +240,19 @@ class Gatherer:
 
         def report(name: str, result: NodeSnapshot | Exception, done: int, total: int) -> None:
             if progress is not None and isinstance(result, NodeSnapshot):
-                progress(result, done, total)
+                progress(result, len(warm) + done, len(warm) + total)
 
-        self._slurm.start(specs, taken_at)  # read while the nodes are probed
+        warm = self._warm_round(specs, progress)
         # poll_node turns every failure into a snapshot, so every result is a NodeSnapshot.
-        results = self._fanout.map(specs, self.poll_node, progress=report)
+        results: dict[str, NodeSnapshot | Exception] = {**warm}
+        results.update(
+            self._fanout.map(
+                [s for s in specs if s.name not in warm], self.poll_node, progress=report
+            )
+        )
         return FleetSnapshot(
             taken_at=taken_at,
-            nodes=tuple(r for r in results.values() if isinstance(r, NodeSnapshot)),
-            scheduler=self._slurm.result(),
+            nodes=tuple(r for s in specs if isinstance(r := results[s.name], NodeSnapshot)),
         )
 
     def close(self) -> None:

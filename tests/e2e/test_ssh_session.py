@@ -100,3 +100,28 @@ def test_an_answer_cut_short_is_a_transport_error_never_a_partial_answer(
     message = err.value.message
     assert message.startswith("lab-01 (") and "\n" not in message
     assert "the session ended before the answer was whole" in message
+
+
+def test_warm_asks_go_out_together_leaving_nodes_without_a_session_to_ask(
+    lab: LabFleet, transport: SshTransport
+) -> None:
+    n, ns = 40000 + os.getpid() % 1000, time.monotonic_ns() % 10**6
+    marker = f"{n}.{ns}"  # the sleep's command line; the sessions' own say $((n)).ns
+    program = f'{SELF_BOUNDED}case $1 in slow) sleep $(({n})).{ns} ;; esac; echo "ok $1"\n'
+    one, two = lab.spec("lab-01"), lab.spec("lab-02", command_timeout_s=1.0)
+    for spec in (one, two):
+        transport.ask(spec, program, "warm-up", timeout_s=10)
+    start = time.monotonic()
+    answers = transport.ask_warm(
+        [(one, "a"), (two, "slow"), (lab.spec("lab-03"), "a")], program, max_output_bytes=1000
+    )
+    assert time.monotonic() - start < 2.5
+    assert sorted(answers) == [0, 1]  # lab-03 has no session yet: left to `ask`
+    first, late = answers[0], answers[1]
+    assert not isinstance(first, TransportError) and first.stdout == b"ok a"
+    assert isinstance(late, PhaseTimeout) and late.phase == "read"
+    assert late.message.startswith("lab-02 (") and "killed on the node" in late.message
+    assert wait_for(lambda: not live_processes_with(f"sleep {marker}"), timeout_s=2)
+    # the late node's session was dropped: it is left out until `ask` starts a new one
+    assert sorted(transport.ask_warm([(one, "b"), (two, "b")], program)) == [0]
+    assert transport.ask(two, program, "b", timeout_s=10).stdout == b"ok b"

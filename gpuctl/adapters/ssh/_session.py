@@ -38,7 +38,7 @@ class Session:
     """One running answering loop on one node's connection. Not thread-safe: the transport
     lets one caller at a time talk to it."""
 
-    __slots__ = ("buf", "chan", "client", "command", "pgid")
+    __slots__ = ("buf", "chan", "client", "command", "pgid", "received")
 
     def __init__(self, client: SSHClient, chan: Channel, command: str) -> None:
         self.client = client
@@ -46,6 +46,7 @@ class Session:
         self.command = command
         self.buf = bytearray()
         self.pgid: int | None = None  # the loop's process group on the node, once it said
+        self.received = 0  # bytes come since the last request
 
     def alive(self) -> bool:
         chan = self.chan
@@ -56,35 +57,42 @@ class Session:
 
     def exchange(self, request: bytes, deadline: float, max_bytes: int) -> tuple[int, bytes]:
         """Write one request line, read its answer: (exit status, answer bytes)."""
+        self.send(request)
+        while True:
+            answer = self.take(max_bytes)
+            if answer is not None:
+                return answer
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise Late
+            select.select([self.chan], [], [], remaining)
+
+    def send(self, request: bytes) -> None:
+        self.received = 0
         try:
             self.chan.sendall(request)
         except (OSError, EOFError):
             raise Cut(0) from None
-        return self._read(deadline, max_bytes)
 
-    def _read(self, deadline: float, max_bytes: int) -> tuple[int, bytes]:
+    def take(self, max_bytes: int) -> tuple[int, bytes] | None:
+        """The answer if all of it came, without waiting; None while more is to come."""
         chan = self.chan
-        received = 0
-        while True:
-            eof = chan.eof_received or chan.closed  # read before draining: data precedes EOF
-            while chan.recv_ready():
-                data = chan.recv(_READ_CHUNK)
-                received += len(data)
-                self.buf += data
-            while chan.recv_stderr_ready():  # the loop's own complaints: not part of an answer
-                chan.recv_stderr(_READ_CHUNK)
-            if self.pgid is None:
-                self._take_pgid()
-            if self.pgid is not None:
-                answer = take_answer(self.buf, max_bytes)
-                if answer is not None:
-                    return answer
-            if eof:
-                raise Cut(received)
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise Late
-            select.select([chan], [], [], remaining)
+        eof = chan.eof_received or chan.closed  # read before draining: data precedes EOF
+        while chan.recv_ready():
+            data = chan.recv(_READ_CHUNK)
+            self.received += len(data)
+            self.buf += data
+        while chan.recv_stderr_ready():  # the loop's own complaints: not part of an answer
+            chan.recv_stderr(_READ_CHUNK)
+        if self.pgid is None:
+            self._take_pgid()
+        if self.pgid is not None:
+            answer = take_answer(self.buf, max_bytes)
+            if answer is not None:
+                return answer
+        if eof:
+            raise Cut(self.received)
+        return None
 
     def _take_pgid(self) -> None:
         """Drop what precedes the wrapper's process group line, and that line, once it came."""
