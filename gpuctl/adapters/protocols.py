@@ -24,12 +24,9 @@ from gpuctl.core.jobs.model import (
     JobState,
     LaunchRequest,
     NodeLiveness,
-    NodeVersion,
     RunStatus,
 )
-from gpuctl.core.lease import Fence, Lease, Member
 from gpuctl.core.model import NodeSpec
-from gpuctl.core.shared import PublishedFleet
 from gpuctl.errors import GpuctlError, TransportError
 
 
@@ -205,9 +202,7 @@ class Store(Protocol):
     # reservations: cards held for a job's next incarnation while it is moved (a migration);
     # `begin_launch` counts other jobs' reservations as held, refuses a cordoned node, and
     # consumes the job's own reservation (the incarnation must take exactly its cards)
-    def reserve(
-        self, reservation: Reservation, *, event: Event, expect_job_version: int | None = None
-    ) -> None: ...
+    def reserve(self, reservation: Reservation, *, event: Event) -> None: ...
     def reservations(self, node: str | None = None) -> list[Reservation]: ...
     def update_reservation(
         self,
@@ -220,31 +215,12 @@ class Store(Protocol):
     def release_reservation(self, job_id: str, *, event: Event) -> Reservation | None: ...
 
     # cordons and node liveness; `keep_existing`: never replace a cordon already there (True
-    # when this one was written); `expect_source`: lift only a cordon of that source;
-    # `expect_version`: refuse (StoreConflict saying who changed what, when) unless the node's
-    # cordon version is still the one the plan saw (`node_versions`; a node absent is at 0)
-    def cordon(
-        self,
-        cordon: Cordon,
-        event: Event,
-        *,
-        keep_existing: bool = False,
-        expect_version: int | None = None,
-    ) -> bool: ...
+    # when this one was written); `expect_source`: lift only a cordon of that source
+    def cordon(self, cordon: Cordon, event: Event, *, keep_existing: bool = False) -> bool: ...
     def uncordon(
-        self,
-        node: str,
-        event: Event,
-        *,
-        expect_source: str | None = None,
-        expect_version: int | None = None,
+        self, node: str, event: Event, *, expect_source: str | None = None
     ) -> Cordon | None: ...
     def cordons(self) -> list[Cordon]: ...
-    def node_versions(self) -> dict[str, NodeVersion]: ...
-
-    # the fleet as the control loop polled it (`core.shared`): the newest few kept
-    def publish_snapshot(self, published: PublishedFleet, *, keep: int = ...) -> int: ...
-    def latest_snapshot(self) -> PublishedFleet | None: ...
     def liveness(self) -> dict[str, NodeLiveness]: ...
     def set_liveness(self, liveness: NodeLiveness) -> None: ...
 
@@ -270,22 +246,6 @@ class Store(Protocol):
     # one control loop at a time (an exclusive, cross-process lock; raises StoreConflict when
     # `wait_s` passes)
     def loop_lock(self, wait_s: float = 0.0) -> AbstractContextManager[None]: ...
-
-    # the controller's lease (`core.lease`; times are the store's clock). `acquire_lease` takes
-    # it when none is live (the token grows by one) or renews the holder's own, returning the
-    # lease as it is after; `set_fence` makes every later write of this store object check,
-    # in its own transaction, that the fence is the live lease's (`LeaseLost` otherwise), and
-    # `renew_lease` / `release_lease` / `mark_pass` are such writes. Members: each controller's
-    # heartbeat
-    def set_fence(self, fence: Fence | None) -> None: ...
-    def lease(self) -> Lease | None: ...
-    def acquire_lease(self, holder: str, lease_s: float) -> Lease: ...
-    def renew_lease(self, lease_s: float) -> Lease: ...
-    def release_lease(self) -> None: ...
-    def mark_pass(self) -> None: ...
-    def heartbeat(self, holder: str, role: str, ttl_s: float) -> None: ...
-    def leave(self, holder: str) -> None: ...
-    def members(self) -> list[Member]: ...
 
 
 # --- jobs on nodes -------------------------------------------------------------------------------
