@@ -63,6 +63,6 @@ def test_a_launch_command_too_long_for_the_node_shell_is_refused_before_it_is_se
     with pytest.raises(UsageError) as err:
         launch_command(worst_request(spec))
     assert str(err.value) == (
-        f"job {JOB_ID}: the launch command line is 149,443 bytes, over the 131,071 a node's shell "
+        f"job {JOB_ID}: the launch command line is 149,913 bytes, over the 131,071 a node's shell "
         "takes: its command, env, workdir or checkpoint dir is too long"
     )
