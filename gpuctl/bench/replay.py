@@ -44,6 +44,7 @@ class RunResult:
     seed: int
     alloc_100: float | None  # None: the run never reached x=100 (tune < 1)
     alloc_130: float | None
+    alloc_end: float  # after the last arrival (the trace-order protocol's KPI)
     frag_ratio_100: float | None  # % of idle GPU that is fragmented, around x=100
     seconds: float
     pods: int
@@ -187,16 +188,19 @@ def replay(
     seed: int,
     tune: float = 1.3,
     workload: WorkloadSpec = PAPER_WORKLOAD,
+    order: str = "paper",
 ) -> RunResult:
     """Replay `pods` onto `nodes` with `policy` under the protocol; `rng` is seeded with `seed`.
 
     The policy sees the target workload drawn by `workload`; the fragmentation KPI always uses
-    the paper's.
+    the paper's. `order`: "paper", the FGD paper's (shuffled, tuned to `tune` x capacity), or
+    "trace", the pods as the trace lists them, each once (CAFGD's protocol; `tune` is unused and
+    the seed only orders the nodes for ties).
     """
     started = time.perf_counter()
     capacity = gpu_capacity_milli(nodes)
     paper = target_workload(pods)
-    arrivals = arrival_sequence(pods, rng, round(tune * capacity))
+    arrivals = arrivals_for(pods, rng, capacity, tune=tune, order=order)
     sorted_nodes = sorted(nodes, key=lambda n: n.name)
     prio = node_priority(sorted_nodes, rng)
     rank = [prio[n.name] for n in sorted_nodes]
@@ -232,6 +236,7 @@ def replay(
         seed=seed,
         alloc_100=curve[100],
         alloc_130=curve[130],
+        alloc_end=round(100.0 * (used_log[-1] if used_log else 0) / capacity, 2),
         frag_ratio_100=column_mean(arrived_log, frag_log, capacity, 100),
         seconds=time.perf_counter() - started,
         pods=len(arrivals),
@@ -239,6 +244,23 @@ def replay(
         rejected=len(arrivals) - placed,
         curve=curve,
     )
+
+
+ORDERS = ("paper", "trace")
+
+
+def arrivals_for(
+    pods: Sequence[OpenbPod], rng: Rng, capacity_milli: int, *, tune: float, order: str
+) -> tuple[OpenbPod, ...]:
+    """The arrival sequence of one run: the paper's (`arrival_sequence`, tuned to `tune` x
+    capacity) or the trace's own order (after the same first draw, so that the node priority is
+    drawn alike)."""
+    if order == "trace":
+        rng.discard(1)
+        return tuple(pods)
+    if order != "paper":
+        raise ValueError(f"unknown order {order!r}; known: {', '.join(ORDERS)}")
+    return arrival_sequence(pods, rng, round(tune * capacity_milli))
 
 
 def _by_column(

@@ -18,8 +18,9 @@ from gpuctl.bench.protocol import (
     GPU_SCALE_MILLI,
     PAPER_WORKLOAD,
     WorkloadSpec,
+    gpu_capacity_milli,
 )
-from gpuctl.bench.replay import RunResult, replay
+from gpuctl.bench.replay import ORDERS, RunResult, arrivals_for, replay
 from gpuctl.bench.rng import NumpyRng
 from gpuctl.core.placement import policies
 from gpuctl.core.placement.policies import Policy
@@ -94,12 +95,44 @@ class Stat:
             per_seed=tuple(values),
         )
 
+    @property
+    def ci95(self) -> float | None:
+        """The half-width of the 95% confidence interval of the mean (Student's t)."""
+        n = sum(1 for v in self.per_seed if v is not None)
+        if self.std is None or n < 2:
+            return None
+        return t975(n - 1) * self.std / math.sqrt(n)
+
+
+# Student's t, two-sided 95%, by degrees of freedom (1..30); 1.96 beyond.
+_T975 = (
+    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+)  # fmt: skip
+
+
+def t975(df: int) -> float:
+    return _T975[df - 1] if 1 <= df <= len(_T975) else 1.96
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SeedBound:
+    """`gpuctl.bench.bound` for one seed's arrivals: no policy's KPI can exceed these."""
+
+    seed: int
+    alloc_100: float | None
+    alloc_130: float | None
+    alloc_end: float
+    seconds: float
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class PolicySummary:
     policy: str
     alloc_100: Stat
     alloc_130: Stat
+    alloc_end: Stat
     frag_ratio_100: float | None
     seconds_per_run: float
     runs: tuple[RunResult, ...]
@@ -111,6 +144,8 @@ class BenchReport:
     seeds: tuple[int, ...]
     tune: float
     summaries: tuple[PolicySummary, ...]
+    order: str = "paper"
+    bounds: tuple[SeedBound, ...] | None = None  # per seed, with --bound
 
 
 def workload_name(pods_path: Path) -> str:
@@ -123,11 +158,37 @@ Progress = Callable[[int, int, RunResult], None]
 
 
 def _run_one(
-    nodes: tuple[OpenbNode, ...], pods: tuple[OpenbPod, ...], name: str, seed: int, tune: float
+    nodes: tuple[OpenbNode, ...],
+    pods: tuple[OpenbPod, ...],
+    name: str,
+    seed: int,
+    tune: float,
+    order: str = "paper",
 ) -> RunResult:
     policy, workload = bench_policy(name)
-    result = replay(nodes, pods, policy, NumpyRng(seed), seed=seed, tune=tune, workload=workload)
+    rng = NumpyRng(seed)
+    result = replay(nodes, pods, policy, rng, seed=seed, tune=tune, workload=workload, order=order)
     return dataclasses.replace(result, policy=name)
+
+
+def seed_bound(
+    nodes: Sequence[OpenbNode], pods: Sequence[OpenbPod], seed: int, tune: float, order: str
+) -> SeedBound:
+    """The upper bound on each KPI of the run with `seed` (the same arrivals as its replay)."""
+    from gpuctl.bench import bound  # scipy, imported only for --bound
+
+    capacity = gpu_capacity_milli(nodes)
+    arrivals = arrivals_for(pods, NumpyRng(seed), capacity, tune=tune, order=order)
+    b100, s100 = bound.column_bound(nodes, arrivals, 100)
+    b130, s130 = bound.column_bound(nodes, arrivals, 130)
+    end = bound.allocation_bound(nodes, arrivals)
+    return SeedBound(
+        seed=seed,
+        alloc_100=b100,
+        alloc_130=b130,
+        alloc_end=round(100 * end.milli / capacity, 2),
+        seconds=s100 + s130 + end.seconds,
+    )
 
 
 def run_bench(
@@ -139,10 +200,15 @@ def run_bench(
     tune: float = 1.3,
     jobs: int = 1,
     progress: Progress | None = None,
+    order: str = "paper",
+    with_bound: bool = False,
 ) -> BenchReport:
-    """Replay the trace once per (policy, seed). Each run's seconds are its own wall time."""
+    """Replay the trace once per (policy, seed). Each run's seconds are its own wall time.
+    `with_bound`: also the upper bound of every seed's arrivals (`gpuctl.bench.bound`)."""
     if not tune > 0 or math.isinf(tune):
         raise UsageError(f"--tune must be a positive number, got {tune}")
+    if order not in ORDERS:
+        raise UsageError(f"--order must be one of {', '.join(ORDERS)}, got {order!r}")
     if jobs < 1:
         raise UsageError(f"--jobs must be at least 1, got {jobs}")
     nodes = load_nodes(nodes_path)
@@ -160,12 +226,15 @@ def run_bench(
 
     if jobs == 1 or len(tasks) == 1:
         for name, seed in tasks:
-            record(_run_one(nodes, pods, name, seed, tune))
+            record(_run_one(nodes, pods, name, seed, tune, order))
     else:
         with ProcessPoolExecutor(max_workers=min(jobs, len(tasks))) as pool:
-            futures = [pool.submit(_run_one, nodes, pods, n, s, tune) for n, s in tasks]
+            futures = [pool.submit(_run_one, nodes, pods, n, s, tune, order) for n, s in tasks]
             for future in futures:
                 record(future.result())
+    bounds = None
+    if with_bound:
+        bounds = tuple(seed_bound(nodes, pods, seed, tune, order) for seed in seeds)
 
     summaries = []
     for name in policy_names:
@@ -176,6 +245,7 @@ def run_bench(
                 policy=name,
                 alloc_100=Stat.of([r.alloc_100 for r in runs]),
                 alloc_130=Stat.of([r.alloc_130 for r in runs]),
+                alloc_end=Stat.of([r.alloc_end for r in runs]),
                 frag_ratio_100=statistics.fmean(frags) if frags else None,
                 seconds_per_run=statistics.fmean(r.seconds for r in runs),
                 runs=runs,
@@ -186,6 +256,8 @@ def run_bench(
         seeds=tuple(seeds),
         tune=tune,
         summaries=tuple(summaries),
+        order=order,
+        bounds=bounds,
     )
 
 
@@ -235,12 +307,17 @@ def report_document(
         entry: dict[str, object] = {
             "alloc_100": _stat_doc(s.alloc_100),
             "alloc_130": _stat_doc(s.alloc_130),
+            "alloc_end": _stat_doc(s.alloc_end),
             "frag_ratio_100": None if s.frag_ratio_100 is None else round(s.frag_ratio_100, 2),
             "seconds_per_run": round(s.seconds_per_run, 3),
             "seeds": list(report.seeds),
             "workload": report.workload,
             "tune": report.tune,
+            "order": report.order,
         }
+        if report.bounds is not None:
+            entry["bound"] = _bound_doc(report.bounds)
+            entry["gap_to_bound"] = {k: gap_to_bound(report.bounds, s, k) for k in KPIS}
         if published is not None:
             entry["published"] = _published_doc(report.workload, s.policy, published)
         doc[s.policy] = entry
@@ -248,11 +325,37 @@ def report_document(
 
 
 def _stat_doc(stat: Stat) -> dict[str, object]:
+    ci = stat.ci95
     return {
         "mean": None if stat.mean is None else round(stat.mean, 3),
         "std": None if stat.std is None else round(stat.std, 3),
+        "ci95": None if ci is None else round(ci, 3),
         "per_seed": [None if v is None else round(v, 2) for v in stat.per_seed],
     }
+
+
+KPIS = ("alloc_100", "alloc_130", "alloc_end")
+
+
+def bound_stat(bounds: Sequence[SeedBound], kpi: str) -> Stat:
+    return Stat.of([getattr(b, kpi) for b in bounds])
+
+
+def gap_to_bound(bounds: Sequence[SeedBound], summary: PolicySummary, kpi: str) -> float | None:
+    """The mean over seeds of (the seed's bound - the policy's KPI), in points."""
+    stat: Stat = getattr(summary, kpi)
+    gaps = [
+        b - v
+        for b, v in zip((getattr(x, kpi) for x in bounds), stat.per_seed, strict=True)
+        if b is not None and v is not None
+    ]
+    return round(statistics.fmean(gaps), 3) if gaps else None
+
+
+def _bound_doc(bounds: Sequence[SeedBound]) -> dict[str, object]:
+    doc: dict[str, object] = {k: _stat_doc(bound_stat(bounds, k)) for k in KPIS}
+    doc["seconds_per_run"] = round(statistics.fmean(b.seconds for b in bounds), 3)
+    return doc
 
 
 def published_for(

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from gpuctl.cli.render import OUTPUT_OPTION, Output, emit_document, safe
+from gpuctl.errors import UsageError
 
 if TYPE_CHECKING:
     from gpuctl.bench.replay import RunResult
@@ -48,10 +49,26 @@ def placement(
     max_moves_pct: float = typer.Option(
         5.0, "--max-moves-pct", help="With --consolidate-every: at most this % of placed pods move."
     ),
+    order: str = typer.Option(
+        "paper",
+        "--order",
+        help="paper: shuffled and tuned (the FGD paper); trace: the trace's order, each pod once "
+        "(CAFGD's protocol; reports the allocation after the last pod).",
+    ),
+    bound: bool = typer.Option(
+        False,
+        "--bound",
+        help="Also an upper bound per seed on what any placement of its arrivals can allocate "
+        "(an LP solved by HiGHS; needs scipy), and each policy's gap to it.",
+    ),
     output: Output = OUTPUT_OPTION,
 ) -> None:
     """Replay an openb trace under the FGD paper's protocol and report the GPU allocation ratio
-    at x=100 and x=130 (mean ± std over seeds), the fragmentation ratio and the time per run."""
+    at x=100 and x=130 (mean ± std over seeds), the fragmentation ratio and the time per run.
+
+    Example: gpuctl bench placement --nodes openb_node_list_gpu_node.csv
+    --pods openb_pod_list_default.csv --seeds 42-51 --bound
+    """
     from gpuctl.bench import runner
 
     names = runner.parse_policies(policy)
@@ -65,8 +82,21 @@ def placement(
         args = (nodes, pods, names, seed_list, tune, jobs, consolidate_every, max_moves_pct)
         sys.stdout.write(run_cli(*args, show=show, document=document))
         return
+    if bound:
+        from gpuctl.bench import bound as lp
+
+        if not lp.available():
+            raise UsageError(lp.MISSING)
     report = runner.run_bench(
-        nodes, pods, names, seed_list, tune=tune, jobs=jobs, progress=_progress if show else None
+        nodes,
+        pods,
+        names,
+        seed_list,
+        tune=tune,
+        jobs=jobs,
+        progress=_progress if show else None,
+        order=order,
+        with_bound=bound,
     )
     if output in (Output.JSON, Output.YAML):
         emit_document(runner.report_document(report, pub), output)
@@ -94,23 +124,29 @@ def _progress(done: int, total: int, result: RunResult) -> None:
 def render_table(
     report: BenchReport, published: dict[tuple[str, str, int], Published] | None, *, wide: bool
 ) -> str:
-    from gpuctl.bench.runner import published_for
+    from gpuctl.bench.runner import bound_stat, gap_to_bound, published_for
 
     seeds = report.seeds
     span = f"{seeds[0]}-{seeds[-1]}" if len(seeds) > 1 else str(seeds[0])
-    head = ["POLICY", "ALLOC@100", "ALLOC@130", "FRAG%@100", "S/RUN"]
-    if published is not None:
+    trace = report.order == "trace"
+    kpis = ("alloc_end",) if trace else ("alloc_100", "alloc_130")
+    labels = {"alloc_end": "@END", "alloc_100": "@100", "alloc_130": "@130"}
+    head = ["POLICY", *(f"ALLOC{labels[k]}" for k in kpis), "FRAG%@100", "S/RUN"]
+    if published is not None and not trace:
         head[3:3] = ["PUBLISHED@100", "PUBLISHED@130", "VS FGD@100", "VS FGD@130"]
+    if report.bounds is not None:
+        head[-1:-1] = [f"GAP{labels[k]}" for k in kpis]
     rows = [head]
     for s in report.summaries:
         row = [
             s.policy,
-            _stat(s.alloc_100),
-            _stat(s.alloc_130),
+            *(_stat(getattr(s, k)) for k in kpis),
             _num(s.frag_ratio_100),
             f"{s.seconds_per_run:.2f}",
         ]
-        if published is not None:
+        if report.bounds is not None:
+            row[-1:-1] = [_num(gap_to_bound(report.bounds, s, k), "+.2f") for k in kpis]
+        if published is not None and not trace:
             cells = []
             for x in (100, 130):
                 own = published_for(report.workload, s.policy, x, published)
@@ -122,11 +158,19 @@ def render_table(
             row[3:3] = cells
         rows.append(row)
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    setup = "trace order" if trace else f"tune {report.tune:g}"
     lines = [
-        f"workload {safe(report.workload)}, tune {report.tune:g}, seeds {span} "
+        f"workload {safe(report.workload)}, {setup}, seeds {span} "
         f"({len(seeds)} run{'' if len(seeds) == 1 else 's'} per policy)"
     ]
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    if report.bounds is not None:
+        took = sum(b.seconds for b in report.bounds) / len(report.bounds)
+        text = ", ".join(f"{labels[k]} {_stat(bound_stat(report.bounds, k))}" for k in kpis)
+        lines.append(
+            f"upper bound (no placement of the arrivals allocates more; GAP = bound - policy): "
+            f"{text} ({took:.2f} s per seed)"
+        )
     if wide:
         lines.append("")
         for s in report.summaries:

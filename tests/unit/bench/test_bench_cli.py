@@ -28,7 +28,7 @@ def test_json_has_one_object_per_policy_with_the_kpis() -> None:
     assert list(doc) == ["best-fit", "fgd", "default"]
     for entry in doc.values():
         for key in ("alloc_100", "alloc_130"):
-            assert set(entry[key]) == {"mean", "std", "per_seed"}
+            assert set(entry[key]) == {"mean", "std", "ci95", "per_seed"}
             assert len(entry[key]["per_seed"]) == 3
         assert "frag_ratio_100" in entry
         assert entry["seconds_per_run"] >= 0
@@ -101,4 +101,37 @@ def test_a_run_that_never_reaches_x_100_reports_not_available() -> None:
     code, out, _ = run(
         "--pods", pods, "--policy", "fgd", "--seeds", "1", "--tune", "0.5", "-o", "json"
     )
-    assert json.loads(out)["fgd"]["alloc_130"] == {"mean": None, "std": None, "per_seed": [None]}
+    assert json.loads(out)["fgd"]["alloc_130"] == {
+        "mean": None, "std": None, "ci95": None, "per_seed": [None]
+    }  # fmt: skip
+
+
+def test_bound_shows_each_policys_gap_to_the_upper_bound() -> None:
+    pods = str(FIXTURES / "pods.csv")
+    code, out, err = run("--pods", pods, "--policy", "fgd", "--seeds", "1-3", "--bound")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert "GAP@100" in lines[1] and "GAP@130" in lines[1]
+    assert lines[-1].startswith("upper bound (no placement of the arrivals allocates more")
+    code, out, err = run(
+        "--pods", pods, "--policy", "fgd", "--seeds", "1-3", "--bound", "-o", "json"
+    )
+    entry = json.loads(out)["fgd"]
+    assert set(entry["bound"]) == {"alloc_100", "alloc_130", "alloc_end", "seconds_per_run"}
+    bounds = entry["bound"]["alloc_end"]["per_seed"]
+    gaps = [b - a for b, a in zip(bounds, entry["alloc_end"]["per_seed"], strict=True)]
+    assert entry["gap_to_bound"]["alloc_end"] == round(sum(gaps) / 3, 3)
+    assert min(gaps) >= 0
+
+
+def test_trace_order_reports_the_allocation_after_the_last_pod_with_a_95pct_interval() -> None:
+    pods = str(FIXTURES / "pods.csv")
+    code, out, err = run("--pods", pods, "--policy", "fgd", "--seeds", "1-2", "--order", "trace")
+    assert code == 0, err
+    assert out.splitlines()[0].startswith("workload pods, trace order, seeds 1-2")
+    assert out.splitlines()[1].split()[:2] == ["POLICY", "ALLOC@END"]
+    code, out, _ = run("--pods", pods, "--seeds", "1-2", "--order", "trace", "-o", "json")
+    doc = json.loads(out)
+    assert all(e["order"] == "trace" and e["alloc_end"]["ci95"] == 0.0 for e in doc.values())
+    code, _, err = run("--pods", pods, "--order", "shuffled")
+    assert code == 2 and "--order must be one of paper, trace" in err

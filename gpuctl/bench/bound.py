@@ -1,0 +1,280 @@
+"""An upper bound on the GPU allocation any placement of an arrival sequence can reach.
+
+Under the protocol (`gpuctl.bench.protocol`) pods arrive, each is placed for good or dropped, and
+nothing departs, so the allocation only grows. At column x the published KPI is a mean of the
+allocation over the events of that column, so it is at most the allocation after the column's
+last event, which is at most the most GPU that any subset of the pods arrived by then can take
+on the fleet. This module bounds that from above with a linear program solved by HiGHS (through
+scipy):
+
+    variables   x[k, t] >= 0: pods of class k (identical pods) placed on nodes of type t
+                (identical nodes: the 1,213 openb nodes are 16 types); only where a pod of k
+                fits an empty node of t (card model, card count, CPU, host memory)
+    demand      sum over t of x[k, t] <= the arrived pods of class k
+    capacity    per type t and per resource: the type's total (cards, milli-GPU, CPU, memory)
+    objective   maximise the GPU (milli) placed
+
+and the capacity rows are strengthened with dual-feasible functions (Fekete and Schepers, 2001),
+which stay valid for every real packing:
+
+* per card: a card holds items whose sizes sum to at most 1 card, so for a dual-feasible
+  function f their f-values sum to at most 1; a whole-card pod counts 1 on each card it takes.
+  With `u1` (1 above half a card, 1/2 at half, 0 below) this says that two slices of more than
+  half a card never share one, which the plain milli-GPU capacity misses;
+* per node: the same for the node's cards (in card units), CPU and host memory, so that, say,
+  two pods each asking for more than half a node's CPU never share it.
+
+Pods that use no GPU never add to the objective and are left out (a placement that drops them
+takes no less GPU). The LP optimum, rounded down to an integer number of milli-GPU, is a sound
+bound; `exact_allocation` solves the same question exactly (a MIP over single nodes and cards),
+for small instances, to check it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import math
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+
+from gpuctl.bench.openb import MILLI_PER_GPU, OpenbNode, OpenbPod
+from gpuctl.bench.protocol import gpu_capacity_milli
+from gpuctl.errors import UsageError
+
+MISSING = "scipy is not installed: --bound needs its HiGHS solver (pip install 'gpuctl[bench]')"
+
+_PodKey = tuple[int, int, int, int, str]  # cpu, memory, cards, milli per card, models
+_NodeKey = tuple[int, int, int, str]  # cpu, memory, cards, model
+
+
+def _scipy(module: str) -> Any:
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise UsageError(MISSING) from None
+
+
+def available() -> bool:
+    try:
+        importlib.import_module("scipy.optimize")
+    except ImportError:
+        return False
+    return True
+
+
+# --- dual-feasible functions --------------------------------------------------------------------
+
+Dff = Callable[[Fraction], Fraction]
+
+
+def _u(k: int) -> Dff:
+    """Fekete and Schepers' u^(k): x when (k+1)x is an integer, else floor((k+1)x)/k."""
+
+    def f(x: Fraction) -> Fraction:
+        y = (k + 1) * x
+        return x if y.denominator == 1 else Fraction(math.floor(y), k)
+
+    return f
+
+
+def _identity(x: Fraction) -> Fraction:
+    return x
+
+
+DFFS: tuple[Dff, ...] = (_identity, _u(1), _u(2), _u(3), _u(4))
+
+
+# --- the LP -------------------------------------------------------------------------------------
+
+
+def _pod_key(p: OpenbPod) -> _PodKey:
+    return (p.cpu_milli, p.memory_mib, p.num_gpu, p.gpu_milli, p.gpu_spec)
+
+
+def _node_key(n: OpenbNode) -> _NodeKey:
+    return (n.cpu_milli, n.memory_mib, n.gpus, n.model)
+
+
+def _fits(pod: _PodKey, node: _NodeKey) -> bool:
+    cpu, mem, cards, _, spec = pod
+    models = tuple(m for m in spec.split("|") if m)
+    return (
+        cpu <= node[0] and mem <= node[1] and cards <= node[2] and (not models or node[3] in models)
+    )
+
+
+def _whole(pod: _PodKey) -> bool:
+    return pod[3] >= MILLI_PER_GPU
+
+
+def _card_value(pod: _PodKey, f: Dff) -> Fraction:
+    """What a pod adds to one node's card rows under f: f = 1 for each whole card it takes."""
+    if _whole(pod):
+        return Fraction(pod[2])
+    return f(Fraction(pod[3], MILLI_PER_GPU))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Bound:
+    milli: int  # no placement of the pods allocates more (milli-GPU)
+    arrived_milli: int  # the GPU the pods ask for
+    seconds: float
+
+
+def allocation_bound(nodes: Sequence[OpenbNode], pods: Sequence[OpenbPod]) -> Bound:
+    """An upper bound on the GPU (milli) any placement of `pods` onto `nodes` allocates."""
+    opt = _scipy("scipy.optimize")
+    sparse = _scipy("scipy.sparse")
+    started = time.perf_counter()
+    classes = Counter(_pod_key(p) for p in pods if p.num_gpu)
+    types = Counter(_node_key(n) for n in nodes if n.gpus)
+    arrived = sum(p.gpu_request_milli for p in pods)
+    pod_keys, type_keys = sorted(classes), sorted(types)
+    columns = [(k, t) for k, pk in enumerate(pod_keys) for t, tk in enumerate(type_keys)]
+    columns = [(k, t) for k, t in columns if _fits(pod_keys[k], type_keys[t])]
+    if not columns:
+        return Bound(0, arrived, time.perf_counter() - started)
+    rows: list[int] = []
+    cols: list[int] = []
+    vals: list[float] = []
+    rhs: list[float] = []
+
+    def row(entries: Sequence[tuple[int, float]], limit: float) -> None:
+        r = len(rhs)
+        for j, v in entries:
+            if v:
+                rows.append(r)
+                cols.append(j)
+                vals.append(v)
+        rhs.append(limit)
+
+    for k, pk in enumerate(pod_keys):
+        row([(j, 1.0) for j, (kk, _) in enumerate(columns) if kk == k], classes[pk])
+    for t, tk in enumerate(type_keys):
+        here = [(j, pod_keys[k]) for j, (k, tt) in enumerate(columns) if tt == t]
+        count, (cpu, mem, cards, _) = types[tk], tk
+        for f in DFFS:
+            # one card at a time, summed over the type's cards
+            row([(j, float(_card_value(p, f))) for j, p in here], count * cards)
+            # one node at a time: its cards in card units, its CPU, its memory
+            row([(j, float(f(_card_units(p) / cards))) for j, p in here], count)
+            row([(j, float(f(Fraction(p[0], cpu or 1)))) for j, p in here], count)
+            row([(j, float(f(Fraction(p[1], mem or 1)))) for j, p in here], count)
+    gain = np.array([-float(pod_keys[k][2] * pod_keys[k][3]) for k, _ in columns])
+    matrix = sparse.csr_array((vals, (rows, cols)), shape=(len(rhs), len(columns)))
+    result = opt.linprog(gain, A_ub=matrix, b_ub=np.array(rhs), bounds=(0, None), method="highs")
+    if result.status != 0:
+        raise RuntimeError(f"HiGHS did not solve the bound's LP: {result.message}")
+    # The LP's optimum, with room for the solver's tolerance, rounded down to whole milli.
+    value = -float(result.fun)
+    milli = min(arrived, math.floor(value * (1 + 1e-9) + 1e-6))
+    return Bound(milli, arrived, time.perf_counter() - started)
+
+
+def _card_units(pod: _PodKey) -> Fraction:
+    return Fraction(pod[2]) if _whole(pod) else Fraction(pod[3], MILLI_PER_GPU)
+
+
+# --- per column of the protocol -----------------------------------------------------------------
+
+
+def column_prefix(
+    arrivals: Sequence[OpenbPod], capacity_milli: int, x: int
+) -> tuple[OpenbPod, ...] | None:
+    """The arrivals up to the last event that the KPI at column x averages over (the column
+    itself, or x-1..x+1 when it has no event, as `replay.allocation_curve` reads it); None when
+    the run never reaches it."""
+    last_in: dict[int, int] = {}
+    arrived = 0
+    for i, pod in enumerate(arrivals):
+        arrived += pod.gpu_request_milli
+        last_in[round(arrived / capacity_milli * 100)] = i
+    if x in last_in:
+        return tuple(arrivals[: last_in[x] + 1])
+    near = [last_in[c] for c in (x - 1, x + 1) if c in last_in]
+    return tuple(arrivals[: max(near) + 1]) if near else None
+
+
+def column_bound(
+    nodes: Sequence[OpenbNode], arrivals: Sequence[OpenbPod], x: int
+) -> tuple[float | None, float]:
+    """The bound on the KPI at column x in % of capacity (2 decimals, as the KPI: rounding is
+    monotone, so no run's KPI exceeds it), and the seconds it took."""
+    capacity = gpu_capacity_milli(nodes)
+    prefix = column_prefix(arrivals, capacity, x)
+    if prefix is None:
+        return None, 0.0
+    bound = allocation_bound(nodes, prefix)
+    return round(100 * bound.milli / capacity, 2), bound.seconds
+
+
+# --- the exact optimum, for small instances ----------------------------------------------------
+
+
+def exact_allocation(nodes: Sequence[OpenbNode], pods: Sequence[OpenbPod]) -> int:
+    """The most GPU (milli) any placement of `pods` onto `nodes` allocates, exactly: a MIP over
+    single nodes and cards (HiGHS through scipy). For checking the bound on small instances."""
+    opt = _scipy("scipy.optimize")
+    sparse = _scipy("scipy.sparse")
+    gpu_pods = [p for p in pods if p.num_gpu]
+    names: list[tuple[str, int, int, int]] = []  # ("y", pod, node, -1) or ("z", pod, node, card)
+    for i, p in enumerate(gpu_pods):
+        for n, node in enumerate(nodes):
+            if not _fits(_pod_key(p), _node_key(node)):
+                continue
+            names.append(("y", i, n, -1))
+            names.extend(("z", i, n, c) for c in range(node.gpus))
+    if not names:
+        return 0
+    index = {key: j for j, key in enumerate(names)}
+    rows: list[int] = []
+    cols: list[int] = []
+    vals: list[float] = []
+    lo: list[float] = []
+    hi: list[float] = []
+
+    def row(entries: Sequence[tuple[int, float]], low: float, high: float) -> None:
+        r = len(lo)
+        for j, v in entries:
+            rows.append(r)
+            cols.append(j)
+            vals.append(v)
+        lo.append(low)
+        hi.append(high)
+
+    def use(p: OpenbPod) -> int:
+        return MILLI_PER_GPU if p.gpu_milli >= MILLI_PER_GPU else p.gpu_milli
+
+    for i, p in enumerate(gpu_pods):
+        ys = [(index[key], 1.0) for key in names if key[0] == "y" and key[1] == i]
+        row(ys, 0, 1)
+        for j, _ in ys:
+            _, _, n, _ = names[j]
+            zs = [(index[("z", i, n, c)], 1.0) for c in range(nodes[n].gpus)]
+            row([*zs, (j, -float(p.num_gpu))], 0, 0)
+    for n, node in enumerate(nodes):
+        for c in range(node.gpus):
+            here = [(index[k], float(use(gpu_pods[k[1]]))) for k in names if k[2:] == (n, c)]
+            row(here, 0, MILLI_PER_GPU)
+        on_n = [k for k in names if k[0] == "y" and k[2] == n]
+        row([(index[k], float(gpu_pods[k[1]].cpu_milli)) for k in on_n], 0, node.cpu_milli)
+        row([(index[k], float(gpu_pods[k[1]].memory_mib)) for k in on_n], 0, node.memory_mib)
+    gain = np.array(
+        [-float(gpu_pods[k[1]].gpu_request_milli) if k[0] == "y" else 0.0 for k in names]
+    )
+    matrix = sparse.csr_array((vals, (rows, cols)), shape=(len(lo), len(names)))
+    result = opt.milp(
+        gain,
+        constraints=opt.LinearConstraint(matrix, np.array(lo), np.array(hi)),
+        integrality=np.ones(len(names)),
+        bounds=opt.Bounds(0, 1),
+    )
+    if result.status != 0:
+        raise RuntimeError(f"HiGHS did not solve the exact MIP: {result.message}")
+    return round(-float(result.fun))

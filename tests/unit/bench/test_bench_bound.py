@@ -1,0 +1,157 @@
+"""The upper bound of `gpuctl bench placement --bound`: sound against exact optima on small
+instances (bound >= exact optimum >= what every policy reaches), and tighter than the plain
+capacity where slices, CPU or memory cannot share."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gpuctl.bench import bound
+from gpuctl.bench.openb import OpenbNode, OpenbPod
+from gpuctl.bench.protocol import gpu_capacity_milli, node_priority, target_workload
+from gpuctl.bench.replay import replay, simulate
+from gpuctl.bench.rng import NumpyRng
+from gpuctl.bench.runner import bench_policy, run_bench
+
+FIXTURES = Path(__file__).parents[2] / "fixtures" / "openb"
+POLICIES = ("best-fit", "fgd", "gpuctl", "first-fit")
+
+
+def node(
+    name: str, gpus: int, cpu: int = 32_000, mem: int = 131_072, model: str = "T4"
+) -> OpenbNode:
+    return OpenbNode(name, cpu, mem, gpus, model)
+
+
+def pod(
+    name: str, gpus: int, milli: int, cpu: int = 1000, mem: int = 1024, spec: str = ""
+) -> OpenbPod:
+    return OpenbPod(name, cpu, mem, gpus, milli if gpus else 0, spec if gpus else "")
+
+
+def test_two_slices_over_half_a_card_never_share_one() -> None:
+    nodes = [node("a", 1), node("b", 1)]
+    pods = [pod(f"p{i}", 1, 600) for i in range(3)]
+    # The milli-GPU capacity alone allows 1800 of the 2000; only two of them fit, one per card.
+    assert bound.allocation_bound(nodes, pods).milli == 1200
+    assert bound.exact_allocation(nodes, pods) == 1200
+
+
+def test_two_pods_over_half_a_node_cpu_never_share_it() -> None:
+    nodes = [node("a", 4, cpu=16_000), node("b", 4, cpu=16_000)]
+    pods = [pod(f"p{i}", 1, 1000, cpu=10_000) for i in range(3)]
+    assert bound.allocation_bound(nodes, pods).milli == 2000
+    assert bound.exact_allocation(nodes, pods) == 2000
+
+
+def test_card_models_and_counts_limit_the_bound() -> None:
+    nodes = [node("a", 2, model="T4"), node("b", 8, model="G2")]
+    pods = [pod("big", 4, 1000, spec="T4"), pod("g2", 1, 1000, spec="G2"), pod("any", 2, 1000)]
+    assert bound.allocation_bound(nodes, pods).milli == 3000
+    assert bound.exact_allocation(nodes, pods) == 3000
+
+
+NODE_KINDS = (
+    (2, 104_000, 524_288, "T4"),
+    (4, 32_000, 131_072, "V100M16"),
+    (1, 8_000, 32_768, "V100M16"),
+    (8, 96_000, 393_216, "G2"),
+    (2, 16_000, 122_880, "P100"),
+)
+SLICES = (1000, 1000, 500, 250, 300, 600, 800, 460, 100)
+
+
+def small_instance(seed: int) -> tuple[list[OpenbNode], list[OpenbPod]]:
+    """Three to four openb-like nodes and openb-like pods asking 1.3 x their GPU."""
+    rng = np.random.default_rng(seed)
+    nodes = []
+    for i in range(int(rng.integers(3, 5))):
+        gpus, cpu, mem, model = NODE_KINDS[int(rng.integers(len(NODE_KINDS)))]
+        nodes.append(OpenbNode(f"n{i}", cpu, mem, gpus, model))
+    models = sorted({n.model for n in nodes})
+    capacity = gpu_capacity_milli(nodes)
+    pods: list[OpenbPod] = []
+    asked = 0
+    while asked < 1.3 * capacity:
+        kind = rng.random()
+        cpu = int(rng.choice([2000, 4000, 8000, 16_000, 24_000]))
+        mem = int(rng.choice([4096, 16_384, 65_536]))
+        spec = str(rng.choice(models)) if rng.random() < 0.2 else ""
+        if kind < 0.1:
+            p = pod(f"p{len(pods)}", 0, 0, cpu, mem)
+        elif kind < 0.25:
+            p = pod(f"p{len(pods)}", int(rng.choice([2, 4])), 1000, cpu, mem, spec)
+        else:
+            p = pod(f"p{len(pods)}", 1, int(rng.choice(SLICES)), cpu, mem, spec)
+        pods.append(p)
+        asked += p.gpu_request_milli
+    return nodes, pods
+
+
+def reached(nodes: list[OpenbNode], pods: list[OpenbPod], name: str, seed: int) -> int:
+    policy, spec = bench_policy(name)
+    rng = NumpyRng(seed)
+    rng.discard(1)
+    by_name = sorted(nodes, key=lambda n: n.name)
+    prio = node_priority(by_name, rng)
+    placed = simulate(
+        by_name, pods, policy, target_workload(pods, spec), [prio[n.name] for n in by_name]
+    )
+    return sum(
+        p.gpu_request_milli for p, at in zip(pods, placed, strict=True) if at.node is not None
+    )
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_bound_is_above_the_exact_optimum_which_is_above_every_policy(seed: int) -> None:
+    nodes, pods = small_instance(seed)
+    best = bound.exact_allocation(nodes, pods)
+    upper = bound.allocation_bound(nodes, pods).milli
+    assert upper >= best > 0
+    for name in POLICIES:
+        assert reached(nodes, pods, name, seed) <= best, name
+
+
+def test_the_bound_is_below_the_plain_capacity_on_some_small_instances() -> None:
+    tighter = 0
+    for seed in range(8):
+        nodes, pods = small_instance(seed)
+        plain = min(gpu_capacity_milli(nodes), sum(p.gpu_request_milli for p in pods))
+        tighter += bound.allocation_bound(nodes, pods).milli < plain
+    assert tighter >= 2
+
+
+def test_each_seeds_bound_is_at_or_above_every_policys_kpi() -> None:
+    report = run_bench(
+        FIXTURES / "nodes.csv", FIXTURES / "pods.csv", ["best-fit", "fgd", "default"],
+        [1, 2, 3, 4], tune=1.3, with_bound=True,
+    )  # fmt: skip
+    assert report.bounds is not None
+    compared = 0
+    for s in report.summaries:
+        for b, run in zip(report.bounds, s.runs, strict=True):
+            assert (run.alloc_130 is None) == (b.alloc_130 is None)
+            if run.alloc_130 is not None and b.alloc_130 is not None:
+                assert run.alloc_130 <= b.alloc_130
+                compared += 1
+            assert run.alloc_end <= b.alloc_end
+    assert compared
+
+
+def test_the_column_prefix_stops_at_the_columns_last_event() -> None:
+    pods = [pod(f"p{i}", 1, 500) for i in range(6)]  # 25% of 2000 each: columns 25, 50, ...
+    assert bound.column_prefix(pods, 2000, 50) == tuple(pods[:2])
+    assert bound.column_prefix(pods, 2000, 51) == tuple(pods[:2])  # the column beside it
+    assert bound.column_prefix(pods, 2000, 130) is None
+
+
+def test_in_trace_order_the_pods_arrive_as_listed_each_once() -> None:
+    nodes = [node("a", 1)]
+    pods = [pod("first", 1, 600), pod("second", 1, 500)]
+    policy, _ = bench_policy("fgd")
+    for seed in range(5):
+        run = replay(nodes, pods, policy, NumpyRng(seed), seed=seed, order="trace")
+        assert (run.pods, run.placed, run.alloc_end) == (2, 1, 60.0)
