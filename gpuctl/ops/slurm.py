@@ -7,18 +7,25 @@ port, user, key...) and gains Slurm's labels; a node only Slurm names is reached
 (or NodeHostName, or its name: the `slurm: address:` setting) with the file's `defaults:`.
 Partitions and features become labels (`partition/<name>: "true"`, `feature/<name>: "true"`),
 and `slurm: <cluster or "true">` marks the node as Slurm's.
+
+A cordon of a Slurm node drains it in Slurm too (`SlurmDrains`): `scontrol update ...
+state=DRAIN reason="gpuctl: <why>"`, and its uncordon resumes it, but only while the reason
+Slurm holds is still gpuctl's (read at that moment): an operator's own drain is never resumed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import re
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 from gpuctl.adapters.protocols import Transport
-from gpuctl.adapters.slurm import SlurmCommands, SlurmReader
+from gpuctl.adapters.slurm import SlurmCommands, SlurmError, SlurmReader, update_node
+from gpuctl.core.health.autodrain import HEALTH_SOURCE
+from gpuctl.core.jobs.model import Cordon
 from gpuctl.core.model import Inventory, NodeSpec, SlurmSource
 from gpuctl.core.scheduler import SchedNode, SchedulerView
 from gpuctl.errors import GpuctlError, InventoryError
@@ -133,3 +140,130 @@ class SlurmPoll:
         except Exception as exc:  # the login node unreachable, or a surprise: one line
             log.debug("reading Slurm failed", exc_info=True)
             return SchedulerView(cluster=source.cluster, taken_at=now, error=str(exc))
+
+
+REASON_PREFIX = "gpuctl: "  # the reason of every drain gpuctl sets in Slurm starts so
+MAX_SLURM_REASON = 200
+_UNPRINTABLE = re.compile(r"[^\x20-\x7e]+")
+
+
+class SlurmDrains:
+    """Cordons of Slurm-managed nodes, mirrored in Slurm: the one place the cordon paths (the
+    CLI's and the dashboard's actions, playbooks, the control loop's health cordons) reach
+    Slurm. `transport`: how the login node is reached (`via: ssh`), opened per call."""
+
+    def __init__(
+        self, inventory: Inventory, transport: Callable[[], Transport] | None = None
+    ) -> None:
+        self.inventory = inventory
+        self._transport = transport
+
+    @classmethod
+    def of(
+        cls, inventory: Inventory, transport: Callable[[], Transport] | None = None
+    ) -> SlurmDrains | None:
+        """None when no node of `inventory` is Slurm's."""
+        if not any(n.slurm is not None for n in inventory.nodes):
+            return None
+        return cls(inventory, transport)
+
+    def managed(self, node: str) -> SlurmSource | None:
+        spec = self.inventory.by_name().get(node)
+        return None if spec is None else spec.slurm
+
+    def drain(self, node: str, reason: str) -> str | None:
+        """Drain `node` in Slurm with reason `gpuctl: <reason>`; what was done (None: not a
+        Slurm node). A drain Slurm holds already with a reason of someone else's is left as it
+        is (overwriting it would let a later uncordon resume an operator's drain)."""
+        source = self.managed(node)
+        if source is None:
+            return None
+        with self._commands(source) as commands:
+            current = _node(commands, node)
+            if current.drained and not _ours(current.reason):
+                return f"Slurm keeps {node}'s own drain ({_said(current)})"
+            update_node(commands, node, state="DRAIN", reason=slurm_reason(reason))
+        return f"{node} drained in Slurm"
+
+    def resume(self, node: str) -> str | None:
+        """Resume `node` in Slurm when the drain it holds is gpuctl's (the reason is read at this
+        moment); what was done (None: not a Slurm node). Raises SlurmError, naming who drained
+        it and why, when the drain is someone else's: gpuctl never resumes an operator's."""
+        source = self.managed(node)
+        if source is None:
+            return None
+        with self._commands(source) as commands:
+            current = _node(commands, node)
+            if not current.drained:
+                return None
+            if not _ours(current.reason):
+                raise SlurmError(
+                    f"{node} is drained in Slurm by someone else ({_said(current)}): gpuctl "
+                    "resumes only its own drains",
+                    hint=f"if it may run jobs again: scontrol update nodename={node} state=RESUME",
+                )
+            update_node(commands, node, state="RESUME")
+        return f"{node} resumed in Slurm"
+
+    @contextlib.contextmanager
+    def _commands(self, source: SlurmSource) -> Iterator[SlurmCommands]:
+        if source.via != "ssh":
+            yield SlurmCommands(source)
+            return
+        transport = (self._transport or _ssh)()
+        try:
+            yield SlurmCommands(source, transport)
+        finally:
+            transport.close()
+
+
+def slurm_drains_due(
+    cordons: Iterable[Cordon], view: SchedulerView | None, inventory: Inventory
+) -> list[Cordon]:
+    """gpuctl's health cordons of Slurm nodes that Slurm, as this poll read it, does not drain
+    (the control loop drains them there). None without a view of Slurm or when it failed."""
+    if view is None or view.error is not None:
+        return []
+    specs = inventory.by_name()
+    due = []
+    for c in cordons:
+        spec, node = specs.get(c.node), view.node(c.node)
+        if c.source != HEALTH_SOURCE or spec is None or spec.slurm is None or node is None:
+            continue
+        if not node.drained:
+            due.append(c)
+    return due
+
+
+def slurm_reason(reason: str) -> str:
+    """`gpuctl: <reason>` on one printable line, short enough for Slurm's reason field."""
+    text = _UNPRINTABLE.sub(" ", reason).strip() or "cordoned"
+    return (REASON_PREFIX + text)[:MAX_SLURM_REASON]
+
+
+def _ours(reason: str | None) -> bool:
+    return (reason or "").startswith(REASON_PREFIX.rstrip())
+
+
+def _said(node: SchedNode) -> str:
+    who = f" by {node.reason_by}" if node.reason_by else ""
+    return f"{node.state_text}{who}: {node.reason or 'no reason given'}"
+
+
+def _node(commands: SlurmCommands, node: str) -> SchedNode:
+    found = next((n for n in SlurmReader(commands).nodes() if n.name == node), None)
+    if found is None:
+        raise SlurmError(f"Slurm does not list {node} any more")
+    return found
+
+
+def _ssh() -> Transport:
+    """SSH as the gatherer's (gpuctl's own known_hosts, the operator's, ssh_config)."""
+    from gpuctl.adapters.ssh import SshTransport
+    from gpuctl.config import paths
+
+    return SshTransport(
+        own_known_hosts=paths.own_known_hosts(),
+        system_known_hosts=paths.system_known_hosts(),
+        ssh_config=paths.ssh_config(),
+    )

@@ -18,7 +18,7 @@ from gpuctl.adapters.slurm._parse import (
     version_of,
 )
 from gpuctl.adapters.slurm._run import SlurmCommands, SlurmError
-from gpuctl.core.scheduler import SchedulerView
+from gpuctl.core.scheduler import SchedNode, SchedulerView
 from gpuctl.errors import GpuctlError
 
 __all__ = [
@@ -29,6 +29,7 @@ __all__ = [
     "document",
     "parse_jobs",
     "parse_nodes",
+    "update_node",
     "version_of",
 ]
 
@@ -55,6 +56,12 @@ class SlurmReader:
         if self.version() >= SCONTROL_JSON_SINCE:
             return ["scontrol", "show", "nodes", "--json"]
         return ["sinfo", "--json"]
+
+    def nodes(self) -> tuple[SchedNode, ...]:
+        """Slurm's nodes now (their state, reason, who and when), without the jobs."""
+        argv = self.node_command()
+        items, _, _ = document(self.commands.run(argv), " ".join(argv), "nodes")
+        return parse_nodes(items, " ".join(argv), [])
 
     def read(self, now: float | None = None) -> SchedulerView:
         """Nodes and running jobs. Raises SlurmError / SlurmParseError (or a TransportError
@@ -92,3 +99,12 @@ class SlurmReader:
             return SchedulerView(
                 cluster=self.commands.source.cluster, taken_at=now, error=exc.message
             )
+
+
+def update_node(commands: SlurmCommands, node: str, *, state: str, reason: str = "") -> None:
+    """`scontrol update nodename=NODE state=STATE [reason=REASON]` (an operator's or Slurm
+    administrator's account: a user's is refused, and that refusal is the SlurmError)."""
+    argv = ["scontrol", "update", f"nodename={node}", f"state={state}"]
+    if reason:
+        argv.append(f"reason={reason}")
+    commands.run(argv)

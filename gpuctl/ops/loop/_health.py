@@ -30,9 +30,10 @@ from gpuctl.core.health.autodrain import (
 )
 from gpuctl.core.health.model import Action, HealthRules
 from gpuctl.core.jobs.model import Cordon, Incarnation, IncarnationState, Job
-from gpuctl.errors import StateError
+from gpuctl.errors import GpuctlError, StateError
 from gpuctl.ops.loop import _stall, migrations
 from gpuctl.ops.loop.model import Target
+from gpuctl.ops.slurm import SlurmDrains, slurm_drains_due
 
 if TYPE_CHECKING:
     from gpuctl.ops.loop.model import Pass
@@ -104,6 +105,8 @@ def health(p: Pass) -> None:
         start = step.node in plan.start_drain
         free = step.node in plan.free_drain
         p.guard(_drain, p, step, tracked[step.node], start=start, counted=start and not free)
+    for cordon in slurm_drains_due(p.store.cordons(), p.snapshot.scheduler, p.loop.inventory):
+        p.guard(_slurm_drain, p, cordon)
 
 
 def _outages(p: Pass) -> dict[str, int]:
@@ -200,11 +203,30 @@ def _write_cordon(p: Pass, step: NodeStep, message: str, action: Action) -> None
         p.record("cordon", message, node=step.node)
 
 
+def _slurm_drain(p: Pass, cordon: Cordon) -> None:
+    """A health cordon of a Slurm node that Slurm does not drain yet: drain it there too (the
+    first pass after the cordon, or the next one after Slurm could not be reached)."""
+    message = f"{cordon.node}: drain in Slurm (gpuctl: {cordon.reason})"
+    if p.dry:
+        p.record("slurm_drain", message, node=cordon.node)
+        return
+    done = SlurmDrains(p.loop.inventory).drain(cordon.node, cordon.reason)
+    if done is not None:
+        p.act("slurm_drain", done, node=cordon.node, data={"reason": cordon.reason})
+
+
 def _uncordon(p: Pass, step: NodeStep) -> None:
     message = f"{step.node} uncordoned: gpuctl's own health cordon lifted, {step.why}"
     if p.dry:
         p.record("uncordon", message, node=step.node)
         return
+    try:
+        resumed = SlurmDrains(p.loop.inventory).resume(step.node)
+    except GpuctlError as exc:  # an operator's own drain in Slurm stays; gpuctl's cordon goes
+        resumed = None
+        p.note("slurm_resume", exc.message, node=step.node, outcome="skipped")
+    if resumed is not None:
+        message += f"; {resumed}"
     p.store.uncordon(
         step.node,
         p.event("uncordon", message, node=step.node, data={"source": HEALTH_SOURCE}),
