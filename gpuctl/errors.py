@@ -193,6 +193,19 @@ class StoreCorrupt(StateError):
     more is read from it or written to it."""
 
 
+class LeaseLost(StateError):
+    """A controller's write carried a fencing token that is no longer the lease's (another
+    controller took it) or whose lease expired: nothing was written; the controller steps down.
+    `holder` and `token`: the lease's now (None: it merely expired)."""
+
+    def __init__(
+        self, message: str, *, holder: str | None = None, token: int | None = None
+    ) -> None:
+        super().__init__(message)
+        self.holder = holder
+        self.token = token
+
+
 class StoreFull(StateError):
     """No space left for the state store: the change was rolled back, nothing is damaged."""
 

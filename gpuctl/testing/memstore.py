@@ -1,16 +1,22 @@
 """An in-memory `Store` with the same compare-and-set rules as the SQLite one, for tests.
 
 Thread-safe (one re-entrant lock around every method); `loop_lock` is a real lock shared by
-everyone holding this object, so two control loops in two threads exclude each other.
+everyone holding this object, so two control loops in two threads exclude each other. The
+controller's lease is kept as the SQL stores keep it, on `now_s` (a test can hand it a fake
+clock); `shared()` is a second handle on the same data with a fence of its own (a second
+controller process's store).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import itertools
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from gpuctl.core.health.autodrain import NodeHealth
 from gpuctl.core.history import (
@@ -33,10 +39,35 @@ from gpuctl.core.jobs.model import (
     NodeLiveness,
 )
 from gpuctl.core.jobs.spec import JobSpec
-from gpuctl.errors import StoreConflict
+from gpuctl.core.lease import Fence, Lease, Member, lost_message
+from gpuctl.errors import LeaseLost, StateError, StoreConflict
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 _JOB_FIELDS = frozenset(f.name for f in dataclasses.fields(Job)) - {"id"}
 _INC_FIELDS = frozenset(f.name for f in dataclasses.fields(Incarnation)) - {"job_id", "n"}
+
+
+def _write(method: F) -> F:
+    """A write: under the lock, refused (LeaseLost) when the handle's fence is stale."""
+
+    @functools.wraps(method)
+    def fenced(self: MemoryStore, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            self._check_fence()
+            return method(self, *args, **kwargs)
+
+    return cast(F, fenced)
+
+
+@dataclasses.dataclass
+class _LeaseRow:
+    holder: str
+    token: int
+    acquired_at: float
+    renewed_at: float
+    expires_at: float
+    last_pass_at: float | None = None
 
 
 def _live(inc: Incarnation) -> bool:
@@ -62,14 +93,26 @@ class MemoryStore:
         self._health: dict[str, NodeHealth] = {}
         self._fleet_samples: dict[int, FleetSample] = {}
         self._node_samples: dict[tuple[int, str], NodeSample] = {}
-        self._last_event_id = 0
+        self._ids = itertools.count(1)
+        self._lease: list[_LeaseRow] = []  # at most one; a list so `shared()` handles share it
+        self._members: dict[str, Member] = {}
+        self._fence: Fence | None = None
+        self.now_s: Callable[[], float] = time.time
         self.closed = False
+
+    def shared(self) -> MemoryStore:
+        """Another handle on the same data (locks included), with no fence of its own yet."""
+        other = object.__new__(MemoryStore)
+        other.__dict__.update(self.__dict__)
+        other._fence = None
+        return other
 
     def close(self) -> None:
         self.closed = True
 
     # --- jobs --------------------------------------------------------------------------------
 
+    @_write
     def add_job(self, job: Job, event: Event) -> None:
         # kept as the SQLite store keeps it: through its plain data, read back strictly
         job = dataclasses.replace(job, spec=JobSpec.from_dict(job.spec.to_dict()))
@@ -92,6 +135,7 @@ class MemoryStore:
             found = [j for j in self._jobs.values() if wanted is None or j.state in wanted]
             return sorted(found, key=lambda j: (j.submitted_at, j.id))
 
+    @_write
     def update_job(
         self,
         job_id: str,
@@ -117,6 +161,7 @@ class MemoryStore:
 
     # --- incarnations ------------------------------------------------------------------------
 
+    @_write
     def begin_launch(
         self, inc: Incarnation, *, capacity_mib: Mapping[tuple[str, int], int], event: Event
     ) -> Job:
@@ -160,6 +205,7 @@ class MemoryStore:
             self._append(event)
             return job
 
+    @_write
     def update_incarnation(
         self,
         job_id: str,
@@ -201,6 +247,7 @@ class MemoryStore:
 
     # --- checkpoints -------------------------------------------------------------------------
 
+    @_write
     def add_checkpoint(self, checkpoint: Checkpoint) -> None:
         with self._lock:
             c = checkpoint
@@ -214,11 +261,11 @@ class MemoryStore:
     # --- events ------------------------------------------------------------------------------
 
     def _append(self, event: Event) -> int:
-        self._last_event_id += 1
-        n = self._last_event_id
+        n = next(self._ids)
         self._events.append(dataclasses.replace(event, id=n))
         return n
 
+    @_write
     def append_event(self, event: Event) -> int:
         with self._lock:
             return self._append(event)
@@ -277,6 +324,7 @@ class MemoryStore:
 
     # --- reservations ------------------------------------------------------------------------
 
+    @_write
     def reserve(self, reservation: Reservation, *, event: Event) -> None:
         res = reservation
         with self._lock:
@@ -308,6 +356,7 @@ class MemoryStore:
             found = [r for r in self._reservations.values() if node is None or r.node == node]
             return sorted(found, key=lambda r: r.job_id)
 
+    @_write
     def update_reservation(
         self,
         job_id: str,
@@ -329,6 +378,7 @@ class MemoryStore:
                 self._append(event)
             return res
 
+    @_write
     def release_reservation(self, job_id: str, *, event: Event) -> Reservation | None:
         with self._lock:
             gone = self._reservations.pop(job_id, None)
@@ -338,6 +388,7 @@ class MemoryStore:
 
     # --- cordons and liveness ----------------------------------------------------------------
 
+    @_write
     def cordon(self, cordon: Cordon, event: Event, *, keep_existing: bool = False) -> bool:
         with self._lock:
             if keep_existing and cordon.node in self._cordons:
@@ -346,6 +397,7 @@ class MemoryStore:
             self._append(event)
             return True
 
+    @_write
     def uncordon(
         self, node: str, event: Event, *, expect_source: str | None = None
     ) -> Cordon | None:
@@ -361,6 +413,7 @@ class MemoryStore:
         with self._lock:
             return dict(sorted(self._health.items()))
 
+    @_write
     def set_node_health(self, health: NodeHealth) -> None:
         with self._lock:
             self._health[health.node] = health
@@ -373,12 +426,14 @@ class MemoryStore:
         with self._lock:
             return dict(self._liveness)
 
+    @_write
     def set_liveness(self, liveness: NodeLiveness) -> None:
         with self._lock:
             self._liveness[liveness.node] = liveness
 
     # --- the fleet's history -------------------------------------------------------------------
 
+    @_write
     def record_samples(self, fleet: FleetSample | None, nodes: Sequence[NodeSample]) -> None:
         with self._lock:
             if fleet is not None:
@@ -413,6 +468,7 @@ class MemoryStore:
         with self._lock:
             return max(self._fleet_samples) if self._fleet_samples else None
 
+    @_write
     def prune_history(self, now: float, retention: Retention) -> Pruned:
         with self._lock:
             fleet, nodes, averaged, dropped = downsample(
@@ -455,6 +511,92 @@ class MemoryStore:
                 f"{n} card {c} is held whole twice" for (n, c), k in whole.items() if k > 1
             ]
             return sorted(problems)
+
+    # --- the controller's lease ---------------------------------------------------------------
+
+    def _check_fence(self) -> None:
+        if self._fence is None:
+            return
+        current = self.lease()
+        if current is None or current.token != self._fence.token or not current.live:
+            raise LeaseLost(
+                lost_message(self._fence, current),
+                holder=None if current is None else current.holder,
+                token=None if current is None else current.token,
+            )
+
+    def set_fence(self, fence: Fence | None) -> None:
+        self._fence = fence
+
+    def lease(self) -> Lease | None:
+        with self._lock:
+            if not self._lease:
+                return None
+            r = self._lease[0]
+            return Lease(
+                r.holder,
+                r.token,
+                r.acquired_at,
+                r.renewed_at,
+                r.expires_at,
+                r.last_pass_at,
+                self.now_s(),
+            )
+
+    def acquire_lease(self, holder: str, lease_s: float) -> Lease:
+        with self._lock:
+            now = self.now_s()
+            current = self.lease()
+            if current is None:
+                self._lease.append(_LeaseRow(holder, 1, now, now, now + lease_s))
+            elif current.held_by(holder):
+                self._lease[0].renewed_at, self._lease[0].expires_at = now, now + lease_s
+            elif not current.live:
+                row = _LeaseRow(holder, current.token + 1, now, now, now + lease_s)
+                self._lease[0] = row
+            found = self.lease()
+            assert found is not None
+            return found
+
+    def renew_lease(self, lease_s: float) -> Lease:
+        with self._lock:
+            if self._fence is None:
+                raise StateError("no lease to renew: this store carries no fence")
+            self._check_fence()
+            now = self.now_s()
+            self._lease[0].renewed_at, self._lease[0].expires_at = now, now + lease_s
+            found = self.lease()
+            assert found is not None
+            return found
+
+    def release_lease(self) -> None:
+        with self._lock:
+            if self._fence is None:
+                return
+            self._check_fence()
+            self._lease[0].expires_at = self.now_s()
+
+    @_write
+    def mark_pass(self) -> None:
+        if self._lease:
+            self._lease[0].last_pass_at = self.now_s()
+
+    def heartbeat(self, holder: str, role: str, ttl_s: float) -> None:
+        with self._lock:
+            now = self.now_s()
+            old = self._members.get(holder)
+            started = now if old is None else old.started_at
+            self._members[holder] = Member(holder, role, started, now, now + ttl_s)
+
+    def leave(self, holder: str) -> None:
+        with self._lock:
+            self._members.pop(holder, None)
+
+    def members(self) -> list[Member]:
+        with self._lock:
+            now = self.now_s()
+            live = [m for m in self._members.values() if m.expires_at > now]
+            return sorted(live, key=lambda m: (m.role, m.started_at, m.holder))
 
     @contextmanager
     def loop_lock(self, wait_s: float = 0.0) -> Iterator[None]:

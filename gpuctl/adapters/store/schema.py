@@ -159,6 +159,19 @@ class Dialect:
             ),
         ]
 
+    @property
+    def now(self) -> str:
+        """The database's clock as an SQL expression: seconds since the epoch (the lease's times
+        are the store's: the server's, for PostgreSQL, whichever machine a controller runs on)."""
+        if self.postgres:
+            return "CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION)"
+        return "((julianday('now') - 2440587.5) * 86400.0)"
+
+    def locking(self, mode: str) -> str:
+        """What a SELECT ends with to lock the rows it reads until the transaction ends ("UPDATE"
+        or "SHARE"); nothing on SQLite, whose write transactions hold the whole database."""
+        return f" FOR {mode}" if self.postgres else ""
+
 
 SQLITE = Dialect("sqlite")
 POSTGRES = Dialect("postgresql")
@@ -357,12 +370,41 @@ def _v5(conn: Conn, dialect: Dialect) -> None:
         conn.execute(statement)
 
 
+V6 = """
+-- The controller's lease (`core.lease`): one row, never deleted, so its token only grows.
+CREATE TABLE controller_lease (
+    name TEXT PRIMARY KEY,            -- 'controller'
+    holder TEXT NOT NULL,             -- host:pid:random
+    token INTEGER NOT NULL,           -- +1 at each acquisition: the fencing token
+    acquired_at REAL NOT NULL,        -- the store's clock, seconds since the epoch
+    renewed_at REAL NOT NULL,
+    expires_at REAL NOT NULL,
+    last_pass_at REAL                 -- when the leader's last pass ended
+);
+
+-- Each `gpuctl controller run`, leader or standby, with its heartbeat.
+CREATE TABLE controllers (
+    holder TEXT PRIMARY KEY,
+    role TEXT NOT NULL,               -- leader | standby
+    started_at REAL NOT NULL,
+    seen_at REAL NOT NULL,
+    expires_at REAL NOT NULL          -- gone when not seen again by then
+);
+"""
+
+
+def _v6(conn: Conn, dialect: Dialect) -> None:
+    for statement in dialect.script(V6):
+        conn.execute(statement)
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "jobs, incarnations, cards, events, cordons", _v1),
     Migration(2, "reservations (migration targets), node health", _v2),
     Migration(3, "the node clock offset of each incarnation", _v3),
     Migration(4, "job specs stored typed (JobSpec.to_dict), no longer as spec file keys", _v4),
     Migration(5, "the fleet's history (fleet and node samples), a retention for events", _v5),
+    Migration(6, "the controller's lease (holder, expiry, fencing token) and its members", _v6),
 )
 
 

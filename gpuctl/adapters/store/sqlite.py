@@ -19,7 +19,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
-from gpuctl.adapters.store import codec, failures, integrity, launch, lock, series
+from gpuctl.adapters.store import codec, failures, integrity, launch, leases, lock, schema, series
 from gpuctl.adapters.store.opening import LOCK_NAME, MARKER_NAME, Opened
 from gpuctl.core.health.autodrain import NodeHealth
 from gpuctl.core.history import FleetSample, NodeSample, Pruned, Retention
@@ -34,6 +34,7 @@ from gpuctl.core.jobs.model import (
     JobState,
     NodeLiveness,
 )
+from gpuctl.core.lease import Fence, Lease, Member
 from gpuctl.errors import StateError, StoreConflict
 
 if TYPE_CHECKING:
@@ -44,6 +45,8 @@ CLOCK_OFFSET_SINCE = 3  # ... and incarnations.clock_offset_s
 
 
 class SqliteStore:
+    dialect = schema.SQLITE
+
     def __init__(self, opened: Opened) -> None:
         self._conn = opened.conn
         self.state_dir = opened.state_dir
@@ -60,6 +63,7 @@ class SqliteStore:
             else codec.INC_COLS.replace("clock_offset_s", "NULL")
         )
         self._lock = threading.RLock()
+        self._fence: Fence | None = None  # a controller's: every write checks it (`set_fence`)
         self._specs = codec.SpecMemo()  # a job's spec, decoded once: the loop reads jobs often
         # the loop's long-lived connection would go on past a truncated or replaced file
         self._file = (
@@ -79,13 +83,14 @@ class SqliteStore:
     # --- plumbing ----------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
+    def _tx(self, *, fenced: bool = True) -> Iterator[sqlite3.Connection]:
         if not self.writable:
             raise StateError(f"{self.path}: the state store was opened read-only")
         with self._lock, self._errors():
             self._check_file()
             self._conn.execute("BEGIN IMMEDIATE")
             try:
+                self._check_fence(self._conn, fenced)
                 yield self._conn
                 self._check_file()  # never commit into a file that changed under the transaction
                 self._conn.execute("COMMIT")
@@ -94,6 +99,12 @@ class SqliteStore:
                     with contextlib.suppress(sqlite3.Error):
                         self._conn.execute("ROLLBACK")
                 raise
+
+    def _check_fence(self, conn: Any, fenced: bool) -> None:
+        """In a write transaction, first: LeaseLost when this store carries a controller's fence
+        that is no longer the live lease's (the lease row stays locked until the commit)."""
+        if fenced and self._fence is not None:
+            leases.check(conn, self.dialect, self._fence)
 
     def _read(self, sql: str, params: Iterable[Any] = ()) -> list[tuple[Any, ...]]:
         with self._lock, self._errors():
@@ -545,6 +556,59 @@ class SqliteStore:
         if self.schema_version >= series.HISTORY_SINCE:
             tables += ["fleet_samples", "node_samples"]
         return {t: int(self._read(f"SELECT count(*) FROM {t}")[0][0]) for t in tables}
+
+    # --- the controller's lease (schema v6) -------------------------------------------------
+
+    def set_fence(self, fence: Fence | None) -> None:
+        """From now on every write of this store object carries `fence` (None: none)."""
+        self._fence = fence
+
+    def lease(self) -> Lease | None:
+        """The lease as the store holds it now (None: never taken)."""
+        if self.schema_version < leases.SINCE or self.ephemeral:
+            return None
+        with self._lock, self._errors():
+            return leases.read(self._conn, self.dialect)
+
+    def acquire_lease(self, holder: str, lease_s: float) -> Lease:
+        """Take the lease when none is live (its token grows by one), renew it when `holder`
+        holds it; the lease as it is after (another's when it is held)."""
+        with self._tx(fenced=False) as c:
+            return leases.acquire(c, self.dialect, holder, lease_s)
+
+    def renew_lease(self, lease_s: float) -> Lease:
+        """Renew the lease of this store's fence: LeaseLost when it is no longer live."""
+        if self._fence is None:
+            raise StateError("no lease to renew: this store carries no fence")
+        with self._tx() as c:
+            return leases.renew(c, self.dialect, lease_s)
+
+    def release_lease(self) -> None:
+        """Expire the lease of this store's fence now (a clean stop); LeaseLost if not held."""
+        if self._fence is None:
+            return
+        with self._tx() as c:
+            leases.release(c, self.dialect)
+
+    def mark_pass(self) -> None:
+        """The leader's pass ended now (`controller status`'s last pass)."""
+        with self._tx() as c:
+            leases.mark_pass(c, self.dialect)
+
+    def heartbeat(self, holder: str, role: str, ttl_s: float) -> None:
+        with self._tx(fenced=False) as c:
+            leases.heartbeat(c, self.dialect, holder, role, ttl_s)
+
+    def leave(self, holder: str) -> None:
+        with self._tx(fenced=False) as c:
+            leases.leave(c, holder)
+
+    def members(self) -> list[Member]:
+        """The controllers that sent a heartbeat lately (leader first)."""
+        if self.schema_version < leases.SINCE or self.ephemeral:
+            return []
+        with self._lock, self._errors():
+            return leases.members(self._conn, self.dialect)
 
     # --- integrity and the loop lock ---------------------------------------------------------
 

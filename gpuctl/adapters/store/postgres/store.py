@@ -146,6 +146,8 @@ def _first_line(exc: BaseException) -> str:
 class PostgresStore(SqliteStore):
     """The store on a PostgreSQL database (`open_url`). See the module docstring."""
 
+    dialect = schema.POSTGRES
+
     def __init__(self, conn: PgConn, url: str, *, write: bool, version: int, db_id: str | None):
         self.url = urls.redact(url)
         self._connect_url = url  # carries no password (`url.check` refuses one)
@@ -170,7 +172,8 @@ class PostgresStore(SqliteStore):
     # --- plumbing ----------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def _tx(self) -> Iterator[PgConn]:  # type: ignore[override]  # the same SQL, on psycopg
+    def _tx(self, *, fenced: bool = True) -> Iterator[PgConn]:  # type: ignore[override]
+        # the same SQL, on psycopg
         if not self.writable:
             raise StateError(f"{self.where}: the state store was opened read-only")
         with self._lock, self._errors(), self._pg.raw.transaction():
@@ -179,6 +182,7 @@ class PostgresStore(SqliteStore):
             job_id = getattr(self._scope, "job", None)
             if job_id is not None:  # its state is checked, then changed: nobody else meanwhile
                 self._pg.execute("SELECT 1 FROM jobs WHERE id = ? FOR UPDATE", (job_id,))
+            self._check_fence(self._pg, fenced)
             self._scope.tx = True
             try:
                 yield self._pg
