@@ -28,6 +28,12 @@ def dash(
     once: bool = typer.Option(
         False, "--once", help="Print the numbers and the fleet table once, without a terminal UI."
     ),
+    history: str = typer.Option(
+        "6h",
+        "--history",
+        help="The sparklines' window: 1h, 6h or 24h of the store's history (the h key changes "
+        "it); the last polls when the store has none.",
+    ),
 ) -> None:
     """The fleet, live: the five numbers, nodes and GPUs, queue, jobs, alerts; actions with a plan
     and a confirmation. Keys: ? help, / filter, : command, enter, esc, r refresh, q quit.
@@ -35,8 +41,10 @@ def dash(
     With --once, or when stdout is not a terminal: one poll, printed as text; exit 0 when every
     node answered, 3 when some did not, 4 when none did, 5 when a host key is unknown or changed.
     """
+    from gpuctl.ops.dashboard import parse_history_window
     from gpuctl.tui import entry
 
+    window = parse_history_window(history)
     app_ctx = context.get(ctx)
     root = app_ctx.root()
     if snapshot is not None:
@@ -48,10 +56,10 @@ def dash(
             readonly=readonly,
         )
     if once or not sys.stdout.isatty():
-        text, data = entry.once(services)
+        text, data = entry.once(services, window)
         sys.stdout.write(text)
         raise typer.Exit(int(exit_for_poll(n.reach for n in data.snapshot.nodes)))
-    entry.run(services, refresh_s=refresh, readonly=readonly)
+    entry.run(services, refresh_s=refresh, readonly=readonly, history=window)
 
 
 def register(app: typer.Typer) -> None:

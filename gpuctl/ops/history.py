@@ -22,7 +22,7 @@ from gpuctl.core.history import (
     Retention,
     bucket,
 )
-from gpuctl.core.model import FleetSnapshot, Reach
+from gpuctl.core.model import FleetSnapshot, NodeSnapshot, Reach
 from gpuctl.core.placement.model import FleetState
 from gpuctl.errors import GpuctlError
 
@@ -36,6 +36,15 @@ def fleet_sample(at: int, step_s: int, numbers: FleetNumbers) -> FleetSample:
     return FleetSample(at, step_s, {k: doc.get(k) for k in FLEET_SERIES})
 
 
+def node_util(node: NodeSnapshot) -> float | None:
+    """A node's SM utilization as its samples keep it: the mean of its GPUs that answered,
+    whole %; None where the node did not answer."""
+    if node.reach is not Reach.OK:
+        return None
+    utils = [g.util_pct for g in node.gpus if g.util_pct is not None]
+    return float(round(sum(utils) / len(utils))) if utils else None
+
+
 def node_samples(
     at: int, step_s: int, snapshot: FleetSnapshot, state: FleetState
 ) -> list[NodeSample]:
@@ -45,7 +54,6 @@ def node_samples(
     out: list[NodeSample] = []
     for node in snapshot.nodes:
         answered = node.reach is Reach.OK
-        utils = [g.util_pct for g in node.gpus if g.util_pct is not None] if answered else []
         used = [g.mem_used_mib for g in node.gpus if g.mem_used_mib is not None] if answered else []
         p = placement.get(node.name)
         cards = p.cards if p is not None else ()
@@ -54,7 +62,7 @@ def node_samples(
                 at,
                 step_s,
                 node.name,
-                float(round(sum(utils) / len(utils))) if utils else None,
+                node_util(node),
                 sum(used) if used else None,
                 sum(c.allocated_mib for c in cards) if p is not None else None,
                 sum(c.ghost_mib for c in cards) if p is not None else None,

@@ -24,17 +24,26 @@ from gpuctl.errors import GpuctlError
 from gpuctl.ops.actions import ActionPlan
 from gpuctl.ops.dashboard import (
     ALL_EVENTS,
+    DEFAULT_WINDOW,
     NO_CHECKPOINTS,
     DashData,
+    DashHistory,
     EventFilter,
     GpuHistory,
     HealthKeeper,
     Services,
     collect,
+    next_history_window,
     parse_event_filter,
 )
 from gpuctl.tui import format as fmt
-from gpuctl.tui.messages import ActionRequested, OpenJob, OpenNode, ToggleCheckpoints
+from gpuctl.tui.messages import (
+    ActionRequested,
+    NextHistoryWindow,
+    OpenJob,
+    OpenNode,
+    ToggleCheckpoints,
+)
 from gpuctl.tui.quietgc import QuietGc
 from gpuctl.tui.screens.base import DashScreen
 from gpuctl.tui.screens.job import JobScreen
@@ -81,6 +90,7 @@ class DashApp(App[None]):
         readonly: bool = False,
         *,
         offset_s: float | None = None,
+        history: str = DEFAULT_WINDOW,
     ) -> None:
         super().__init__()
         self.services = services
@@ -97,6 +107,8 @@ class DashApp(App[None]):
         self.event_filter: EventFilter = ALL_EVENTS  # which events the overview lists
         self._health = HealthKeeper()
         self.gpu_history = GpuHistory()  # each GPU's last polls, for the node screen
+        # the numbers' and nodes' sparklines over `history` (1h, 6h, 24h), from the store
+        self.history = DashHistory(history)
         self._placement = PlacementMemo()  # nodes whose placement inputs did not move
         self._poll_started: float | None = None
         self._callbacks: dict[Worker[Any], Callable[[Any], None]] = {}
@@ -178,14 +190,19 @@ class DashApp(App[None]):
         self._poll_started = time.monotonic()
         services, health, placement = self.services, self._health, self._placement
         reasons, event_filter = self.wants_reasons(), self.event_filter
-        gpu_history = self.gpu_history
+        gpu_history, history = self.gpu_history, self.history
 
         def poll() -> None:
             # The data goes through `_inbox`, not the worker's result: a finished worker sits in
             # reference cycles that only the cyclic collector frees, and would keep a whole
             # refresh (a thousand nodes' views) alive with it.
             data = collect(
-                services, health, reasons=reasons, placement=placement, event_filter=event_filter
+                services,
+                health,
+                reasons=reasons,
+                placement=placement,
+                event_filter=event_filter,
+                history=history,
             )
             gpu_history.record(data.snapshot.nodes)
             self._inbox = data
@@ -334,6 +351,13 @@ class DashApp(App[None]):
     def on_toggle_checkpoints(self, message: ToggleCheckpoints) -> None:
         """The `e` key: hide checkpoint events, or show every event again."""
         self.filter_events(ALL_EVENTS if self.event_filter.active else NO_CHECKPOINTS)
+
+    def on_next_history_window(self, message: NextHistoryWindow) -> None:
+        """The `h` key: the sparklines over the next window, read from the store now."""
+        window = next_history_window(self.history.wanted)
+        self.history.want(window)
+        self.notify(f"history: the last {window}")
+        self.action_refresh()
 
     def action_help(self) -> None:
         screen = self._dash_screen()

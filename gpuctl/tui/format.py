@@ -131,6 +131,19 @@ def sparkline(
     return "".join(out)
 
 
+def squeeze(values: Sequence[float | None], width: int) -> list[float | None]:
+    """`values` in at most `width` points, neighbours averaged (a gap only where all were): a
+    window's history drawn whole in a narrow sparkline."""
+    n = len(values)
+    if n <= width or width <= 0:
+        return list(values)
+    out: list[float | None] = []
+    for i in range(width):
+        chunk = [v for v in values[i * n // width : (i + 1) * n // width] if v is not None]
+        out.append(sum(chunk) / len(chunk) if chunk else None)
+    return out
+
+
 def level(fraction: float | None) -> str:
     """One glyph for a fraction 0..1 (`·` for 0, a full block for 1); `?` for unknown."""
     if fraction is None:
@@ -241,6 +254,15 @@ NUMBER_KEYS = (
     ("failover", "FAILOVER OK"),
     ("preemption", "PREEMPTIONS"),
 )
+# The fleet history series (`core.history.FLEET_SERIES`) each card's sparkline follows
+NUMBER_SERIES = {
+    "utilization": "utilization_pct",
+    "fragmentation": "fragmentation_pct",
+    "queue": "queue_wait_p50_s",
+    "checkpoint": "checkpoint_age_max_s",
+    "failover": "failover_success_pct",
+    "preemption": "preemptions_per_hour",
+}
 # What a number card's title shrinks to when the card is too narrow for its title (80 columns)
 SHORT_TITLES = {
     "utilization": "ALLOCATED",

@@ -33,3 +33,7 @@ class ActionRequested(Message):
 
 class ToggleCheckpoints(Message):
     """Hide checkpoint events from the events list, or show every event again."""
+
+
+class NextHistoryWindow(Message):
+    """Show the sparklines over the next history window (1h, 6h, 24h, round again)."""

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from gpuctl.core.jobs.model import Event, Incarnation, JobState
 from gpuctl.core.model import GpuSnapshot
 from gpuctl.core.placement.model import Card
-from gpuctl.ops.dashboard import NOT_GPUCTL, Alert, DashData, JobLine, NodeView
+from gpuctl.ops.dashboard import NOT_GPUCTL, Alert, DashData, HistoryView, JobLine, NodeView
 from gpuctl.ops.jobs import placed
 from gpuctl.tui import format as fmt
 from gpuctl.tui.format import DASH, Cell
@@ -26,9 +26,11 @@ FLEET_COLUMNS = (
     ("temp", "TEMP"),
     ("health", "HEALTH"),
     ("jobs", "JOBS"),
+    ("util_hist", "UTIL history"),
     ("notes", "NOTES"),
 )
 NODE_BAR_WIDTH = 16
+NODE_SPARK_WIDTH = 12  # a node's utilization over the history window (or its last polls)
 GPU_COLUMNS = (
     ("gpu", "GPU"),
     ("model", "MODEL"),
@@ -114,7 +116,8 @@ def _gpu_severity(node: NodeView) -> dict[int, str]:
     return {g.index: g.severity.value for g in node.verdict.gpus}
 
 
-def fleet_row(node: NodeView) -> tuple[Cell, ...]:
+def fleet_row(node: NodeView, history: HistoryView | None = None) -> tuple[Cell, ...]:
+    """One node's row; `history`: the sparklines' points (its utilization over the window)."""
     gpus = node.snapshot.gpus
     cards = _cards(node)
     severity = _gpu_severity(node)
@@ -149,8 +152,18 @@ def fleet_row(node: NodeView) -> tuple[Cell, ...]:
         fmt.temp_text(max(temps) if temps else None),
         health,
         Cell.of(str(len(node.jobs))) if node.jobs else DASH,
+        _node_spark(history, node.name),
         notes,
     )
+
+
+def _node_spark(history: HistoryView | None, name: str) -> Cell:
+    if history is None:
+        return DASH
+    points = history.node(name)
+    if history.stored:
+        points = tuple(fmt.squeeze(points, NODE_SPARK_WIDTH))
+    return Cell.of(fmt.sparkline(points, NODE_SPARK_WIDTH, lo=0.0, hi=100.0), "cyan")
 
 
 def _fraction(g: GpuSnapshot) -> float | None:
@@ -171,7 +184,7 @@ def _node_notes(node: NodeView) -> Cell:
 
 
 def fleet_rows(data: DashData, needle: str = "") -> list[Row]:
-    return _filtered(((n.name, fleet_row(n)) for n in data.nodes), needle)
+    return _filtered(((n.name, fleet_row(n, data.history)) for n in data.nodes), needle)
 
 
 # --- one node ------------------------------------------------------------------------------------
@@ -381,6 +394,20 @@ def event_rows(data: DashData, offset_s: float, needle: str = "") -> list[Row]:
 # --- --once ----------------------------------------------------------------------------------
 
 
+def _fleet_text(data: DashData) -> str:
+    """The fleet table as text; the UTIL history column only with the store's history (one
+    refresh alone has none)."""
+    keep = [
+        i
+        for i, (key, _) in enumerate(FLEET_COLUMNS)
+        if key != "util_hist" or (data.history is not None and data.history.stored)
+    ]
+    return fmt.table_text(
+        [FLEET_COLUMNS[i][1] for i in keep],
+        [[cells[i] for i in keep] for _, cells in fleet_rows(data)],
+    )
+
+
 def once_text(data: DashData) -> str:
     """What `gpuctl dash --once` prints: the numbers, then the fleet table, then alerts."""
     parts = [
@@ -388,7 +415,7 @@ def once_text(data: DashData) -> str:
         "",
         fmt.numbers_text(data.numbers),
         "",
-        fmt.table_text([h for _, h in FLEET_COLUMNS], [cells for _, cells in fleet_rows(data)]),
+        _fleet_text(data),
     ]
     if data.alerts:
         parts += ["", "alerts:"] + [f"  {a.severity:<8} {fmt.safe(a.text)}" for a in data.alerts]

@@ -9,7 +9,8 @@ and alerts. The TUI draws a `DashData`; `gpuctl dash --once` prints one.
 This front re-exports the package's public names; the pieces are private: the sources and the
 services bundle (`_sources`), one refresh's values and how they are collected (`_view`), which
 events are listed (`_events`: `:events drain,failover`, checkpoints hidden), whose each GPU
-process is (`_owners`), each GPU's recent use (`_gpu_history`).
+process is (`_owners`), each GPU's recent use (`_gpu_history`), the sparklines' points over
+the chosen window from the store's history (`_history`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,14 @@ from gpuctl.ops.dashboard._events import (
     recent_events,
 )
 from gpuctl.ops.dashboard._gpu_history import GPU_POINTS, GpuHistory
+from gpuctl.ops.dashboard._history import (
+    DEFAULT_WINDOW,
+    HISTORY_WINDOWS,
+    DashHistory,
+    HistoryView,
+    next_history_window,
+    parse_history_window,
+)
 from gpuctl.ops.dashboard._owners import (
     NOT_GPUCTL,
     ProcessLister,
@@ -53,15 +62,19 @@ from gpuctl.ops.dashboard._view import (
 
 __all__ = [
     "ALL_EVENTS",
+    "DEFAULT_WINDOW",
     "GPU_POINTS",
+    "HISTORY_WINDOWS",
     "LOG_TAIL_BYTES",
     "NOT_GPUCTL",
     "NO_CHECKPOINTS",
     "Alert",
     "DashData",
+    "DashHistory",
     "EventFilter",
     "GpuHistory",
     "HealthKeeper",
+    "HistoryView",
     "JobLine",
     "LiveSource",
     "LogReader",
@@ -76,8 +89,10 @@ __all__ = [
     "SnapshotSource",
     "alerts",
     "collect",
+    "next_history_window",
     "owners_of",
     "parse_event_filter",
+    "parse_history_window",
     "read_owners",
     "recent_events",
     "waiting_reasons",

@@ -22,6 +22,7 @@ from gpuctl.core.model import FleetSnapshot, NodeSnapshot, Reach
 from gpuctl.core.placement.model import Card, FleetState, PlacementNode, Settings
 from gpuctl.errors import GpuctlError, StateError
 from gpuctl.ops.dashboard._events import ALL_EVENTS, EventFilter, recent_events
+from gpuctl.ops.dashboard._history import DashHistory, HistoryView
 from gpuctl.ops.dashboard._sources import Services
 from gpuctl.ops.jobs import JobView
 
@@ -81,6 +82,7 @@ class DashData:
     store_error: str | None = None
     reasons: bool = False  # whether `JobLine.why` was worked out (only when a screen shows it)
     event_filter: EventFilter = ALL_EVENTS  # which kinds `events` lists
+    history: HistoryView | None = None  # the sparklines' points (`DashHistory`)
 
     def node(self, name: str) -> NodeView | None:
         return next((n for n in self.nodes if n.name == name), None)
@@ -128,12 +130,14 @@ def collect(
     reasons: bool = True,
     placement: PlacementMemo | None = None,
     event_filter: EventFilter = ALL_EVENTS,
+    history: DashHistory | None = None,
 ) -> DashData:
     """One refresh: poll the source, read the store, ask the services. A store that cannot be
     read leaves the fleet view intact (`store_error` says why). `reasons`: also plan the queue to
     say why each queued job waits (the costliest part on a large fleet; the dashboard asks for it
-    only while the queue or a job is on screen). `health` and `placement` carry what the app
-    keeps from one poll to the next; `event_filter`: which kinds of events to list."""
+    only while the queue or a job is on screen). `health`, `placement` and `history` (the
+    sparklines' points) carry what the app keeps from one poll to the next; `event_filter`:
+    which kinds of events to list."""
     from gpuctl.ops import fleetstatus
 
     snapshot = services.source.poll()
@@ -141,14 +145,22 @@ def collect(
     store_error = None
     try:
         with services.open_store(False) as store:
-            return _with_store(
+            data = _with_store(
                 services, health, snapshot, now, store, reasons, placement, event_filter
+            )
+            if history is None:
+                return data
+            return dataclasses.replace(
+                data, history=history.update(store, now, data.numbers, snapshot)
             )
     except StateError as exc:
         store_error = exc.message
     state = fleetstatus.fleet_state(snapshot, None, versioned=False, memo=placement)
     numbers = fleetstatus.numbers(snapshot, None, now, state=state)
-    return _assemble(services, health, snapshot, now, state, numbers, store_error=store_error)
+    data = _assemble(services, health, snapshot, now, state, numbers, store_error=store_error)
+    if history is None:
+        return data
+    return dataclasses.replace(data, history=history.update(None, now, numbers, snapshot))
 
 
 def _with_store(

@@ -99,6 +99,8 @@ class DashScreen(Screen[None]):
         if data is not None:
             text.append(f" · {fmt.safe(data.source)} · {len(data.nodes)} node(s)")
             text.append(f" · at {fmt.clock_hms(data.now, app.offset_s)}")
+            if data.history is not None:
+                text.append(f" · {data.history.label}")
         else:
             text.append(" · waiting for the first poll")
         text.append(f" · every {app.refresh_s:g}s")

@@ -11,7 +11,7 @@ from textual.widgets import DataTable
 
 from gpuctl.ops.dashboard import DashData
 from gpuctl.tui import rows
-from gpuctl.tui.messages import ActionRequested, OpenNode, ToggleCheckpoints
+from gpuctl.tui.messages import ActionRequested, NextHistoryWindow, OpenNode, ToggleCheckpoints
 from gpuctl.tui.screens.base import DashScreen
 from gpuctl.tui.widgets.fleet import EventsList, FleetTable
 from gpuctl.tui.widgets.numbers import NumbersPanel
@@ -26,6 +26,7 @@ class OverviewScreen(DashScreen):
         Binding("d", "drain", "Drain"),
         Binding("x", "consolidate", "Consolidate"),
         Binding("e", "events", "Events filter"),
+        Binding("h", "history", "History window"),
         Binding("tab", "app.focus_next", "Next pane", show=False),
     ]
     KEYS = (
@@ -34,6 +35,7 @@ class OverviewScreen(DashScreen):
         ("d", "drain that node (plan, then confirm)"),
         ("x", "consolidate the fleet (plan, then confirm)"),
         ("e", "events: hide checkpoint events, or show every event again (:events KINDS)"),
+        ("h", "history: the sparklines over 1h, 6h or 24h (the store's history, --history)"),
         ("tab", "switch between the fleet table and the events"),
     )
 
@@ -53,13 +55,13 @@ class OverviewScreen(DashScreen):
         super().on_mount()
 
     def show(self, data: DashData) -> None:
-        self.query_one(NumbersPanel).show(data.numbers)
+        self.query_one(NumbersPanel).show(data.numbers, data.history)
         table = self.query_one(FleetTable)
         if self.filter:  # a filter reads every row's text
             table.sync(rows.fleet_rows(data, self.filter))
         else:
             views = {n.name: n for n in data.nodes}
-            table.sync_lazy(list(views), lambda name: rows.fleet_row(views[name]))
+            table.sync_lazy(list(views), lambda name: rows.fleet_row(views[name], data.history))
         self.query_one(EventsList).sync(rows.event_rows(data, self.dash.offset_s))
 
     def selected(self) -> str | None:
@@ -93,6 +95,9 @@ class OverviewScreen(DashScreen):
 
     def action_events(self) -> None:
         self.post_message(ToggleCheckpoints())
+
+    def action_history(self) -> None:
+        self.post_message(NextHistoryWindow())
 
     def action_consolidate(self) -> None:
         self.post_message(ActionRequested("consolidate", None))

@@ -1,8 +1,11 @@
-"""The five numbers (and the preemption rate), each with its recent history as a sparkline."""
+"""The five numbers (and the preemption rate), each with its history as a sparkline: the chosen
+window's points (`ops.dashboard.HistoryView`, from the store's history) drawn whole, or without a
+stored history the last refreshes."""
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -10,6 +13,7 @@ from textual.containers import Horizontal
 from textual.widgets import Static
 
 from gpuctl.core.fleet.numbers import FleetNumbers
+from gpuctl.ops.dashboard import HistoryView
 from gpuctl.tui import format as fmt
 
 SPARK_POINTS = 60
@@ -24,6 +28,8 @@ class NumberCard(Static):
         self.key = key
         self.title = title
         self.history: deque[float | None] = deque(maxlen=SPARK_POINTS)
+        self.points: list[float | None] = []  # what the sparkline draws
+        self.window = False  # the points are a window's, drawn whole (else the last ones)
         self.headline = fmt.NA
         self.detail = ""
         self._rendered: Text | None = None
@@ -34,8 +40,17 @@ class NumberCard(Static):
         """The title at the card's width: whole, or short when the card is narrow."""
         return fmt.card_title(self.key, self.title, self.content_size.width or len(self.title))
 
-    def show(self, headline: Text, detail: str, value: float | None) -> None:
+    def show(
+        self,
+        headline: Text,
+        detail: str,
+        value: float | None,
+        points: Sequence[float | None] | None = None,
+    ) -> None:
+        """`points`: the window's history to draw whole; None: the values shown so far."""
         self.history.append(value)
+        self.window = points is not None
+        self.points = list(points) if points is not None else list(self.history)
         self.headline, self.detail, self._headline = headline.plain, detail, headline
         self._render_card()
 
@@ -47,7 +62,8 @@ class NumberCard(Static):
         width = max(8, self.content_size.width or 24)
         headline = fmt.card_headline(self._headline or Text(fmt.NA), self.content_size.width or 24)
         lo, hi = (0.0, 100.0) if self.key in PERCENT_KEYS else (0.0, None)
-        spark = fmt.sparkline(list(self.history), width, lo=lo, hi=hi)
+        points = fmt.squeeze(self.points, width) if self.window else self.points
+        spark = fmt.sparkline(points, width, lo=lo, hi=hi)
         body = Text(self.shown_title, style="dim")
         body.append("\n")
         body.append_text(headline)
@@ -65,12 +81,14 @@ class NumbersPanel(Horizontal):
         for key, title in fmt.NUMBER_KEYS:
             yield NumberCard(key, title)
 
-    def show(self, numbers: FleetNumbers) -> None:
+    def show(self, numbers: FleetNumbers, history: HistoryView | None = None) -> None:
         cards = fmt.number_cards(numbers)
         values = fmt.number_values(numbers)
+        stored = history is not None and history.stored
         for card in self.query(NumberCard):
             headline, detail = cards[card.key]
-            card.show(headline, detail, values[card.key])
+            points = history.series(fmt.NUMBER_SERIES[card.key]) if history is not None else None
+            card.show(headline, detail, values[card.key], points if stored else None)
 
     def shown(self) -> dict[str, str]:
         """Each number's headline as the operator reads it."""
