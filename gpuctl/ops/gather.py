@@ -32,6 +32,7 @@ from gpuctl.core.model import (
 )
 from gpuctl.errors import TransportError, TransportTimeout
 from gpuctl.ops.fanout import Fanout
+from gpuctl.ops.slurm import SlurmPoll
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,7 @@ class Gatherer:
         # full; later polls skip reading them again (one nvidia-smi run fewer per poll)
         self._static: dict[str, NodeFacts] = {}
         self._static_lock = threading.Lock()
+        self._slurm = SlurmPoll(transport)  # Slurm's nodes and jobs, for nodes of a cluster
 
     def poll_node(self, spec: NodeSpec) -> NodeSnapshot:
         start = self._clock.monotonic()
@@ -242,6 +244,7 @@ class Gatherer:
             if progress is not None and isinstance(result, NodeSnapshot):
                 progress(result, len(warm) + done, len(warm) + total)
 
+        self._slurm.start(specs, taken_at)  # read while the nodes are probed
         warm = self._warm_round(specs, progress)
         # poll_node turns every failure into a snapshot, so every result is a NodeSnapshot.
         results: dict[str, NodeSnapshot | Exception] = {**warm}
@@ -253,6 +256,7 @@ class Gatherer:
         return FleetSnapshot(
             taken_at=taken_at,
             nodes=tuple(r for s in specs if isinstance(r := results[s.name], NodeSnapshot)),
+            scheduler=self._slurm.result(),
         )
 
     def close(self) -> None:
