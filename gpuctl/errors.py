@@ -188,6 +188,12 @@ class StoreConflict(StateError):
     """A compare-and-set lost: the row changed under us (another control loop, another operator)."""
 
 
+class StalePlan(StoreConflict):
+    """A plan's write refused because what it was made on changed since (another operator's
+    cordon, drain or move): the message says what changed, who did it and when; nothing was
+    written."""
+
+
 class StoreCorrupt(StateError):
     """The database is damaged, or its file was truncated or replaced under an open store: nothing
     more is read from it or written to it."""

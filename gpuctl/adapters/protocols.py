@@ -24,10 +24,12 @@ from gpuctl.core.jobs.model import (
     JobState,
     LaunchRequest,
     NodeLiveness,
+    NodeVersion,
     RunStatus,
 )
 from gpuctl.core.lease import Fence, Lease, Member
 from gpuctl.core.model import NodeSpec
+from gpuctl.core.shared import PublishedFleet
 from gpuctl.errors import GpuctlError, TransportError
 
 
@@ -203,7 +205,9 @@ class Store(Protocol):
     # reservations: cards held for a job's next incarnation while it is moved (a migration);
     # `begin_launch` counts other jobs' reservations as held, refuses a cordoned node, and
     # consumes the job's own reservation (the incarnation must take exactly its cards)
-    def reserve(self, reservation: Reservation, *, event: Event) -> None: ...
+    def reserve(
+        self, reservation: Reservation, *, event: Event, expect_job_version: int | None = None
+    ) -> None: ...
     def reservations(self, node: str | None = None) -> list[Reservation]: ...
     def update_reservation(
         self,
@@ -216,12 +220,31 @@ class Store(Protocol):
     def release_reservation(self, job_id: str, *, event: Event) -> Reservation | None: ...
 
     # cordons and node liveness; `keep_existing`: never replace a cordon already there (True
-    # when this one was written); `expect_source`: lift only a cordon of that source
-    def cordon(self, cordon: Cordon, event: Event, *, keep_existing: bool = False) -> bool: ...
+    # when this one was written); `expect_source`: lift only a cordon of that source;
+    # `expect_version`: refuse (StoreConflict saying who changed what, when) unless the node's
+    # cordon version is still the one the plan saw (`node_versions`; a node absent is at 0)
+    def cordon(
+        self,
+        cordon: Cordon,
+        event: Event,
+        *,
+        keep_existing: bool = False,
+        expect_version: int | None = None,
+    ) -> bool: ...
     def uncordon(
-        self, node: str, event: Event, *, expect_source: str | None = None
+        self,
+        node: str,
+        event: Event,
+        *,
+        expect_source: str | None = None,
+        expect_version: int | None = None,
     ) -> Cordon | None: ...
     def cordons(self) -> list[Cordon]: ...
+    def node_versions(self) -> dict[str, NodeVersion]: ...
+
+    # the fleet as the control loop polled it (`core.shared`): the newest few kept
+    def publish_snapshot(self, published: PublishedFleet, *, keep: int = ...) -> int: ...
+    def latest_snapshot(self) -> PublishedFleet | None: ...
     def liveness(self) -> dict[str, NodeLiveness]: ...
     def set_liveness(self, liveness: NodeLiveness) -> None: ...
 

@@ -37,10 +37,13 @@ from gpuctl.core.jobs.model import (
     Job,
     JobState,
     NodeLiveness,
+    NodeVersion,
+    job_changed,
 )
 from gpuctl.core.jobs.spec import JobSpec
 from gpuctl.core.lease import Fence, Lease, Member, lost_message
-from gpuctl.errors import LeaseLost, StateError, StoreConflict
+from gpuctl.core.shared import KEEP, PublishedFleet
+from gpuctl.errors import LeaseLost, StalePlan, StateError, StoreConflict
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -88,6 +91,8 @@ class MemoryStore:
         self._checkpoints: dict[tuple[str, int, int, str], Checkpoint] = {}
         self._events: list[Event] = []
         self._cordons: dict[str, Cordon] = {}
+        self._node_versions: dict[str, NodeVersion] = {}
+        self._snapshots: list[PublishedFleet] = []
         self._liveness: dict[str, NodeLiveness] = {}
         self._reservations: dict[str, Reservation] = {}
         self._health: dict[str, NodeHealth] = {}
@@ -153,7 +158,8 @@ class MemoryStore:
                 raise StoreConflict(f"job {job_id} does not exist")
             if expect is not None and job.state is not expect:
                 raise StoreConflict(f"job {job_id} is {job.state.value}, not {expect.value}")
-            job = dataclasses.replace(job, **changes)
+            if changes:
+                job = dataclasses.replace(job, **changes, version=job.version + 1)
             self._jobs[job_id] = job
             if event is not None:
                 self._append(event)
@@ -196,6 +202,7 @@ class MemoryStore:
                 state=JobState.RUNNING,
                 incarnation=inc.n,
                 reason=None,
+                version=job.version + 1,
                 first_started_at=(
                     job.first_started_at if job.first_started_at is not None else inc.started_at
                 ),
@@ -325,10 +332,17 @@ class MemoryStore:
     # --- reservations ------------------------------------------------------------------------
 
     @_write
-    def reserve(self, reservation: Reservation, *, event: Event) -> None:
+    def reserve(
+        self, reservation: Reservation, *, event: Event, expect_job_version: int | None = None
+    ) -> None:
         res = reservation
         with self._lock:
             job = self._jobs.get(res.job_id)
+            if expect_job_version is not None and (
+                job is None or job.version != expect_job_version
+            ):
+                last = next((e for e in reversed(self._events) if e.job_id == res.job_id), None)
+                raise StalePlan(job_changed(res.job_id, last))
             if job is None or job.cancel_requested:
                 raise StoreConflict(f"job {res.job_id} does not exist or is being cancelled")
             if job.state is not JobState.RUNNING or job.incarnation != res.from_incarnation:
@@ -389,23 +403,67 @@ class MemoryStore:
     # --- cordons and liveness ----------------------------------------------------------------
 
     @_write
-    def cordon(self, cordon: Cordon, event: Event, *, keep_existing: bool = False) -> bool:
+    def cordon(
+        self,
+        cordon: Cordon,
+        event: Event,
+        *,
+        keep_existing: bool = False,
+        expect_version: int | None = None,
+    ) -> bool:
         with self._lock:
+            before = self._check_version(cordon.node, expect_version)
             if keep_existing and cordon.node in self._cordons:
                 return False
             self._cordons[cordon.node] = cordon
+            self._bump(before, event, "cordon", cordon.reason)
             self._append(event)
             return True
 
+    def _check_version(self, node: str, expect: int | None) -> NodeVersion:
+        now = self._node_versions.get(node) or NodeVersion(node)
+        if expect is not None and now.version != expect:
+            raise StalePlan(now.changed())
+        return now
+
+    def _bump(self, before: NodeVersion, event: Event, kind: str, reason: str) -> None:
+        self._node_versions[before.node] = NodeVersion(
+            before.node, before.version + 1, event.at, event.actor, kind, reason
+        )
+
+    def node_versions(self) -> dict[str, NodeVersion]:
+        with self._lock:
+            return dict(sorted(self._node_versions.items()))
+
+    @_write
+    def publish_snapshot(self, published: PublishedFleet, *, keep: int = KEEP) -> int:
+        with self._lock:
+            new_id = (self._snapshots[-1].id or 0) + 1 if self._snapshots else 1
+            self._snapshots.append(dataclasses.replace(published, id=new_id))
+            del self._snapshots[: -max(1, keep)]
+            return new_id
+
+    def latest_snapshot(self) -> PublishedFleet | None:
+        with self._lock:
+            return self._snapshots[-1] if self._snapshots else None
+
     @_write
     def uncordon(
-        self, node: str, event: Event, *, expect_source: str | None = None
+        self,
+        node: str,
+        event: Event,
+        *,
+        expect_source: str | None = None,
+        expect_version: int | None = None,
     ) -> Cordon | None:
         with self._lock:
+            before = self._check_version(node, expect_version)
             there = self._cordons.get(node)
             if expect_source is not None and (there is None or there.source != expect_source):
                 raise StoreConflict(f"{node}'s cordon is not one of {expect_source}")
             gone = self._cordons.pop(node, None)
+            if gone is not None:
+                self._bump(before, event, "uncordon", gone.reason)
             self._append(event)
             return gone
 

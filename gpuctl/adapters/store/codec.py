@@ -23,14 +23,19 @@ from gpuctl.core.jobs.model import (
     Job,
     JobState,
     NodeLiveness,
+    NodeVersion,
 )
 from gpuctl.core.jobs.spec import JobSpec, SpecDataError
+from gpuctl.core.shared import PublishedFleet
 from gpuctl.errors import StateError
 
 JOB_COLS = (
     "id, name, spec, state, priority, tier, submitted_at, reason, incarnation, restarts, "
-    "first_started_at, cancel_requested, updated_at"
+    "first_started_at, cancel_requested, updated_at, owner, version"
 )
+JOB_N = 15
+# a store older than v7 (read without migrating) has no owner or version: read as '' and 0
+JOB_COLS_V6 = JOB_COLS.replace("owner, version", "'', 0")
 INC_COLS = (
     "job_id, n, node, cards, gpu_uuids, mib_per_card, whole, state, started_at, run_dir, pid, "
     "ended_at, exit_code, end_reason, resume_step, cpu_milli, host_mem_mib, clock_offset_s"
@@ -39,6 +44,8 @@ INC_N = 18
 CHECKPOINT_COLS = "job_id, incarnation, step, path, committed_at, location"
 EVENT_COLS = "id, at, actor, kind, message, job_id, node, outcome, data"
 CORDON_COLS = "node, reason, operator, source, at"
+NODE_VERSION_COLS = "node, version, at, actor, kind, reason"
+SNAPSHOT_COLS = "id, taken_at, published_at, publisher, interval_s, nodes, body"
 RES_COLS = (
     "job_id, from_incarnation, source_node, node, cards, capacity_mib, gpu_uuids, mib_per_card, "
     "whole, cpu_milli, host_mem_mib, created_at, deadline_at, grace_s, checkpoint_wait_s, reason, "
@@ -69,7 +76,7 @@ JOB_FIELDS = frozenset(
         "updated_at",
     }
 )
-JOB_FIXED = frozenset({"id", "name", "spec", "submitted_at", "incarnation"})
+JOB_FIXED = frozenset({"id", "name", "spec", "submitted_at", "incarnation", "owner", "version"})
 INC_FIELDS = frozenset(
     {"state", "pid", "ended_at", "exit_code", "end_reason", "resume_step", "run_dir", "started_at"}
 )
@@ -124,6 +131,8 @@ def job_values(job: Job) -> tuple[Any, ...]:
         job.first_started_at,
         int(job.cancel_requested),
         job.updated_at,
+        job.owner,
+        job.version,
     )
 
 
@@ -163,6 +172,8 @@ def job_from(row: tuple[Any, ...], read_spec: Callable[[str, str], JobSpec] = sp
         first_started_at=row[10],
         cancel_requested=bool(row[11]),
         updated_at=row[12],
+        owner=row[13],
+        version=row[14],
     )
 
 
@@ -252,6 +263,24 @@ def event_from(row: tuple[Any, ...]) -> Event:
 
 def cordon_from(row: tuple[Any, ...]) -> Cordon:
     return Cordon(node=row[0], reason=row[1], operator=row[2], source=row[3], at=row[4])
+
+
+def node_version_from(row: tuple[Any, ...]) -> NodeVersion:
+    return NodeVersion(
+        node=row[0], version=row[1], at=row[2], actor=row[3], kind=row[4], reason=row[5]
+    )
+
+
+def snapshot_from(row: tuple[Any, ...]) -> PublishedFleet:
+    return PublishedFleet(
+        id=row[0],
+        taken_at=row[1],
+        published_at=row[2],
+        publisher=row[3],
+        interval_s=row[4],
+        nodes=row[5],
+        body=bytes(row[6]),
+    )
 
 
 def liveness_from(row: tuple[Any, ...]) -> NodeLiveness:

@@ -5,10 +5,10 @@ is newer is refused (an older gpuctl must not write a newer gpuctl's state); an 
 migrated forward when opened for writing (SQLite: after a backup copy is taken beside it).
 
 Each migration is written once, for both backends: its DDL in SQLite's words, which `Dialect`
-turns into PostgreSQL's (`REAL` -> `DOUBLE PRECISION`, `INTEGER` -> `BIGINT`, an `AUTOINCREMENT`
-key -> an identity column, and the `rowid` every SQLite table has -> an identity column named so),
-and what DDL cannot say in both (an append-only table's triggers) through `Dialect` methods. Its
-data steps run through `dbapi.Conn` with `?` placeholders on either backend.
+turns into PostgreSQL's (`REAL` -> `DOUBLE PRECISION`, `INTEGER` -> `BIGINT`, `BLOB` -> `BYTEA`, an
+`AUTOINCREMENT` key -> an identity column, and the `rowid` every SQLite table has -> an identity
+column named so), and what DDL cannot say in both (an append-only table's triggers) through
+`Dialect` methods. Its data steps run through `dbapi.Conn` with `?` placeholders on either backend.
 """
 
 from __future__ import annotations
@@ -183,6 +183,7 @@ _TYPES = (
     ),
     (re.compile(r"\bINTEGER\b"), "BIGINT"),
     (re.compile(r"\bREAL\b"), "DOUBLE PRECISION"),
+    (re.compile(r"\bBLOB\b"), "BYTEA"),
 )
 _CREATE_TABLE = re.compile(r"^(CREATE TABLE \w+ \()", re.MULTILINE)
 
@@ -398,6 +399,43 @@ def _v6(conn: Conn, dialect: Dialect) -> None:
         conn.execute(statement)
 
 
+V7 = """
+-- Who submitted each job ('' for jobs from before v7), and a version that grows by one at each
+-- change of its row: a plan names the versions it was made on, and a write refuses a stale one.
+ALTER TABLE jobs ADD COLUMN owner TEXT NOT NULL DEFAULT '';
+ALTER TABLE jobs ADD COLUMN version INTEGER NOT NULL DEFAULT 0;
+CREATE INDEX jobs_by_owner ON jobs (owner, submitted_at);
+
+-- Each node's cordon state has a version: every cordon and uncordon adds one and says who, when
+-- and why, so a cordon, uncordon or drain planned on an older one is refused, saying what changed.
+CREATE TABLE node_versions (
+    node TEXT PRIMARY KEY,
+    version INTEGER NOT NULL,
+    at REAL NOT NULL,
+    actor TEXT NOT NULL,
+    kind TEXT NOT NULL,               -- cordon | uncordon
+    reason TEXT NOT NULL DEFAULT ''
+);
+
+-- The fleet as the control loop polled it, the newest few (`core.shared`): operators read it
+-- instead of polling every node themselves.
+CREATE TABLE fleet_snapshots (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    taken_at REAL NOT NULL,
+    published_at REAL NOT NULL,
+    publisher TEXT NOT NULL,
+    interval_s REAL NOT NULL,
+    nodes INTEGER NOT NULL,
+    body BLOB NOT NULL                -- the snapshot's JSON, zlib-compressed
+);
+"""
+
+
+def _v7(conn: Conn, dialect: Dialect) -> None:
+    for statement in dialect.script(V7):
+        conn.execute(statement)
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "jobs, incarnations, cards, events, cordons", _v1),
     Migration(2, "reservations (migration targets), node health", _v2),
@@ -405,6 +443,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(4, "job specs stored typed (JobSpec.to_dict), no longer as spec file keys", _v4),
     Migration(5, "the fleet's history (fleet and node samples), a retention for events", _v5),
     Migration(6, "the controller's lease (holder, expiry, fencing token) and its members", _v6),
+    Migration(7, "job owners, job and node versions, the published fleet snapshot", _v7),
 )
 
 

@@ -19,7 +19,17 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
-from gpuctl.adapters.store import codec, failures, integrity, launch, leases, lock, schema, series
+from gpuctl.adapters.store import (
+    codec,
+    failures,
+    integrity,
+    launch,
+    leases,
+    lock,
+    schema,
+    series,
+    versions,
+)
 from gpuctl.adapters.store.opening import LOCK_NAME, MARKER_NAME, Opened
 from gpuctl.core.health.autodrain import NodeHealth
 from gpuctl.core.history import FleetSample, NodeSample, Pruned, Retention
@@ -33,8 +43,10 @@ from gpuctl.core.jobs.model import (
     Job,
     JobState,
     NodeLiveness,
+    NodeVersion,
 )
 from gpuctl.core.lease import Fence, Lease, Member
+from gpuctl.core.shared import KEEP, PublishedFleet
 from gpuctl.errors import StateError, StoreConflict
 
 if TYPE_CHECKING:
@@ -62,6 +74,9 @@ class SqliteStore:
             if self.schema_version >= CLOCK_OFFSET_SINCE
             else codec.INC_COLS.replace("clock_offset_s", "NULL")
         )
+        self._versioned = self.schema_version >= versions.SINCE
+        self._job_cols = codec.JOB_COLS if self._versioned else codec.JOB_COLS_V6
+        self._bump = ", version = version + 1" if self._versioned else ""
         self._lock = threading.RLock()
         self._fence: Fence | None = None  # a controller's: every write checks it (`set_fence`)
         self._specs = codec.SpecMemo()  # a job's spec, decoded once: the loop reads jobs often
@@ -142,7 +157,7 @@ class SqliteStore:
         return int(cur.lastrowid or 0)
 
     def _job_row(self, conn: sqlite3.Connection, job_id: str) -> Job | None:
-        row = conn.execute(f"SELECT {codec.JOB_COLS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        row = conn.execute(f"SELECT {self._job_cols} FROM jobs WHERE id = ?", (job_id,)).fetchone()
         return None if row is None else codec.job_from(row, self._specs)
 
     def _inc_row(self, conn: sqlite3.Connection, job_id: str, n: int) -> Incarnation | None:
@@ -158,15 +173,21 @@ class SqliteStore:
         with self._tx() as c:
             if self._job_row(c, job.id) is not None:
                 raise StoreConflict(f"job {job.id} already exists")
-            c.execute(f"INSERT INTO jobs ({codec.JOB_COLS}) VALUES ({_marks(13)})", values)
+            n = codec.JOB_N if self._versioned else codec.JOB_N - 2
+            cols = (
+                codec.JOB_COLS
+                if self._versioned
+                else codec.JOB_COLS.replace(", owner, version", "")
+            )
+            c.execute(f"INSERT INTO jobs ({cols}) VALUES ({_marks(n)})", values[:n])
             self._append(c, event)
 
     def job(self, ref: str) -> Job | None:
         """By id; else the newest job of that name."""
-        found = self._read(f"SELECT {codec.JOB_COLS} FROM jobs WHERE id = ?", (ref,))
+        found = self._read(f"SELECT {self._job_cols} FROM jobs WHERE id = ?", (ref,))
         if not found:
             found = self._read(
-                f"SELECT {codec.JOB_COLS} FROM jobs WHERE name = ? "
+                f"SELECT {self._job_cols} FROM jobs WHERE name = ? "
                 "ORDER BY submitted_at DESC, rowid DESC LIMIT 1",
                 (ref,),
             )
@@ -174,7 +195,7 @@ class SqliteStore:
 
     def jobs(self, states: Iterable[JobState] | None = None) -> list[Job]:
         """Oldest submission first."""
-        sql = f"SELECT {codec.JOB_COLS} FROM jobs"
+        sql = f"SELECT {self._job_cols} FROM jobs"
         params: list[str] = []
         if states is not None:
             params = [JobState(s).value for s in states]
@@ -201,7 +222,7 @@ class SqliteStore:
             if expect is not None and job.state is not JobState(expect):
                 raise StoreConflict(f"job {job_id} is {job.state}, not {JobState(expect)}")
             if values:
-                sets = ", ".join(f"{k} = ?" for k in values)
+                sets = ", ".join(f"{k} = ?" for k in values) + self._bump
                 c.execute(f"UPDATE jobs SET {sets} WHERE id = ?", (*values.values(), job_id))
             if event is not None:
                 self._append(c, event)
@@ -239,7 +260,7 @@ class SqliteStore:
             )
             c.execute(
                 "UPDATE jobs SET state = ?, incarnation = ?, reason = NULL, updated_at = ?, "
-                "first_started_at = COALESCE(first_started_at, ?) WHERE id = ?",
+                f"first_started_at = COALESCE(first_started_at, ?){self._bump} WHERE id = ?",
                 (JobState.RUNNING.value, inc.n, event.at, inc.started_at, inc.job_id),
             )
             self._append(c, event)
@@ -366,11 +387,15 @@ class SqliteStore:
 
     # --- reservations (migration targets) -----------------------------------------------------
 
-    def reserve(self, reservation: Reservation, *, event: Event) -> None:
+    def reserve(
+        self, reservation: Reservation, *, event: Event, expect_job_version: int | None = None
+    ) -> None:
         """Hold cards for the job's next incarnation, or raise StoreConflict (a card taken, the
-        target cordoned, the job not running `from_incarnation`, already being moved)."""
+        target cordoned, the job not running `from_incarnation`, already being moved, or changed
+        since the plan that named `expect_job_version`)."""
         values = codec.res_values(reservation)
         with self._tx() as c:
+            versions.check_job(c, reservation.job_id, expect_job_version)
             launch.check_reserve(c, reservation)
             c.execute(
                 f"INSERT INTO reservations ({codec.RES_COLS}) VALUES ({_marks(codec.RES_N)})",
@@ -433,10 +458,20 @@ class SqliteStore:
 
     # --- cordons and liveness ----------------------------------------------------------------
 
-    def cordon(self, cordon: Cordon, event: Event, *, keep_existing: bool = False) -> bool:
+    def cordon(
+        self,
+        cordon: Cordon,
+        event: Event,
+        *,
+        keep_existing: bool = False,
+        expect_version: int | None = None,
+    ) -> bool:
         """Cordon a node (a cordon already there is replaced: newest reason wins), or with
-        `keep_existing` leave one that is there alone. True when this cordon was written."""
+        `keep_existing` leave one that is there alone. True when this cordon was written. With
+        `expect_version`: StoreConflict saying what changed when the node's cordon version
+        (`node_versions`) is no longer the one the plan saw."""
         with self._tx() as c:
+            before = versions.check_node(c, cordon.node, expect_version)
             if keep_existing:
                 there = c.execute("SELECT 1 FROM cordons WHERE node = ?", (cordon.node,))
                 if there.fetchone() is not None:
@@ -447,16 +482,24 @@ class SqliteStore:
                 "operator = excluded.operator, source = excluded.source, at = excluded.at",
                 (cordon.node, cordon.reason, cordon.operator, cordon.source, cordon.at),
             )
+            versions.bump_node(c, before, event, "cordon", cordon.reason)
             self._append(c, event)
         return True
 
     def uncordon(
-        self, node: str, event: Event, *, expect_source: str | None = None
+        self,
+        node: str,
+        event: Event,
+        *,
+        expect_source: str | None = None,
+        expect_version: int | None = None,
     ) -> Cordon | None:
         """Remove a node's cordon; the event is recorded even when there was none. With
         `expect_source`, only a cordon of that source is removed (StoreConflict otherwise):
-        gpuctl lifting its own health cordon never lifts one a person put there meanwhile."""
+        gpuctl lifting its own health cordon never lifts one a person put there meanwhile.
+        `expect_version`: as `cordon`'s."""
         with self._tx() as c:
+            before = versions.check_node(c, node, expect_version)
             row = c.execute(
                 f"SELECT {codec.CORDON_COLS} FROM cordons WHERE node = ?", (node,)
             ).fetchone()
@@ -464,8 +507,29 @@ class SqliteStore:
                 now = "not cordoned" if row is None else f"cordoned by {row[2]} ({row[3]})"
                 raise StoreConflict(f"{node} is {now}, not by {expect_source}")
             c.execute("DELETE FROM cordons WHERE node = ?", (node,))
+            if row is not None:
+                versions.bump_node(c, before, event, "uncordon", str(row[1]))
             self._append(c, event)
         return None if row is None else codec.cordon_from(row)
+
+    def node_versions(self) -> dict[str, NodeVersion]:
+        """Each node's cordon version (a node never cordoned is absent: version 0)."""
+        if self.schema_version < versions.SINCE:
+            return {}
+        with self._lock, self._errors():
+            return versions.all_nodes(self._conn)
+
+    def publish_snapshot(self, published: PublishedFleet, *, keep: int = KEEP) -> int:
+        """Keep `published` as the fleet's newest snapshot (the oldest past `keep` dropped)."""
+        with self._tx() as c:
+            return versions.publish(c, published, keep)
+
+    def latest_snapshot(self) -> PublishedFleet | None:
+        """The newest published snapshot (None: none, or a store older than v7)."""
+        if self.schema_version < versions.SINCE:
+            return None
+        with self._lock, self._errors():
+            return versions.latest(self._conn)
 
     def cordons(self) -> list[Cordon]:
         found = self._read(f"SELECT {codec.CORDON_COLS} FROM cordons ORDER BY node")

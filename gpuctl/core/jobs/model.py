@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpuctl.core.jobs.spec import JobSpec
+from gpuctl.core.timefmt import clock
 
 
 class JobState(enum.StrEnum):
@@ -77,6 +78,8 @@ class Job:
     first_started_at: float | None = None
     cancel_requested: bool = False
     updated_at: float = 0.0
+    owner: str = ""  # who submitted it (the operator's user name; "" before schema v7)
+    version: int = 0  # grows by one at each change of the job's row: plans name the one they saw
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -137,6 +140,41 @@ class Cordon:
     operator: str
     source: str  # "operator" or "health"
     at: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NodeVersion:
+    """The version of a node's cordon state: every cordon and uncordon adds one and records who,
+    when and why, so a verb planned on an older version is refused and told what changed. A node
+    never cordoned is at version 0."""
+
+    node: str
+    version: int = 0
+    at: float | None = None
+    actor: str = ""
+    kind: str = ""  # cordon | uncordon
+    reason: str = ""
+
+    def changed(self, offset_s: int = 0) -> str:
+        """`lab-02 was cordoned by alice at 04:12:00 (reason: fan) since your plan; nothing
+        changed`: why a plan made on an older version is refused (`offset_s`: the reader's zone)."""
+        done = {"cordon": "cordoned", "uncordon": "uncordoned"}.get(self.kind, "changed")
+        why = f" (reason: {self.reason})" if self.reason else ""
+        return (
+            f"{self.node} was {done} by {self.actor or 'someone'} at {clock(self.at, offset_s)}"
+            f"{why} since your plan; nothing changed"
+        )
+
+
+def job_changed(job_id: str, last: Event | None, offset_s: int = 0) -> str:
+    """`job j1 was changed by alice at 04:12:00 (cancel: ...) since your plan; nothing changed`:
+    why a plan made on an older version of the job is refused (`last`: its newest event)."""
+    what = "changed"
+    if last is not None:
+        what = (
+            f"changed by {last.actor} at {clock(last.at, offset_s)} ({last.kind}: {last.message})"
+        )
+    return f"job {job_id} was {what} since your plan; nothing changed"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -116,9 +116,9 @@ NEXT = NOW + 1
 
 def next_chain() -> tuple[Migration, ...]:
     def add_column(conn: Conn, dialect: Dialect) -> None:
-        conn.execute("ALTER TABLE jobs ADD COLUMN owner TEXT")
+        conn.execute("ALTER TABLE jobs ADD COLUMN future_note TEXT")
 
-    return (*MIGRATIONS, Migration(NEXT, "jobs.owner", add_column))
+    return (*MIGRATIONS, Migration(NEXT, "jobs.future_note", add_column))
 
 
 def test_a_newer_schema_is_refused_for_writing_and_left_untouched(state_dir: Path) -> None:
@@ -140,7 +140,7 @@ def test_an_older_schema_is_migrated_on_write_after_a_backup_and_read_as_it_is(
         assert len(rw.jobs()) == 30
         assert rw.check() == []
     conn = sqlite3.connect(state_dir / "state.db")
-    assert "owner" in [r[1] for r in conn.execute("PRAGMA table_info(jobs)")]
+    assert "future_note" in [r[1] for r in conn.execute("PRAGMA table_info(jobs)")]
     conn.close()
     backup = sqlite3.connect(state_dir / f"state.db.v{NOW}.bak")
     version = backup.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()

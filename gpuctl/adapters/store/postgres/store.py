@@ -264,9 +264,11 @@ class PostgresStore(SqliteStore):
         with self._granting(inc.job_id):
             return super().begin_launch(inc, capacity_mib=capacity_mib, event=event)
 
-    def reserve(self, reservation: Reservation, *, event: Event) -> None:
+    def reserve(
+        self, reservation: Reservation, *, event: Event, expect_job_version: int | None = None
+    ) -> None:
         with self._granting(reservation.job_id):
-            super().reserve(reservation, event=event)
+            super().reserve(reservation, event=event, expect_job_version=expect_job_version)
 
     def update_reservation(self, *args: Any, **kwargs: Any) -> Any:
         with self._granting():
