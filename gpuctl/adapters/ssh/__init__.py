@@ -7,8 +7,9 @@ through ssh_config and jump hosts, as `Route` and `Leg`), `fetch_host_key` and `
 (`gpuctl hosts trust` reads a node's key before trusting it) and `PhaseTimeout`. The known_hosts
 files are `known_hosts`, which `gpuctl hosts` reads and writes. The pieces are private: the
 transport (`_transport`), connecting and its deadlines (`_connect`), a command's deadline and
-bounded read (`_exec`), the login keys (`_keys`), the SFTP copies (`_sftp`) and ssh_config with
-the jump hosts (`_route`).
+bounded read (`_exec`), the answering sessions a warm poll goes through (`_session`, `_asks`),
+the login keys (`_keys`), the SFTP copies (`_sftp`) and ssh_config with the jump hosts
+(`_route`). `SshTransport` is also a `SessionTransport`.
 """
 
 from __future__ import annotations

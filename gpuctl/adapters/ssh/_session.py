@@ -10,6 +10,7 @@ new one); a partial answer is never returned.
 from __future__ import annotations
 
 import select
+import threading
 import time
 from typing import TYPE_CHECKING
 
@@ -105,3 +106,26 @@ class Session:
         number = self.buf[start + len(PGID_MARK) : end]
         self.pgid = int(number) if number.isdigit() else -1
         del self.buf[: end + 1]
+
+
+class Stale(Exception):
+    """A reused connection turned out dead before the command started."""
+
+
+class Conn:
+    """One node's connection: opened under `lock`, shared by up to `slots` concurrent channels
+    and by its answering session (`ask`), which one caller at a time holds (`asking`)."""
+
+    def __init__(self, per_host_limit: int) -> None:
+        self.lock = threading.Lock()
+        self.slots = threading.BoundedSemaphore(per_host_limit)
+        self.client: SSHClient | None = None
+        self.asking = threading.Lock()
+        self.session: Session | None = None  # under `asking`
+
+    def drop(self, client: SSHClient | None) -> None:
+        with self.lock:
+            if client is not None and self.client is client:
+                self.client = None
+        if client is not None:
+            client.close()  # and with it the channels on it: a session's too

@@ -6,6 +6,7 @@ or the inventory's `jump`, resolved by `_route`) is reached over a `direct-tcpip
 jump host's connection, which is opened once and shared by every node behind it. Each `run` is
 one channel on the node's connection; a per-host semaphore bounds concurrent channels. A
 connection that died in between (node rebooted, sshd restarted) is noticed and reopened once.
+`ask` (`_asks`) goes through the node's answering session instead: one more channel, kept.
 
 Deadlines: `node.connect_timeout_s` covers TCP connect, SSH banner, key exchange and auth together
 (see `_connect`); `timeout_s` covers the exec request and reading the output.
@@ -16,8 +17,6 @@ thread for the waits paramiko cannot bound); a command past its deadline is kill
 
 from __future__ import annotations
 
-import math
-import select
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -28,8 +27,9 @@ import paramiko
 
 from gpuctl.adapters import exec_wrapper
 from gpuctl.adapters.protocols import ExecResult
-from gpuctl.adapters.ssh import _session, _sftp
+from gpuctl.adapters.ssh import _sftp
 from gpuctl.adapters.ssh import known_hosts as kh
+from gpuctl.adapters.ssh._asks import SessionAsks
 from gpuctl.adapters.ssh._connect import (
     PhaseTimeout,
     error_reason,
@@ -42,6 +42,8 @@ from gpuctl.adapters.ssh._connect import (
 from gpuctl.adapters.ssh._exec import Watchdog, read_channel, send_stdin
 from gpuctl.adapters.ssh._keys import KeyCache
 from gpuctl.adapters.ssh._route import Leg, Route, SshConfigs
+from gpuctl.adapters.ssh._session import Conn as _Conn
+from gpuctl.adapters.ssh._session import Stale as _Stale
 from gpuctl.core.model import NodeSpec
 from gpuctl.errors import TransportError
 
@@ -54,36 +56,13 @@ KILL_TIMEOUT_S = 2.0
 IDLE_WAKE_S = 5.0
 
 
-class _Stale(Exception):
-    """A reused connection turned out dead before the command started."""
-
-
-class _Conn:
-    """One node's connection: opened under `lock`, shared by up to `slots` concurrent channels
-    and by its answering session (`ask`), which one caller at a time holds (`asking`)."""
-
-    def __init__(self, per_host_limit: int) -> None:
-        self.lock = threading.Lock()
-        self.slots = threading.BoundedSemaphore(per_host_limit)
-        self.client: paramiko.SSHClient | None = None
-        self.asking = threading.Lock()
-        self.session: _session.Session | None = None  # under `asking`
-
-    def drop(self, client: paramiko.SSHClient | None) -> None:
-        with self.lock:
-            if client is not None and self.client is client:
-                self.client = None
-        if client is not None:
-            client.close()  # and with it the channels on it: a session's too
-
-
 def _leg_key(leg: Leg) -> tuple[Any, ...]:
     node = leg.node
     return (node.host, node.port, node.user, node.key_file, leg.identity_files, leg.agent,
             node.known_hosts, node.connect_timeout_s)  # fmt: skip
 
 
-class SshTransport:
+class SshTransport(SessionAsks):
     """`gpuctl.adapters.protocols.Transport` over SSH. Thread-safe; call `close()` when done."""
 
     def __init__(
@@ -150,223 +129,6 @@ class SshTransport:
             raise AssertionError("unreachable")  # pragma: no cover
         finally:
             conn.slots.release()
-
-    def ask(
-        self,
-        node: NodeSpec,
-        program: str,
-        request: str,
-        *,
-        timeout_s: float,
-        max_output_bytes: int = 8 << 20,
-    ) -> ExecResult:
-        """`program` run with `request` as its `$1`, by the node's answering session: started
-        on first use (`exec_wrapper.session_command`), kept for later calls with the same
-        program, so a warm call writes one line and reads one framed answer. `program` must
-        bound its own steps (it starts with `exec_wrapper.SELF_BOUNDED`); `request` is one
-        printable ASCII line. An answer cut short is a `TransportError`, a late one a timeout
-        (the session's processes killed on the node): never a partial answer."""
-        if not (request.isascii() and request.isprintable()):
-            raise ValueError("a session request is one line of printable ASCII")
-        start = time.monotonic()
-        where = kh.node_where(node)
-        route = self.route(node)
-        conn = self._conn(route.legs, node.name)
-        command = self._session_command(program, timeout_s)
-        wait_s = node.connect_timeout_s + timeout_s
-        if not conn.asking.acquire(timeout=wait_s):
-            raise PhaseTimeout(
-                f"{where}: timeout (exec): the node's session stayed busy for {wait_s:g}s",
-                phase="exec",
-            )
-        try:
-            for attempt in range(2):
-                client, fresh = self._client(route, conn)
-                session = conn.session
-                started = False
-                if (
-                    session is None
-                    or session.client is not client
-                    or not session.alive()
-                    or session.command != command
-                ):
-                    if session is not None:
-                        session.close()
-                    conn.session = None
-                    try:
-                        session = self._start_session(node, conn, client, command, timeout_s)
-                    except _Stale:
-                        conn.drop(client)
-                        if fresh or attempt:
-                            raise TransportError(
-                                f"{where}: the connection closed before the command started"
-                            ) from None
-                        continue
-                    conn.session, started = session, True
-                deadline = time.monotonic() + timeout_s
-                try:
-                    status, answer = session.exchange(
-                        request.encode("ascii") + b"\n", deadline, max_output_bytes
-                    )
-                except (_session.Cut, _session.Late, exec_wrapper.AnswerFramingError) as exc:
-                    failure = self._session_failed(node, conn, client, session, exc, timeout_s)
-                    if failure is None and not started and not attempt:
-                        continue  # the loop ended since the last call: start it again, once
-                    raise failure or self._cut(node, 0) from None
-                return ExecResult(
-                    exit_code=status,
-                    stdout=answer,
-                    stderr=b"",
-                    duration_s=time.monotonic() - start,
-                )
-            raise AssertionError("unreachable")  # pragma: no cover
-        finally:
-            conn.asking.release()
-
-    def ask_warm(
-        self,
-        asks: Sequence[tuple[NodeSpec, str]],
-        program: str,
-        *,
-        max_output_bytes: int = 8 << 20,
-    ) -> dict[int, ExecResult | TransportError]:
-        """`ask` every node of `asks` (node, request) whose answering session for `program` is
-        up and idle, all together from this thread: every request written first, then the
-        answers read as they come, one `select` over all of them (a thread per node costs
-        more CPU than the answers). By index in `asks`; the nodes left out (no live session,
-        or one in use) are the caller's to `ask` one by one. Each node's deadline is its
-        `command_timeout_s`, as `ask`'s `timeout_s`."""
-        out: dict[int, ExecResult | TransportError] = {}
-        taken: dict[Any, tuple[int, NodeSpec, _Conn, _session.Session, float, float]] = {}
-        try:
-            for i, (node, request) in enumerate(asks):
-                conn = self._conn(self.route(node).legs, node.name)
-                session = conn.session
-                if session is None or not conn.asking.acquire(blocking=False):
-                    continue
-                timeout_s = node.command_timeout_s
-                if (
-                    conn.session is not session
-                    or conn.client is not session.client
-                    or not session.alive()
-                    or session.command != self._session_command(program, timeout_s)
-                ):
-                    conn.asking.release()
-                    continue
-                start = time.monotonic()
-                try:
-                    session.send(request.encode("ascii") + b"\n")
-                except _session.Cut:
-                    conn.asking.release()  # `ask` starts it again
-                    continue
-                taken[session.chan] = (i, node, conn, session, start, start + timeout_s)
-            while taken:
-                for chan, (i, node, conn, session, start, deadline) in list(taken.items()):
-                    try:
-                        answer = session.take(max_output_bytes)
-                        if answer is None and time.monotonic() >= deadline:
-                            raise _session.Late
-                    except (_session.Cut, _session.Late, exec_wrapper.AnswerFramingError) as e:
-                        failure = self._session_failed(
-                            node, conn, session.client, session, e, node.command_timeout_s
-                        )
-                        del taken[chan]
-                        conn.asking.release()
-                        out[i] = failure or self._cut(node, 0)
-                        continue
-                    if answer is not None:
-                        del taken[chan]
-                        conn.asking.release()
-                        status, body = answer
-                        out[i] = ExecResult(status, body, b"", time.monotonic() - start)
-                if taken:  # poll(), not select(): a fleet's descriptors pass select's 1024
-                    wait_s = min(entry[5] for entry in taken.values()) - time.monotonic()
-                    poller = select.poll()
-                    for chan in taken:
-                        poller.register(chan.fileno(), select.POLLIN)
-                    poller.poll(max(0, math.ceil(wait_s * 1000)))
-        finally:
-            for entry in taken.values():
-                entry[2].asking.release()
-        return out
-
-    def _session_failed(
-        self,
-        node: NodeSpec,
-        conn: _Conn,
-        client: paramiko.SSHClient,
-        session: _session.Session,
-        exc: Exception,
-        timeout_s: float,
-    ) -> TransportError | None:
-        """Drop a session that failed; the error to raise, None for a session found ended
-        before any of its answer came (which the caller may start again, once)."""
-        conn.session = None
-        session.close()
-        if isinstance(exc, _session.Cut):
-            return self._cut(node, exc.received) if exc.received else None
-        killed = self._kill(node, client, session.pgid)
-        note = "killed on the node" if killed else "could not kill it on the node"
-        where = kh.node_where(node)
-        if isinstance(exc, exec_wrapper.AnswerFramingError):
-            return TransportError(f"{where}: {exc}; session {note}")
-        return PhaseTimeout(
-            f"{where}: timeout (read): the command ran past {timeout_s:g}s; {note}", phase="read"
-        )
-
-    @staticmethod
-    def _cut(node: NodeSpec, received: int) -> TransportError:
-        return TransportError(
-            f"{kh.node_where(node)}: the session ended before the answer was whole "
-            f"({received} bytes of it came)"
-        )
-
-    def _session_command(self, program: str, timeout_s: float) -> str:
-        key = (program, timeout_s)
-        command = self._session_commands.get(key)
-        if command is None:
-            command = exec_wrapper.wrap_command(exec_wrapper.session_command(program), timeout_s)
-            with self._lock:
-                if len(self._session_commands) > 16:
-                    self._session_commands.clear()
-                self._session_commands[key] = command
-        return command
-
-    def _start_session(
-        self,
-        node: NodeSpec,
-        conn: _Conn,
-        client: paramiko.SSHClient,
-        command: str,
-        timeout_s: float,
-    ) -> _session.Session:
-        """Open a channel and start the answering loop in it, under the exec deadline."""
-        deadline = time.monotonic() + timeout_s
-        transport = client.get_transport()
-        if transport is None or not transport.is_active():
-            raise _Stale
-        try:
-            chan = transport.open_session(timeout=max(0.001, timeout_s))
-        except (paramiko.SSHException, OSError, EOFError):
-            if time.monotonic() < deadline:
-                raise _Stale from None
-            conn.drop(client)
-            raise self._exec_timeout(node, timeout_s) from None
-        timer = self._watchdog.arm(deadline, chan.close)
-        try:
-            chan.exec_command(command)
-        except (paramiko.SSHException, OSError, EOFError) as exc:
-            chan.close()
-            if timer.cancel():  # sshd never answered the exec request: the node hangs
-                conn.drop(client)
-                raise self._exec_timeout(node, timeout_s) from None
-            raise TransportError(
-                f"{kh.node_where(node)}: exec failed: {error_reason(exc)}"
-            ) from None
-        timer.cancel()
-        with self._lock:
-            self.sessions_started += 1
-        return _session.Session(client, chan, command)
 
     # -- folder copies (SFTP) ----------------------------------------------------------------
 
