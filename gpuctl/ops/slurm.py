@@ -185,23 +185,25 @@ class SlurmDrains:
             update_node(commands, node, state="DRAIN", reason=slurm_reason(reason))
         return f"{node} drained in Slurm"
 
+    def check_resume(self, node: str) -> None:
+        """Raise SlurmError when an uncordon of `node` would have to resume a drain that is not
+        gpuctl's (before anything changes)."""
+        source = self.managed(node)
+        if source is not None:
+            with self._commands(source) as commands:
+                _resumable(commands, node)
+
     def resume(self, node: str) -> str | None:
         """Resume `node` in Slurm when the drain it holds is gpuctl's (the reason is read at this
-        moment); what was done (None: not a Slurm node). Raises SlurmError, naming who drained
-        it and why, when the drain is someone else's: gpuctl never resumes an operator's."""
+        moment); what was done (None: not a Slurm node, or not drained). Raises SlurmError,
+        naming who drained it and why, when the drain is someone else's: gpuctl never resumes
+        an operator's."""
         source = self.managed(node)
         if source is None:
             return None
         with self._commands(source) as commands:
-            current = _node(commands, node)
-            if not current.drained:
+            if _resumable(commands, node) is None:
                 return None
-            if not _ours(current.reason):
-                raise SlurmError(
-                    f"{node} is drained in Slurm by someone else ({_said(current)}): gpuctl "
-                    "resumes only its own drains",
-                    hint=f"if it may run jobs again: scontrol update nodename={node} state=RESUME",
-                )
             update_node(commands, node, state="RESUME")
         return f"{node} resumed in Slurm"
 
@@ -248,6 +250,20 @@ def _ours(reason: str | None) -> bool:
 def _said(node: SchedNode) -> str:
     who = f" by {node.reason_by}" if node.reason_by else ""
     return f"{node.state_text}{who}: {node.reason or 'no reason given'}"
+
+
+def _resumable(commands: SlurmCommands, node: str) -> SchedNode | None:
+    """`node` when Slurm drains it with gpuctl's reason; None when Slurm does not drain it."""
+    current = _node(commands, node)
+    if not current.drained:
+        return None
+    if not _ours(current.reason):
+        raise SlurmError(
+            f"{node} is drained in Slurm by someone else ({_said(current)}): gpuctl resumes "
+            "only its own drains",
+            hint=f"if it may run jobs again: scontrol update nodename={node} state=RESUME",
+        )
+    return current
 
 
 def _node(commands: SlurmCommands, node: str) -> SchedNode:

@@ -68,7 +68,7 @@ def reason(slurm: SlurmCluster, node: str) -> tuple[str, str]:
     return state, why
 
 
-def test_an_ecc_error_drains_the_node_in_slurm_with_gpuctls_reason(
+def test_an_ecc_error_drains_the_node_in_slurm_with_gpuctls_reason_and_uncordon_resumes_it(
     clean: Rig, tmp_path: Path
 ) -> None:
     lab, slurm, _ = clean
@@ -83,6 +83,12 @@ def test_an_ecc_error_drains_the_node_in_slurm_with_gpuctls_reason(
     assert why.startswith("gpuctl: "), why
     assert "ecc" in why.lower(), why
     assert reason(slurm, lab.names[0]) == ("", "")  # the healthy node is left alone
+
+    inject(lab, sick, "--clear")
+    result = cli(clean, tmp_path, "uncordon", sick, "--yes")
+    assert result.exit_code == 0, result.output
+    assert slurm.node_state(sick).rstrip("*") == "idle"  # (*: a ping overdue on a busy host)
+    assert reason(slurm, sick) == ("", "")
 
 
 def test_an_operators_own_slurm_drain_is_never_resumed_by_gpuctl(

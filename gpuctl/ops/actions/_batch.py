@@ -15,6 +15,7 @@ from gpuctl.core.jobs.migration import DEFAULT_TIMEOUT_S
 from gpuctl.core.jobs.model import Cordon
 from gpuctl.errors import GpuctlError
 from gpuctl.ops.action_plans import ActionPlan, ActionRefused, Applied, Progress
+from gpuctl.ops.slurm import SlurmDrains
 
 if TYPE_CHECKING:
     from gpuctl.ops.actions._fleet import DrainOrder, FleetActions
@@ -123,7 +124,7 @@ def carry_out_batch(
                 try:
                     done = nodeops.cordon(
                         store, node, reason=plan.reason or "", operator=actions.operator,
-                        clock=actions.clock,
+                        clock=actions.clock, slurm=SlurmDrains.of(actions.inventory),
                     )  # fmt: skip
                     said = f"{node} cordoned by {done.operator}: {done.reason}"
                     outcomes.append(NodeOutcome(node, "cordoned", said, True))
@@ -137,7 +138,11 @@ def carry_out_batch(
             for node in batch.nodes:
                 try:
                     lifted = nodeops.uncordon(
-                        store, node, operator=actions.operator, clock=actions.clock
+                        store,
+                        node,
+                        operator=actions.operator,
+                        clock=actions.clock,
+                        slurm=SlurmDrains.of(actions.inventory),
                     )
                     before = lifted or was.get(node)
                     what = (
@@ -167,8 +172,9 @@ def _drain(
     for order in batch.drains:
         node = order.plan.node
         written[node] = nodeops.cordon(
-            store, node, reason=order.plan.reason, operator=actions.operator, clock=actions.clock
-        )
+            store, node, reason=order.plan.reason, operator=actions.operator,
+            clock=actions.clock, slurm=SlurmDrains.of(actions.inventory),
+        )  # fmt: skip
     outcomes: list[NodeOutcome] = []
     moved = total = 0
     for order in batch.drains:

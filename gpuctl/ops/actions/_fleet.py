@@ -17,6 +17,7 @@ from gpuctl.ops.action_plans import ACTIONS, ActionPlan, ActionRefused, Applied,
 from gpuctl.ops.actions._jobs import JOB_ACTIONS, CancelOrder, carry_out_cancel, plan_cancel
 from gpuctl.ops.loop import control_loop
 from gpuctl.ops.parts import FleetReader, minute_of_day, sleep_of
+from gpuctl.ops.slurm import SlurmDrains
 from gpuctl.ops.stores import SessionStore
 
 if TYPE_CHECKING:
@@ -221,13 +222,17 @@ class FleetActions:
             with self.open_store(True) as store:
                 done = nodeops.cordon(
                     store, plan.target, reason=plan.reason or "", operator=self.operator,
-                    clock=self.clock,
+                    clock=self.clock, slurm=SlurmDrains.of(self.inventory),
                 )  # fmt: skip
             return Applied(f"{plan.target} cordoned by {done.operator}: {done.reason}", done)
         if plan.action == "uncordon" and plan.target is not None:
             with self.open_store(True) as store:
                 lifted = nodeops.uncordon(
-                    store, plan.target, operator=self.operator, clock=self.clock
+                    store,
+                    plan.target,
+                    operator=self.operator,
+                    clock=self.clock,
+                    slurm=SlurmDrains.of(self.inventory),
                 )
             was = lifted or plan.value
             what = "" if was is None else f" (was: {was.reason}, by {was.operator})"

@@ -30,6 +30,7 @@ from gpuctl.ops.loop.launch import fleet_state, placement_request
 from gpuctl.ops.loop.model import Pass
 from gpuctl.ops.moves import migrate
 from gpuctl.ops.moves.migrate import MigrationRequest, MigrationResult, Target
+from gpuctl.ops.slurm import SlurmDrains
 
 if TYPE_CHECKING:
     from gpuctl.ops.loop.model import LoopState
@@ -55,9 +56,11 @@ def cordon(
     operator: str,
     clock: Clock,
     source: str = Source.OPERATOR.value,
+    slurm: SlurmDrains | None = None,
 ) -> Cordon:
     """Cordon `node` (a cordon already there is replaced: the newest reason, operator and source
-    win). Returns the cordon written."""
+    win). Returns the cordon written. `slurm`: a Slurm-managed node is drained in Slurm too,
+    once the store holds the cordon (SlurmError when Slurm refuses: the cordon stays)."""
     _check(node, reason)
     now = clock.now()
     written = Cordon(node, reason.strip(), operator, source, now)
@@ -72,6 +75,8 @@ def cordon(
             data={"source": source, "reason": written.reason},
         ),
     )
+    if slurm is not None:
+        slurm.drain(node, written.reason)
     return written
 
 
@@ -82,14 +87,19 @@ def uncordon(
     operator: str,
     clock: Clock,
     source: str = Source.OPERATOR.value,
+    slurm: SlurmDrains | None = None,
 ) -> Cordon | None:
     """Lift `node`'s cordon; the cordon lifted (None: there was none). With source `health`
-    only a health cordon is lifted (`StoreConflict` for a person's)."""
+    only a health cordon is lifted (`StoreConflict` for a person's). `slurm`: a Slurm-managed
+    node is resumed in Slurm too, only while the drain Slurm holds is gpuctl's (SlurmError
+    naming the operator's drain, and nothing lifted)."""
     _check(node)
+    if slurm is not None:
+        slurm.check_resume(node)
     now = clock.now()
     before = {c.node: c for c in store.cordons()}.get(node)
     what = f" ({before.reason}, by {before.operator})" if before is not None else ""
-    return store.uncordon(
+    lifted = store.uncordon(
         node,
         Event(
             now,
@@ -101,6 +111,9 @@ def uncordon(
         ),
         expect_source=HEALTH_SOURCE if source == HEALTH_SOURCE else None,
     )
+    if slurm is not None:
+        slurm.resume(node)  # the reason read again, at the moment of the resume
+    return lifted
 
 
 # --- the drain plan ------------------------------------------------------------------------
@@ -325,7 +338,12 @@ def drain(
     the cordon the caller wrote already (a drain of several nodes cordons them all first)."""
     node = drain_plan.node
     written = cordoned or cordon(
-        loop.store, node, reason=drain_plan.reason, operator=operator, clock=loop.clock
+        loop.store,
+        node,
+        reason=drain_plan.reason,
+        operator=operator,
+        clock=loop.clock,
+        slurm=SlurmDrains.of(loop.inventory),
     )
     loop.store.append_event(
         Event(

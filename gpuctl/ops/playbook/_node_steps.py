@@ -15,6 +15,7 @@ from gpuctl.core.playbook import Unit
 from gpuctl.core.playbook.run import NodeResult, StepResult, node_step_result
 from gpuctl.errors import TransportError
 from gpuctl.ops.moves import nodeops
+from gpuctl.ops.slurm import SlurmDrains
 
 if TYPE_CHECKING:
     from gpuctl.ops.playbook.model import Executor, RunContext
@@ -62,7 +63,12 @@ def _cordon(ctx: RunContext, unit: Unit, nodes: tuple[str, ...]) -> StepResult:
             results.append(NodeResult(n, "ok", f"cordoned already by {c.operator}: {c.reason}"))
             continue
         nodeops.cordon(
-            store, n, reason=unit.step.options["reason"], operator=s.operator, clock=s.loop.clock
+            store,
+            n,
+            reason=unit.step.options["reason"],
+            operator=s.operator,
+            clock=s.loop.clock,
+            slurm=SlurmDrains.of(s.loop.inventory),
         )
         results.append(NodeResult(n, "changed", "cordoned"))
     return node_step_result(unit, results)
@@ -76,7 +82,13 @@ def _uncordon(ctx: RunContext, unit: Unit, nodes: tuple[str, ...]) -> StepResult
         if n not in there:
             results.append(NodeResult(n, "ok", "not cordoned"))
             continue
-        nodeops.uncordon(s.loop.store, n, operator=s.operator, clock=s.loop.clock)
+        nodeops.uncordon(
+            s.loop.store,
+            n,
+            operator=s.operator,
+            clock=s.loop.clock,
+            slurm=SlurmDrains.of(s.loop.inventory),
+        )
         c = there[n]
         results.append(NodeResult(n, "changed", f"uncordoned (was: {c.reason}, by {c.operator})"))
     return node_step_result(unit, results)
