@@ -44,15 +44,27 @@ def serve(
     interval: float = typer.Option(15.0, "--interval", help="Seconds between refreshes (>= 1)."),
     from_store: bool = FROM_STORE,
     rules: Path | None = RULES,
+    history_retention: str | None = typer.Option(
+        None,
+        "--history-retention",
+        help="How long the fleet's history its polls record (once a minute, unless a control "
+        "loop did) is kept: 30d, 12h (default: the inventory's, else 30d).",
+        show_default=False,
+    ),
 ) -> None:
     """Serve /metrics until Ctrl-C or SIGTERM; one line per refresh on stderr. Scrapes read the
-    latest values and never trigger a poll. Exit 0 on a clean stop."""
+    latest values and never trigger a poll. Its polls record the fleet's history into the store
+    (not --from-store). Exit 0 on a clean stop."""
+    from gpuctl.ops.history import retention
     from gpuctl.ops.metrics import FleetCollector, MetricsServer
 
     if not interval >= 1.0:
         raise UsageError(f"--interval must be at least 1 second, got {interval:g}")
+    retention(history_retention)  # a bad value is refused before the fleet is reached
     collector = FleetCollector()
     with _refresher(ctx, from_store, rules) as refresher:
+        if not from_store:
+            _record_history(ctx, refresher, history_retention)
         server = MetricsServer(collector, address, port)
         try:
             sys.stderr.write(f"serving metrics on {server.url} (refresh every {interval:g}s)\n")
@@ -104,6 +116,15 @@ def _refresher(
     inventory = None if from_store else fleet.load_inventory(ctx)
     with context.root(ctx).refresher(rules, inventory) as refresher:
         yield refresher
+
+
+def _record_history(ctx: typer.Context, refresher: Refresher, flag: str | None) -> None:
+    from gpuctl.ops.history import Recorder, retention
+
+    root = context.root(ctx)
+    inventory = refresher.inventory
+    keep = retention(flag, inventory.history_retention_s if inventory is not None else None)
+    refresher.record_history(Recorder(keep), lambda: root.store(write=True))
 
 
 @contextmanager

@@ -24,7 +24,6 @@ from gpuctl.core.timefmt import machine_times
 from gpuctl.errors import ExitCode, StateError, StoreConflict, UsageError
 
 if TYPE_CHECKING:
-    from gpuctl.core.history import Retention
     from gpuctl.ops.loop import PassReport, Reconciler
 
 
@@ -41,11 +40,13 @@ def reconcile(
     grace: float | None = typer.Option(
         None, "--grace", help="Seconds without an answer before a node is down (default 30)."
     ),
-    history_retention: str = typer.Option(
-        "30d",
+    history_retention: str | None = typer.Option(
+        None,
         "--history-retention",
         help="With --watch, how long the fleet's history (the five numbers, each node's use, "
-        "recorded once a minute) is kept: 30d, 7d, 12h.",
+        "recorded once a minute) is kept: 30d, 7d, 12h (default: the inventory's defaults: "
+        "history_retention:, else 30d).",
+        show_default=False,
     ),
     output: Output = OUTPUT_OPTION,
 ) -> None:
@@ -57,13 +58,16 @@ def reconcile(
         raise UsageError("--interval must be positive; --wait and --grace never negative")
     if watch and dry_run:
         raise UsageError("--dry-run shows one pass; it cannot be combined with --watch")
-    retention = _retention(history_retention)
+    from gpuctl.ops.history import retention
+
+    retention(history_retention)  # a bad flag is refused before the fleet is reached
     loop, close = _build(ctx, dry_run=dry_run, wait=wait, grace=grace, stream=watch)
     try:
         if watch:
             from gpuctl.ops.history import Recorder
 
-            loop.record_history = Recorder(retention).record_quietly
+            keep = retention(history_retention, loop.inventory.history_retention_s)
+            loop.record_history = Recorder(keep).record_quietly
             _watch(loop, interval, output)
             return
         try:
@@ -96,21 +100,6 @@ def _build(
         history_file=not stream and not dry_run,
     )
     return parts.loop, parts.close
-
-
-def _retention(text: str) -> Retention:
-    from gpuctl.core.history import HOUR_S, Retention
-    from gpuctl.ops.report import parse_window
-
-    try:
-        seconds = parse_window(text)
-    except UsageError as exc:
-        raise UsageError(
-            exc.message.replace("--window", "--history-retention"), hint=exc.hint
-        ) from None
-    if seconds < HOUR_S:
-        raise UsageError(f"--history-retention must be at least 1h, got {text!r}")
-    return Retention().with_keep(int(seconds))
 
 
 def _busy(exc: StoreConflict) -> StateError:

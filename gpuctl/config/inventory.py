@@ -26,6 +26,7 @@ from pydantic import AfterValidator, AliasChoices, BaseModel, BeforeValidator, C
 from gpuctl.config.document import Document, Loc
 from gpuctl.config.hostlist import HostlistError, expand
 from gpuctl.config.loader import load_document, validate_data
+from gpuctl.core.history import parse_retention
 from gpuctl.core.model import Inventory, NodeSpec, SlurmSource, parse_jump
 from gpuctl.errors import ConfigError, InventoryError
 
@@ -106,6 +107,14 @@ def _jump_problem(value: str) -> str | None:
     return None
 
 
+def _retention_problem(value: str) -> str | None:
+    try:
+        parse_retention(value)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
 def _as_list(value: object) -> object:
     return [value] if isinstance(value, str) else value
 
@@ -119,6 +128,7 @@ Port = Annotated[int, Field(ge=1, le=65535)]
 Jump = Annotated[str, Field(min_length=1, max_length=1024), _rule(_jump_problem)]
 Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 GpuCount = Annotated[int, Field(ge=0, le=1024)]
+Retention = Annotated[str, Field(max_length=32), _rule(_retention_problem)]
 
 
 # --- the file schema -----------------------------------------------------------------------------
@@ -142,6 +152,12 @@ class Defaults(_Model):
     # jump hosts, as ssh_config's ProxyJump: `[user@]host[:port]`, comma-separated, or `none`
     jump: Jump | None = Field(None, validation_alias=AliasChoices("jump", "proxy_jump"))
     ssh_config: FilePath | None = None  # the operator's ssh_config to read; `none`: read none
+
+
+class FileDefaults(Defaults):
+    """`defaults:`: every node's settings, and the fleet's own (not for a group or a node)."""
+
+    history_retention: Retention | None = None  # how long the fleet's history is kept: 30d
 
 
 class Group(Defaults):
@@ -174,7 +190,7 @@ class SlurmSection(_Model):
 
 
 class InventoryFile(_Model):
-    defaults: Defaults = Field(default_factory=Defaults)
+    defaults: FileDefaults = Field(default_factory=FileDefaults)
     groups: dict[Name, Group] = Field(default_factory=dict)
     nodes: list[NodeEntry] = Field(default_factory=list)
     slurm: SlurmSection | None = None
@@ -249,8 +265,25 @@ def load_inventory(path: Path) -> Inventory:
             hint="add a `nodes:` list; see inventory/example.yaml",
         )
     return Inventory(
-        nodes=tuple(nodes), sources=tuple(str(s.doc.path) for s in sources), slurm=slurm
+        nodes=tuple(nodes),
+        sources=tuple(str(s.doc.path) for s in sources),
+        slurm=slurm,
+        history_retention_s=_history_retention(sources),
     )
+
+
+def _history_retention(sources: Sequence[_Source]) -> int | None:
+    """`defaults: history_retention:` in seconds; set in one file of a folder at most."""
+    found = [s for s in sources if s.spec.defaults.history_retention is not None]
+    if len(found) > 1:
+        first = found[0].doc.where(("defaults", "history_retention"))
+        raise found[1].doc.error(
+            ("defaults", "history_retention"),
+            f"is set a second time (first at {first})",
+            error=InventoryError,
+        )
+    text = found[0].spec.defaults.history_retention if found else None
+    return None if text is None else parse_retention(text)
 
 
 def _slurm_source(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -37,6 +38,10 @@ FLEET_SERIES = (
 )
 NODE_SERIES = ("util_pct", "mem_used_mib", "mem_allocated_mib", "mem_ghost_mib", "mem_total_mib")
 CHECKPOINT_EVENT_PREFIX = "checkpoint"  # checkpoint, checkpoint_skipped, checkpoint_invalid
+MIN_KEEP_S = HOUR_S
+MAX_KEEP_S = 366 * DAY_S
+_DURATION = re.compile(r"(\d+)\s*([dhms])")
+_UNIT_S = {"d": DAY_S, "h": HOUR_S, "m": 60, "s": 1}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -104,6 +109,19 @@ class Retention:
             (FIVE_MIN_S, _floor(now - self.raw_s, FIVE_MIN_S)),
             (HOUR_S, _floor(now - self.five_min_s, HOUR_S)),
         )
+
+
+def parse_retention(text: str) -> int:
+    """How long the history is kept: `30d`, `12h`, `7d12h` -> seconds, 1 h to 366 days.
+    ValueError saying what is wrong otherwise."""
+    t = str(text).strip().lower()
+    parts = _DURATION.findall(t)
+    if not t or not parts or _DURATION.sub("", t).strip():
+        raise ValueError(f"{text!r} is not a duration (e.g. 30d, 12h, 7d12h)")
+    seconds = sum(int(n) * _UNIT_S[u] for n, u in parts)
+    if not MIN_KEEP_S <= seconds <= MAX_KEEP_S:
+        raise ValueError(f"must be 1h to 366d, got {text!r}")
+    return seconds
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -160,6 +160,7 @@ class Inventory:
     nodes: tuple[NodeSpec, ...]
     sources: tuple[str, ...] = ()
     slurm: SlurmSource | None = None  # nodes also come from this Slurm cluster
+    history_retention_s: int | None = None  # `defaults: history_retention:` (None: not set)
 
     def by_name(self) -> dict[str, NodeSpec]:
         return {n.name: n for n in self.nodes}

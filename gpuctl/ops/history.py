@@ -21,10 +21,11 @@ from gpuctl.core.history import (
     Pruned,
     Retention,
     bucket,
+    parse_retention,
 )
 from gpuctl.core.model import FleetSnapshot, NodeSnapshot, Reach
 from gpuctl.core.placement.model import FleetState
-from gpuctl.errors import GpuctlError
+from gpuctl.errors import GpuctlError, UsageError
 
 log = logging.getLogger(__name__)
 
@@ -72,19 +73,42 @@ def node_samples(
     return out
 
 
-class Recorder:
-    """Records a sample per resolution step and prunes about once an hour (see the module)."""
+def retention(flag: str | None, inventory_s: int | None = None) -> Retention:
+    """How long the history is kept: `--history-retention` when given, else the inventory's
+    `defaults: history_retention:`, else 30 days (`Retention`). UsageError for a bad flag."""
+    keep = inventory_s
+    if flag is not None:
+        try:
+            keep = parse_retention(flag)
+        except ValueError as exc:
+            raise UsageError(f"--history-retention: {exc}") from None
+    return Retention() if keep is None else Retention().with_keep(keep)
 
-    def __init__(self, retention: Retention | None = None, prune_every_s: float = PRUNE_EVERY_S):
+
+class Recorder:
+    """Records a sample per resolution step and prunes about once an hour (see the module).
+
+    `shared`: another recorder may write the same store (`metrics serve` beside a control loop):
+    the newest stored sample is read again before each write, and a step already recorded by
+    either is not recorded again."""
+
+    def __init__(
+        self,
+        retention: Retention | None = None,
+        prune_every_s: float = PRUNE_EVERY_S,
+        *,
+        shared: bool = False,
+    ):
         self.retention = retention or Retention()
         self.prune_every_s = prune_every_s
+        self.shared = shared
         self._last_at: float | None = None
         self._read_last = False
         self._pruned_at: float | None = None
         self.last_pruned: Pruned | None = None
 
     def due(self, store: Store, now: float) -> bool:
-        if not self._read_last:
+        if self.shared or not self._read_last:
             self._last_at, self._read_last = store.last_sample_at(), True
         at = bucket(now, self.retention.resolution_s)
         return self._last_at is None or at > self._last_at

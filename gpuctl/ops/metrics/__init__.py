@@ -15,9 +15,11 @@ loop's view of node liveness come from the store.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
 
 from prometheus_client.core import Metric
 from prometheus_client.exposition import generate_latest
@@ -29,6 +31,7 @@ from gpuctl.core.model import FleetSnapshot, Inventory, NodeSnapshot, Reach, Xid
 from gpuctl.errors import GpuctlError, StateError
 from gpuctl.ops import fleetstatus
 from gpuctl.ops.health import FleetGatherer, SampleHistory
+from gpuctl.ops.history import Recorder
 from gpuctl.ops.metrics._exposition import (
     COUNTED_EVENTS,
     NodeReading,
@@ -39,6 +42,8 @@ from gpuctl.ops.metrics._exposition import (
 from gpuctl.ops.metrics._jobs import read_jobs
 from gpuctl.ops.metrics._serve import serve
 from gpuctl.ops.metrics._text import GpuReading, JobReading
+
+log = logging.getLogger(__name__)
 
 
 def event_counts(store: Store) -> dict[str, int]:
@@ -206,13 +211,17 @@ def exposition(reading: Reading | None) -> bytes:
 # --- refreshing ----------------------------------------------------------------------------------
 
 StoreOpener = Callable[[], Store]
+WriterOpener = Callable[[], AbstractContextManager[Store]]
 
 
 class Refresher:
     """Polls (unless `inventory` is None: store only) and reads the store into a `Reading`.
 
     Keeps the health samples of its own polls in memory (the same keep and age as the health
-    history), so sustained heat is told from a spike across refreshes; it writes nothing.
+    history), so sustained heat is told from a spike across refreshes. After `record_history`, a
+    poll also records the fleet's history (`ops.history`), once per resolution step and only when
+    no one (a control loop) has recorded that step already, into a store that exists; it writes
+    nothing else.
     """
 
     def __init__(
@@ -226,10 +235,13 @@ class Refresher:
     ) -> None:
         if (inventory is None) != (gatherer is None):
             raise ValueError("a poll needs both the inventory and a gatherer")
+        self._recorder: Recorder | None = None
+        self._open_writer: WriterOpener | None = None
         self._open_store = open_store
         self._clock = clock
         self._rules = rules
         self._inventory = inventory
+        self.inventory = inventory
         self._gatherer = gatherer
         self._history = SampleHistory()  # in memory: the server never writes the CLI's file
         self._counters: Mapping[str, int] | None = None
@@ -250,6 +262,8 @@ class Refresher:
         try:
             if snapshot is not None:
                 reading = read_fleet(snapshot, store, now, self._judge(snapshot))
+                if store is not None:
+                    self._record(store, now, snapshot, reading)
             elif store is not None:
                 reading = read_store(store, now)
             else:
@@ -268,6 +282,27 @@ class Refresher:
             queue_waits=self._queue_waits,  # likewise: a histogram is a counter
             store_error=error,
         )
+
+    def record_history(self, recorder: Recorder, open_writer: WriterOpener) -> None:
+        """Record the fleet's history with `recorder` (made `shared`) into the store
+        `open_writer` opens for writing, from each poll on (never from the store alone)."""
+        recorder.shared = True
+        self._recorder, self._open_writer = recorder, open_writer
+
+    def _record(self, store: Store, now: float, snapshot: FleetSnapshot, reading: Reading) -> None:
+        """The fleet's history, when a step is due (asked of the store read, then again of the
+        store written); a store that refuses is logged, never raised."""
+        recorder, open_writer = self._recorder, self._open_writer
+        if recorder is None or open_writer is None or getattr(store, "ephemeral", False):
+            return  # (a store not created yet stays so: the exporter of a fleet gpuctl does
+            # not run creates no state; the control loop's first write creates it)
+        try:
+            if not recorder.due(store, now):
+                return
+            with open_writer() as writer:
+                recorder.record(writer, now, snapshot, numbers=reading.numbers)
+        except GpuctlError as exc:
+            log.warning("the fleet's history was not recorded: %s", exc.message)
 
     def _judge(self, snapshot: FleetSnapshot) -> tuple[NodeVerdict, ...]:
         assert self._inventory is not None

@@ -49,6 +49,14 @@ BAD: dict[str, tuple[str, str | None]] = {
         None,
     ),
     "host-bad-chars": (f"3: nodes[0].host: {HOST} (got 'gpu01;reboot')", None),
+    "history-retention-bad": (
+        "2: defaults.history_retention: '30 days' is not a duration (e.g. 30d, 12h, 7d12h)",
+        None,
+    ),
+    "history-retention-short": (
+        "2: defaults.history_retention: must be 1h to 366d, got '10m'",
+        None,
+    ),
     "user-starts-with-dash": ("2: defaults.user: must not start with '-' (got '-l')", None),
     "port-too-big": (
         "3: nodes[0].port: must be an integer between 1 and 65535 (got 70000)",
@@ -173,6 +181,20 @@ def test_bad_fixture_gives_its_exact_error(case: str) -> None:
     assert info.value.hint == hint
     assert info.value.exit_code == ExitCode.USAGE
     assert "\n" not in str(info.value)
+
+
+def test_the_history_retention_is_read_from_the_defaults(tmp_path: Path) -> None:
+    (tmp_path / "a.yaml").write_text("defaults:\n  history_retention: 7d12h\nnodes: [{name: a}]\n")
+    (tmp_path / "b.yaml").write_text("nodes: [{name: b}]\n")
+    assert load_inventory(tmp_path).history_retention_s == 7 * 86400 + 12 * 3600
+    assert load_inventory(tmp_path / "b.yaml").history_retention_s is None
+    (tmp_path / "b.yaml").write_text("defaults: {history_retention: 1d}\nnodes: [{name: b}]\n")
+    with pytest.raises(InventoryError) as info:
+        load_inventory(tmp_path)
+    assert str(info.value) == (
+        f"{tmp_path}/b.yaml:1: defaults.history_retention: is set a second time "
+        f"(first at {tmp_path}/a.yaml:2)"
+    )
 
 
 @pytest.mark.usefixtures("in_fixtures")
