@@ -7,13 +7,13 @@ are those of the single-node plans."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from gpuctl.config.hostlist import fold
 from gpuctl.core.jobs.migration import DEFAULT_TIMEOUT_S
 from gpuctl.core.jobs.model import Cordon
-from gpuctl.errors import GpuctlError
+from gpuctl.errors import GpuctlError, StalePlan
 from gpuctl.ops.action_plans import ActionPlan, ActionRefused, Applied, Progress
 from gpuctl.ops.slurm import SlurmDrains
 
@@ -55,6 +55,10 @@ class NodeBatch:
     cordons: tuple[Cordon, ...] = ()
     skipped: tuple[str, ...] = ()
     drains: tuple[DrainOrder, ...] = ()
+    versions: Mapping[str, int] = dataclasses.field(default_factory=dict)  # cordon versions seen
+
+    def version(self, node: str) -> int:
+        return self.versions.get(node, 0)
 
 
 def plan_batch(
@@ -74,15 +78,19 @@ def plan_batch(
     for node in names:
         actions.known(node)
     with actions.open_store(False) as store:
+        seen = {n: v.version for n, v in store.node_versions().items() if n in names}
         there = {c.node: c for c in store.cordons()}
     cordons = tuple(there[n] for n in names if n in there)
     target = fold(names)
     if action == "cordon":
         text = _cordon_text(actions, names, reason or "", cordons)
-        return ActionPlan("cordon", target, text, reason, NodeBatch("cordon", names, cordons))
+        batch = NodeBatch("cordon", names, cordons, versions=seen)
+        return ActionPlan("cordon", target, text, reason, batch)
     if action == "uncordon":
         skipped = tuple(n for n in names if n not in there)
-        batch = NodeBatch("uncordon", tuple(c.node for c in cordons), cordons, skipped)
+        batch = NodeBatch(
+            "uncordon", tuple(c.node for c in cordons), cordons, skipped, versions=seen
+        )
         return ActionPlan(
             "uncordon", target, _uncordon_text(names, batch), None, batch, bool(cordons)
         )
@@ -106,7 +114,7 @@ def plan_batch(
                 f"drain {target} ({len(names)} nodes): {reason}\n"
                 f"cordon them all, then move {movable} of {jobs} job(s) off them, node by node",
             )
-        batch = NodeBatch("drain", names, cordons, drains=orders)
+        batch = NodeBatch("drain", names, cordons, drains=orders, versions=seen)
         return ActionPlan("drain", target, "\n\n".join(texts), reason, batch)
     raise ActionRefused(f"unknown action {action!r}")
 
@@ -124,7 +132,8 @@ def carry_out_batch(
                 try:
                     done = nodeops.cordon(
                         store, node, reason=plan.reason or "", operator=actions.operator,
-                        clock=actions.clock, slurm=SlurmDrains.of(actions.inventory),
+                        clock=actions.clock, expect_version=batch.version(node),
+                        slurm=SlurmDrains.of(actions.inventory),
                     )  # fmt: skip
                     said = f"{node} cordoned by {done.operator}: {done.reason}"
                     outcomes.append(NodeOutcome(node, "cordoned", said, True))
@@ -142,6 +151,7 @@ def carry_out_batch(
                         node,
                         operator=actions.operator,
                         clock=actions.clock,
+                        expect_version=batch.version(node),
                         slurm=SlurmDrains.of(actions.inventory),
                     )
                     before = lifted or was.get(node)
@@ -169,16 +179,22 @@ def _drain(
 
     loop = actions.loop(store, dry_run=False)
     written = {}  # every node first: no job moves onto a node drained after it
+    outcomes: list[NodeOutcome] = []
     for order in batch.drains:
         node = order.plan.node
-        written[node] = nodeops.cordon(
-            store, node, reason=order.plan.reason, operator=actions.operator,
-            clock=actions.clock, slurm=SlurmDrains.of(actions.inventory),
-        )  # fmt: skip
-    outcomes: list[NodeOutcome] = []
+        try:
+            written[node] = nodeops.cordon(
+                store, node, reason=order.plan.reason, operator=actions.operator,
+                clock=actions.clock, expect_version=order.plan.node_version,
+                slurm=SlurmDrains.of(actions.inventory),
+            )  # fmt: skip
+        except StalePlan as exc:  # another operator's cordon since the plan: not drained here
+            outcomes.append(NodeOutcome(node, "failed", exc.message, False))
     moved = total = 0
     for order in batch.drains:
         node = order.plan.node
+        if node not in written:
+            continue
         try:
             result = nodeops.drain(
                 loop,

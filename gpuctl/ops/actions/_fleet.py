@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from gpuctl.adapters.protocols import Clock, JobRunner, Store
 from gpuctl.core.jobs.migration import DEFAULT_TIMEOUT_S
-from gpuctl.core.jobs.model import Cordon
+from gpuctl.core.jobs.model import Cordon, JobState, NodeVersion
 from gpuctl.core.model import Inventory
 from gpuctl.core.timefmt import duration
 from gpuctl.ops.action_plans import ACTIONS, ActionPlan, ActionRefused, Applied, Progress
@@ -49,6 +49,7 @@ class ConsolidationOrder:
     plan: ConsolidationPlan
     window: Window | None = None
     parallel: int = 1
+    job_versions: Mapping[str, int] = dataclasses.field(default_factory=dict)  # as planned on
 
 
 class FleetActions:
@@ -113,7 +114,8 @@ class FleetActions:
     # --- plans --------------------------------------------------------------------------------
 
     def plan_cordon(self, node: str, reason: str) -> ActionPlan:
-        current = self._cordon_of(node)
+        """`value`: the node's cordon version now (the cordon refuses to replace a newer one)."""
+        current, seen = self._cordon_of(node)
         lines = [
             f"cordon {node}: no new work lands there; running jobs stay.",
             f"  reason:   {reason}",
@@ -123,11 +125,12 @@ class FleetActions:
             lines.append(
                 f"  replaces: the cordon by {current.operator} ({current.source}): {current.reason}"
             )
-        return ActionPlan("cordon", node, "\n".join(lines), reason)
+        return ActionPlan("cordon", node, "\n".join(lines), reason, value=seen)
 
     def plan_uncordon(self, node: str) -> ActionPlan:
-        """`value`: the cordon it lifts (the plan is not applicable when there is none)."""
-        current = self._cordon_of(node)
+        """`value`: the cordon it lifts and the node's cordon version (the plan is not
+        applicable when there is none)."""
+        current, seen = self._cordon_of(node)
         if current is None:
             text = f"uncordon {node}: it is not cordoned; nothing to do."
             return ActionPlan("uncordon", node, text, None, applicable=False)
@@ -135,7 +138,7 @@ class FleetActions:
             f"uncordon {node}: new work may land there again.\n"
             f"  lifts:    the cordon by {current.operator} ({current.source}): {current.reason}"
         )
-        return ActionPlan("uncordon", node, text, current.reason, value=current)
+        return ActionPlan("uncordon", node, text, current.reason, value=(current, seen))
 
     def plan_drain(
         self,
@@ -175,13 +178,15 @@ class FleetActions:
         now = self.clock.now()
         with self.open_store(False) as store:
             inputs = service.gather_inputs(snapshot, store, now)
+            seen = {j.id: j.version for j in store.jobs([JobState.RUNNING])}
         moves = self.max_moves if max_moves is None else max_moves
         plan = service.plan(inputs, now=now, max_moves=moves, target=target)
+        versions = {m.job: seen[m.job] for m in plan.moves if m.job in seen}
         return ActionPlan(
             "consolidate",
             None,
             render_consolidation(plan).rstrip("\n"),
-            value=ConsolidationOrder(plan, window, parallel),
+            value=ConsolidationOrder(plan, window, parallel, versions),
             applicable=not plan.empty,
         )
 
@@ -219,22 +224,26 @@ class FleetActions:
             return carry_out_cancel(self, plan.value)
 
         if plan.action == "cordon" and plan.target is not None:
+            seen = plan.value.version if isinstance(plan.value, NodeVersion) else None
             with self.open_store(True) as store:
                 done = nodeops.cordon(
                     store, plan.target, reason=plan.reason or "", operator=self.operator,
-                    clock=self.clock, slurm=SlurmDrains.of(self.inventory),
+                    clock=self.clock, expect_version=seen,
+                    slurm=SlurmDrains.of(self.inventory),
                 )  # fmt: skip
             return Applied(f"{plan.target} cordoned by {done.operator}: {done.reason}", done)
         if plan.action == "uncordon" and plan.target is not None:
+            planned, version = plan.value if isinstance(plan.value, tuple) else (None, None)
             with self.open_store(True) as store:
                 lifted = nodeops.uncordon(
                     store,
                     plan.target,
                     operator=self.operator,
                     clock=self.clock,
+                    expect_version=None if version is None else version.version,
                     slurm=SlurmDrains.of(self.inventory),
                 )
-            was = lifted or plan.value
+            was = lifted or planned
             what = "" if was is None else f" (was: {was.reason}, by {was.operator})"
             return Applied(f"{plan.target} uncordoned{what}", lifted)
         if plan.action == "drain":
@@ -275,6 +284,7 @@ class FleetActions:
                 snapshot=fresh,
                 on_result=reporter(progress),
                 sleep=sleep_of(self.clock),
+                versions=order.job_versions,
             )
             result = service.apply(
                 order.plan,
@@ -294,10 +304,12 @@ class FleetActions:
         if node not in self.inventory.by_name():
             raise ActionRefused(f"{node} is not in the inventory")
 
-    def _cordon_of(self, node: str) -> Cordon | None:
+    def _cordon_of(self, node: str) -> tuple[Cordon | None, NodeVersion]:
+        """The node's cordon (None: not cordoned) and its cordon version, as one read."""
         self.known(node)
         with self.open_store(False) as store:
-            return {c.node: c for c in store.cordons()}.get(node)
+            seen = store.node_versions().get(node) or NodeVersion(node)
+            return {c.node: c for c in store.cordons()}.get(node), seen
 
     def fleet_reader(self) -> FleetReader:
         if self.fleet is None:

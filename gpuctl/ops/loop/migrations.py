@@ -84,8 +84,10 @@ def reserve(
     grace_s: float | None = None,
     checkpoint_wait_s: float | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    expect_version: int | None = None,
 ) -> Reservation:
-    """Hold `target` for the job's next incarnation (StoreConflict when the store refuses)."""
+    """Hold `target` for the job's next incarnation (StoreConflict when the store refuses, or
+    when the job's version is no longer `expect_version`, the one a plan saw)."""
     grace = job.spec.policy.grace_s if grace_s is None else grace_s
     res = Reservation(
         job_id=job.id,
@@ -119,7 +121,7 @@ def reserve(
         p.event("reserve", message, job=job.id, node=target.node, inc=inc.n, data=_data(res)),
         actor=actor,
     )
-    p.store.reserve(res, event=event)
+    p.store.reserve(res, event=event, expect_job_version=expect_version)
     p.record("reserve", message, job=job.id, node=target.node, inc=inc.n)
     return res
 

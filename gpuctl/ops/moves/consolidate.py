@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from gpuctl.adapters.protocols import Store
@@ -285,6 +285,7 @@ def loop_migrator(
     snapshot: FleetSnapshot | None = None,
     timeout_s: float | None = None,
     on_result: Callable[[MigrationResult], None] | None = None,
+    versions: Mapping[str, int] | None = None,
     **driver: Any,
 ) -> Migrator:
     """Moves through the migration primitive: the target reserved first, then checkpoint, stop
@@ -315,6 +316,7 @@ def loop_migrator(
                 ),
                 reason=f"consolidation: {m.from_node} -> {m.to_node}",
                 source=Source.CONSOLIDATE.value,
+                expect_version=(versions or {}).get(m.job),
             )
             for m in moves
         ]

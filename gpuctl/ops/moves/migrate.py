@@ -20,10 +20,11 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from gpuctl.adapters.clock import local_offset_s
 from gpuctl.core.jobs.migration import DEFAULT_TIMEOUT_S, Reservation, Source
-from gpuctl.core.jobs.model import Incarnation, IncarnationState, Job, JobState
+from gpuctl.core.jobs.model import Incarnation, IncarnationState, Job, JobState, job_changed
 from gpuctl.core.model import FleetSnapshot
-from gpuctl.errors import StoreConflict
+from gpuctl.errors import StalePlan, StoreConflict
 from gpuctl.ops.loop.launch import fleet_state
 from gpuctl.ops.loop.migrations import (
     advance,
@@ -63,6 +64,7 @@ class MigrationRequest:
     grace_s: float | None = None  # SIGTERM -> SIGKILL; None: the job's own grace_s
     checkpoint_wait_s: float | None = None  # SIGUSR1 -> SIGTERM at the latest; None: the grace
     source: str = Source.OPERATOR.value
+    expect_version: int | None = None  # the job's version the plan saw: a newer one is refused
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -190,8 +192,12 @@ def _start(
     if job is None:
         return MigrationResult(req.job_id, "not_started", "no such job")
     existing = next((r for r in p.store.reservations() if r.job_id == job.id), None)
-    if existing is not None:  # a migration of it is under way already: follow it
+    if existing is not None and req.expect_version is None:  # under way already: follow it
         return existing
+    if req.expect_version is not None and job.version != req.expect_version:
+        last = p.store.events(job_id=job.id, limit=1)
+        said = job_changed(job.id, last[-1] if last else None, local_offset_s(p.now))
+        return MigrationResult(job.id, "not_started", said)
     inc = incarnation_of(p, job.id, job.incarnation)
     if (
         job.state is not JobState.RUNNING
@@ -222,8 +228,11 @@ def _start(
                 grace_s=req.grace_s,
                 checkpoint_wait_s=req.checkpoint_wait_s,
                 timeout_s=max(0.0, deadline - p.now),
+                expect_version=req.expect_version,
             )
         except StoreConflict as exc:
+            if isinstance(exc, StalePlan):
+                return MigrationResult(job.id, "not_started", exc.message, inc.node)
             why = f"the target was refused ({exc.message})"
     return MigrationResult(job.id, "not_started", f"not moved: {why}", inc.node, None, (), inc.n)
 

@@ -56,11 +56,14 @@ def cordon(
     operator: str,
     clock: Clock,
     source: str = Source.OPERATOR.value,
+    expect_version: int | None = None,
     slurm: SlurmDrains | None = None,
 ) -> Cordon:
     """Cordon `node` (a cordon already there is replaced: the newest reason, operator and source
-    win). Returns the cordon written. `slurm`: a Slurm-managed node is drained in Slurm too,
-    once the store holds the cordon (SlurmError when Slurm refuses: the cordon stays)."""
+    win). Returns the cordon written. `expect_version`: the node's cordon version the plan saw
+    (StoreConflict saying what changed, and nothing written, when it is not the store's now).
+    `slurm`: a Slurm-managed node is drained in Slurm too, once the store holds the cordon
+    (SlurmError when Slurm refuses: the cordon stays)."""
     _check(node, reason)
     now = clock.now()
     written = Cordon(node, reason.strip(), operator, source, now)
@@ -74,6 +77,7 @@ def cordon(
             node=node,
             data={"source": source, "reason": written.reason},
         ),
+        expect_version=expect_version,
     )
     if slurm is not None:
         slurm.drain(node, written.reason)
@@ -87,12 +91,13 @@ def uncordon(
     operator: str,
     clock: Clock,
     source: str = Source.OPERATOR.value,
+    expect_version: int | None = None,
     slurm: SlurmDrains | None = None,
 ) -> Cordon | None:
     """Lift `node`'s cordon; the cordon lifted (None: there was none). With source `health`
-    only a health cordon is lifted (`StoreConflict` for a person's). `slurm`: a Slurm-managed
-    node is resumed in Slurm too, only while the drain Slurm holds is gpuctl's (SlurmError
-    naming the operator's drain, and nothing lifted)."""
+    only a health cordon is lifted (`StoreConflict` for a person's). `expect_version`: as
+    `cordon`'s. `slurm`: a Slurm-managed node is resumed in Slurm too, only while the drain
+    Slurm holds is gpuctl's (SlurmError naming the operator's drain, and nothing lifted)."""
     _check(node)
     if slurm is not None:
         slurm.check_resume(node)
@@ -110,6 +115,7 @@ def uncordon(
             data={"source": source},
         ),
         expect_source=HEALTH_SOURCE if source == HEALTH_SOURCE else None,
+        expect_version=expect_version,
     )
     if slurm is not None:
         slurm.resume(node)  # the reason read again, at the moment of the resume
@@ -135,6 +141,7 @@ class Move:
     why_not: str | None = None
     checkpoint_step: int | None = None
     checkpoint_age_s: float | None = None
+    job_version: int | None = None  # the job's version the plan saw (a move refuses a newer one)
 
     @property
     def target(self) -> Target | None:
@@ -157,6 +164,7 @@ class DrainPlan:
     cordon: Cordon | None  # the node's cordon when the plan was made (None: not cordoned)
     taken_at: float
     version: str
+    node_version: int = 0  # the node's cordon version the plan saw (the drain's cordon expects it)
 
     @property
     def movable(self) -> tuple[Move, ...]:
@@ -168,6 +176,7 @@ class DrainPlan:
             "reason": self.reason,
             "taken_at": self.taken_at,
             "version": self.version,
+            "node_version": self.node_version,
             "cordon": None if self.cordon is None else dataclasses.asdict(self.cordon),
             "moves": [m.to_dict() for m in self.moves],
             "movable": len(self.movable),
@@ -204,10 +213,14 @@ def plan_drains(p: Pass, nodes: Sequence[str], *, reason: str) -> tuple[DrainPla
     )
     plans = []
     cordons = {c.node: c for c in p.store.cordons()}
+    versions = p.store.node_versions()
     for node in nodes:
         moves, state = _plan_moves(p, node, state)
+        seen = versions[node].version if node in versions else 0
         plans.append(
-            DrainPlan(node, reason, tuple(moves), cordons.get(node), p.now, p.snapshot.version)
+            DrainPlan(
+                node, reason, tuple(moves), cordons.get(node), p.now, p.snapshot.version, seen
+            )
         )
     return tuple(plans)
 
@@ -236,7 +249,7 @@ def _plan_moves(p: Pass, node: str, state: FleetState) -> tuple[list[Move], Flee
         age = p.now - max(c.committed_at for c in ckpts) if ckpts else None
         base = Move(
             job.id, job.name, inc.n, inc.cards, inc.mib_per_card, inc.whole,
-            checkpoint_step=step, checkpoint_age_s=age,
+            checkpoint_step=step, checkpoint_age_s=age, job_version=job.version,
         )  # fmt: skip
         why = _not_movable(inc.state, job.state, job.cancel_requested)
         if job.id in moving:
@@ -343,6 +356,7 @@ def drain(
         reason=drain_plan.reason,
         operator=operator,
         clock=loop.clock,
+        expect_version=drain_plan.node_version,
         slurm=SlurmDrains.of(loop.inventory),
     )
     loop.store.append_event(
@@ -364,6 +378,7 @@ def drain(
             grace_s,
             checkpoint_wait_s,
             Source.OPERATOR.value,
+            m.job_version,
         )
         for m in drain_plan.moves
         if m.to_node is not None
