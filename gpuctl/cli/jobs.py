@@ -95,13 +95,20 @@ def _inventory(app_ctx: context.AppContext) -> Inventory:
 def list_cmd(
     ctx: typer.Context,
     all_jobs: bool = typer.Option(False, "--all", "-a", help="Finished jobs too."),
+    mine: bool = typer.Option(
+        False, "--mine", help="Only the jobs you submitted (your user name, as the events say)."
+    ),
     output: Output = OUTPUT_OPTION,
 ) -> None:
-    """Jobs that are queued, running or held (with --all: every job), oldest first."""
+    """Jobs that are queued, running or held (with --all: every job), oldest first, with who
+    submitted each (OWNER).
+
+    Example: gpuctl jobs list --mine -o json"""
     from gpuctl.ops import jobs as service
 
+    owner = context.root(ctx).operator if mine else None
     with open_state(ctx, write=False) as store:
-        views = service.list_jobs(store, include_done=all_jobs)
+        views = service.list_jobs(store, include_done=all_jobs, owner=owner)
         whys = _waiting(ctx, store, views) if output not in (Output.JSON, Output.YAML) else {}
     now = time.time()
     if output in (Output.JSON, Output.YAML):
@@ -253,7 +260,8 @@ def render_list(
 
     if not views:
         return "no jobs\n"
-    head = ["ID", "NAME", "STATE", "TIER", "PRI", "NODE", "CARDS", "INC", "CHECKPOINT", "AGE"]
+    head = ["ID", "NAME", "OWNER", "STATE", "TIER", "PRI", "NODE", "CARDS", "INC", "CHECKPOINT"]
+    head.append("AGE")
     head += ["WAITED", "RESTARTS", "REASON", "COMMAND"] if wide else ["REASON"]
     rows = [head]
     for v in views:
@@ -261,7 +269,7 @@ def render_list(
         cancelling = job.cancel_requested and not job.state.terminal
         state = job.state.value + (" (cancelling)" if cancelling else "")
         step = "-" if ckpt is None else f"{ckpt.step} ({ago(ckpt.committed_at, now)})"
-        row = [job.id, job.name, state, job.tier, str(job.priority)]
+        row = [job.id, job.name, job.owner or "-", state, job.tier, str(job.priority)]
         row += ["-" if inc is None else inc.node, _cards(inc), str(job.incarnation), step]
         row.append(duration(now - job.submitted_at))
         reason = (whys or {}).get(job.id) or job.reason or "-"
@@ -300,6 +308,7 @@ def render_detail(detail: JobDetail, now: float, *, why: str | None = None) -> s
     cancelling = job.cancel_requested and not job.state.terminal
     lines = [
         ("job", f"{job.id} ({job.name})"),
+        ("owner", job.owner or "-"),
         ("state", job.state.value + ("  (cancel requested)" if cancelling else "")),
         ("reason", why or job.reason or "-"),
         ("tier", f"{job.tier}, priority {job.priority}"),

@@ -86,8 +86,25 @@ def test_submit_queues_the_job_and_list_shows_it(tmp_path: Path, state: Path) ->
     listed = gpuctl(state, "jobs", "list")
     assert listed.exit_code == 0 and listed.stderr == ""
     head, row = listed.stdout.splitlines()
-    assert head.split()[:8] == ["ID", "NAME", "STATE", "TIER", "PRI", "NODE", "CARDS", "INC"]
-    assert row.split()[:8] == [job_id, "train", "queued", "standard", "0", "-", "-", "0"]
+    assert head.split()[:9] == [
+        "ID", "NAME", "OWNER", "STATE", "TIER", "PRI", "NODE", "CARDS", "INC"
+    ]  # fmt: skip
+    assert row.split()[:9] == [job_id, "train", "alice", "queued", "standard", "0", "-", "-", "0"]
+
+
+def test_each_job_shows_who_submitted_it_and_mine_lists_only_one_s_own(
+    tmp_path: Path, state: Path
+) -> None:
+    alices = submitted_id(gpuctl(state, "submit", str(job_file(tmp_path))))
+    other = job_file(tmp_path, JOB.replace("name: train", "name: eval"), "eval.yaml")
+    bobs = submitted_id(gpuctl(state, "submit", str(other), env={"USER": "bob"}))
+    everyone = json.loads(gpuctl(state, "jobs", "list", "-o", "json").stdout)
+    assert [(d["id"], d["owner"]) for d in everyone] == [(alices, "alice"), (bobs, "bob")]
+    mine = gpuctl(state, "jobs", "list", "--mine", env={"USER": "bob"})
+    assert mine.exit_code == 0 and [r.split()[0] for r in mine.stdout.splitlines()[1:]] == [bobs]
+    shown = gpuctl(state, "jobs", "show", alices)
+    assert "owner        alice\n" in shown.stdout
+    assert json.loads(gpuctl(state, "jobs", "show", bobs, "-o", "json").stdout)["owner"] == "bob"
 
 
 def test_submit_json_is_one_document_listing_the_new_jobs(tmp_path: Path, state: Path) -> None:

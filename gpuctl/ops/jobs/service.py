@@ -73,6 +73,7 @@ def _add(
             tier=spec.request.tier.value,
             submitted_at=now,
             updated_at=now,
+            owner=actor,
         )
         event = Event(
             at=now,
@@ -117,9 +118,14 @@ def _view(store: Store, job: Job, incs: Sequence[Incarnation] | None = None) -> 
     return JobView(job, current, checkpoints[0] if checkpoints else None)
 
 
-def list_jobs(store: Store, *, include_done: bool = False) -> list[JobView]:
-    """Active jobs (queued, running, held), oldest submission first; `include_done`: every job."""
+def list_jobs(
+    store: Store, *, include_done: bool = False, owner: str | None = None
+) -> list[JobView]:
+    """Active jobs (queued, running, held), oldest submission first; `include_done`: every job;
+    `owner`: only the jobs that user submitted."""
     jobs = store.jobs(None if include_done else ACTIVE)
+    if owner is not None:
+        jobs = [j for j in jobs if j.owner == owner]
     jobs.sort(key=lambda j: (j.submitted_at, j.id))
     by_job: dict[str, list[Incarnation]] = {j.id: [] for j in jobs}
     for inc in store.incarnations():  # one read for all, not one per job
@@ -157,6 +163,7 @@ def job_summary(view: JobView, now: float) -> dict[str, Any]:
     return {
         "id": job.id,
         "name": job.name,
+        "owner": job.owner or None,
         "state": job.state.value,
         "reason": job.reason,
         "tier": job.tier,
