@@ -93,7 +93,8 @@ def _history_report(
     now = time.time()
     with fleet.open_state(ctx, write=False) as store:
         if output is ReportFormat.HTML:
-            text = report_html.html_page(store, now, window_s)
+            offset = time.localtime(now).tm_gmtoff  # times for people: local, zone named
+            text = report_html.html_page(store, now, window_s, offset_s=offset)
         else:
             text = report_html.csv_text(store, now, window_s)
     if out is None:

@@ -50,19 +50,23 @@ def _num(v: float | None) -> str:
     return "" if v is None else f"{v:g}"
 
 
-def html_page(store: Store, now: float, window_s: float, title: str = "gpuctl report") -> str:
-    """The page: one heading, then a section per chart, each an inline <svg>."""
+def html_page(
+    store: Store, now: float, window_s: float, title: str = "gpuctl report", offset_s: int = 0
+) -> str:
+    """The page: one heading, then a section per chart, each an inline <svg>. Times are shown
+    at `offset_s` east of UTC (the reader's local time), the zone named on each time axis."""
     since = now - window_s
+    zone = _Zone(offset_s)
     fleet = store.fleet_samples(since, now)
     nodes = store.node_samples(since, now)
     sections = [
-        ("Fragmentation and stranded memory", _fragmentation(fleet)),
-        ("Utilization by node and hour", _heatmap(nodes)),
+        ("Fragmentation and stranded memory", _fragmentation(fleet, zone)),
+        ("Utilization by node and hour", _heatmap(nodes, zone)),
         ("Queue wait", _queue_wait(store, since)),
-        ("Checkpoint age per job", _checkpoint_age(store, since, now)),
-        ("Failovers", _failovers(store, since)),
+        ("Checkpoint age per job", _checkpoint_age(store, since, now, zone)),
+        ("Failovers", _failovers(store, since, zone)),
         ("Memory per node: allocated, observed, ghost", _memory(nodes)),
-        ("Consolidation", _consolidation(store, since)),
+        ("Consolidation", _consolidation(store, since, zone)),
     ]
     body = "\n".join(
         f'<section><h2>{html.escape(name)}</h2>\n<div class="chart">{chart}</div></section>'
@@ -73,7 +77,7 @@ def html_page(store: Store, now: float, window_s: float, title: str = "gpuctl re
         "<style>body{font-family:sans-serif;margin:1em 2em;background:#fff}"
         "section{margin-bottom:1.5em}.none{color:#666;font-style:italic}</style>"
     )
-    span = f"{_iso(since)} to {_iso(now)}"
+    span = f"{timefmt.stamp(since, offset_s)} to {timefmt.stamp(now, offset_s)}"
     return (
         f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">{head}</head><body>'
         f"<h1>{html.escape(title)}</h1><p>{span}</p>\n{body}\n</body></html>\n"
@@ -105,20 +109,36 @@ def _svg(fig: Any) -> str:
     return text[text.index("<svg") :]  # the XML declaration and doctype stay out of the page
 
 
-def _times(ats: Sequence[int]) -> list[Any]:
-    import datetime
+class _Zone:
+    """Where the charts' times are shown: `offset_s` east of UTC, named on each time axis."""
 
-    return [datetime.datetime.fromtimestamp(a, datetime.UTC) for a in ats]
+    def __init__(self, offset_s: int) -> None:
+        import datetime
+
+        self.offset_s = offset_s
+        self.tz = datetime.timezone(datetime.timedelta(seconds=offset_s))
+        self.name = "UTC" + timefmt.stamp(0, offset_s).rsplit(" ", 1)[1]
+
+    def times(self, ats: Sequence[int]) -> list[Any]:
+        import datetime
+
+        return [datetime.datetime.fromtimestamp(a, self.tz) for a in ats]
+
+    def axis(self, ax: Any, what: str = "local time") -> None:
+        """Date ticks in this zone (matplotlib labels dates in UTC unless told), and its name."""
+        ax.xaxis_date(self.tz)
+        ax.set_xlabel(f"{what} ({self.name})")
 
 
-def _fragmentation(fleet: Sequence[FleetSample]) -> str:
+def _fragmentation(fleet: Sequence[FleetSample], zone: _Zone) -> str:
     pts = [(s.at, s.get("fragmentation_pct"), s.get("stranded_gib")) for s in fleet]
     if not pts:
         return _none("no history in the window (gpuctl reconcile --watch records it)")
     fig, ax = _figure()
-    ats = _times([p[0] for p in pts])
+    ats = zone.times([p[0] for p in pts])
     ax.plot(ats, [p[1] for p in pts], color="tab:red", label="fragmentation %")
     ax.set_ylabel("fragmentation %")
+    zone.axis(ax)
     ax2 = ax.twinx()
     ax2.plot(ats, [p[2] for p in pts], color="tab:blue", label="stranded GiB")
     ax2.set_ylabel("stranded GiB")
@@ -126,7 +146,7 @@ def _fragmentation(fleet: Sequence[FleetSample]) -> str:
     return _svg(fig)
 
 
-def _heatmap(nodes: Sequence[NodeSample]) -> str:
+def _heatmap(nodes: Sequence[NodeSample], zone: _Zone) -> str:
     if not nodes:
         return _none("no node samples in the window")
     names = sorted({n.node for n in nodes})
@@ -149,8 +169,11 @@ def _heatmap(nodes: Sequence[NodeSample]) -> str:
     ax.set_yticks(range(len(names)), names, fontsize=7)
     step = max(1, len(hours) // 12)
     ax.set_xticks(
-        range(0, len(hours), step), [_iso(h * 3600)[5:13] for h in hours[::step]], fontsize=7
+        range(0, len(hours), step),
+        [timefmt.stamp(h * 3600, zone.offset_s)[5:16] for h in hours[::step]],
+        fontsize=7,
     )
+    ax.set_xlabel(f"hour, local time ({zone.name})")
     fig.colorbar(im, ax=ax, label="SM utilization %")
     return _svg(fig)
 
@@ -170,7 +193,7 @@ def _queue_wait(store: Store, since: float) -> str:
     return _svg(fig)
 
 
-def _checkpoint_age(store: Store, since: float, now: float) -> str:
+def _checkpoint_age(store: Store, since: float, now: float, zone: _Zone) -> str:
     lines: list[tuple[str, list[float], list[float]]] = []
     for inc in store.incarnations():
         if inc.ended_at is not None and inc.ended_at < since:
@@ -196,13 +219,14 @@ def _checkpoint_age(store: Store, since: float, now: float) -> str:
         return _none("no job ran in the window")
     fig, ax = _figure()
     for label, xs, ys in lines[:20]:
-        ax.plot(_times([int(x) for x in xs]), ys, label=label)
+        ax.plot(zone.times([int(x) for x in xs]), ys, label=label)
     ax.set_ylabel("minutes since the last checkpoint")
+    zone.axis(ax)
     ax.legend(fontsize=7, loc="upper left")
     return _svg(fig)
 
 
-def _failovers(store: Store, since: float) -> str:
+def _failovers(store: Store, since: float, zone: _Zone) -> str:
     ended = [
         i
         for i in store.incarnations()
@@ -215,12 +239,13 @@ def _failovers(store: Store, since: float) -> str:
     y = {j: k for k, j in enumerate(jobs)}
     assert all(i.ended_at is not None for i in ended)
     ax.scatter(
-        _times([int(i.ended_at or 0) for i in ended]),
+        zone.times([int(i.ended_at or 0) for i in ended]),
         [y[i.job_id] for i in ended],
         color="tab:orange",
         marker="x",
     )
     ax.set_yticks(range(len(jobs)), jobs, fontsize=7)
+    zone.axis(ax)
     return _svg(fig)
 
 
@@ -248,12 +273,13 @@ def _memory(nodes: Sequence[NodeSample]) -> str:
     return _svg(fig)
 
 
-def _consolidation(store: Store, since: float) -> str:
+def _consolidation(store: Store, since: float, zone: _Zone) -> str:
     moves = [e for e in store.events(since=since) if e.kind in CONSOLIDATION_KINDS]
     if not moves:
         return _none("no consolidation in the window")
     fig, ax = _figure(8.0, 2.5)
-    ax.scatter(_times([int(e.at) for e in moves]), [1] * len(moves), color="tab:green")
+    ax.scatter(zone.times([int(e.at) for e in moves]), [1] * len(moves), color="tab:green")
     ax.set_yticks([])
+    zone.axis(ax)
     ax.set_title(f"{len(moves)} consolidation move(s)", fontsize=9)
     return _svg(fig)
