@@ -10,7 +10,7 @@ import typer
 from gpuctl.cli import context, fleet
 from gpuctl.cli.render import OUTPUT_OPTION, Output, emit_document, safe
 from gpuctl.core.model import FleetSnapshot
-from gpuctl.core.placement.model import Settings
+from gpuctl.core.placement.model import JobRequest, Settings
 from gpuctl.core.placement.policies import DEFAULT_POLICY, POLICIES
 from gpuctl.errors import UsageError, exit_for_plan
 
@@ -41,11 +41,22 @@ def place(
         "--whole-card-over",
         help="A 1-GPU job asking more than this fraction of a card gets a whole card (0.5).",
     ),
+    emit: str | None = typer.Option(
+        None,
+        "--emit",
+        metavar="sbatch",
+        help="sbatch: print the #SBATCH options that put each job where gpuctl places it, "
+        "on the inventory's Slurm nodes, whole cards (docs/slurm.md).",
+        show_default=False,
+    ),
     output: Output = OUTPUT_OPTION,
 ) -> None:
     """Show where JOB.yaml... would be placed: node, cards, score and runner-up, or why not.
     Plans as the control loop would: cordoned nodes and the cards gpuctl granted are read from
     the state store (read-only; none when there is no store).
+
+    With --emit sbatch, each job's sbatch options instead, to head a batch script
+    (gpuctl place train.yaml --emit sbatch > head.sh); Slurm picks the card indexes itself.
 
     Exit 0 when every job fits, 3 when some do not, 2 for bad job files or options, 6 when the
     state store refuses.
@@ -56,8 +67,12 @@ def place(
     from gpuctl.ops import place as service
 
     settings = _settings(policy, band_max, headroom, whole_card_over)
+    if emit is not None and emit != "sbatch":
+        raise UsageError(f"--emit: unknown format {emit!r}", hint="known: sbatch")
     requests = load_job_specs(jobs)
     observed = service.load_snapshot(snapshot) if snapshot else _gather(ctx)
+    if emit is not None:
+        _emit_sbatch(ctx, requests, settings, observed, output)
     with fleet.open_state(ctx, write=False) as store:
         result = service.place(requests, settings, observed, store)
     if output in (Output.JSON, Output.YAML):
@@ -65,6 +80,28 @@ def place(
     else:
         text = render_placement(result, explain=explain, wide=output is Output.WIDE)
         sys.stdout.write(safe(text))
+    raise typer.Exit(int(exit_for_plan(complete=result.all_placed)))
+
+
+def _emit_sbatch(
+    ctx: typer.Context,
+    requests: tuple[JobRequest, ...],
+    settings: Settings,
+    observed: FleetSnapshot,
+    output: Output,
+) -> None:
+    """Each placed job's `#SBATCH` lines (or, -o json, its options), each unplaced job's why."""
+    from gpuctl.ops.place import place_for_slurm
+
+    with fleet.open_state(ctx, write=False) as store:
+        result, emitted = place_for_slurm(requests, settings, observed, store)
+    if output in (Output.JSON, Output.YAML):
+        unplaced = [{"job": u.job, "reason": u.reason} for u in result.unplaced]
+        emit_document({"jobs": [e.to_dict() for e in emitted], "unplaced": unplaced}, output)
+    else:
+        blocks = ["\n".join(e.script_lines()) for e in emitted]
+        blocks += [f"# {u.job}: not placed: {u.reason}" for u in result.unplaced]
+        sys.stdout.write(safe("\n\n".join(blocks)) + "\n")
     raise typer.Exit(int(exit_for_plan(complete=result.all_placed)))
 
 

@@ -7,6 +7,7 @@ Nothing here changes the fleet.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -14,11 +15,12 @@ from typing import Any
 
 from gpuctl.adapters.protocols import Store, Transport
 from gpuctl.core import timefmt
+from gpuctl.core.fleet.scheduler import SbatchOptions, sbatch_options
 from gpuctl.core.model import FleetSnapshot, Inventory, fleet_from_dict
 from gpuctl.core.placement.engine import plan
-from gpuctl.core.placement.model import JobRequest, Settings
+from gpuctl.core.placement.model import WHOLE, JobRequest, Settings
 from gpuctl.core.placement.plan import Plan
-from gpuctl.errors import UsageError
+from gpuctl.errors import GpuctlError, UsageError
 
 MAX_SNAPSHOT_BYTES = 64 << 20
 
@@ -82,3 +84,33 @@ def place(
     from gpuctl.ops.fleetstatus import fleet_state
 
     return plan(fleet_state(snapshot, store), jobs, settings)
+
+
+def place_for_slurm(
+    jobs: Sequence[JobRequest],
+    settings: Settings,
+    snapshot: FleetSnapshot,
+    store: Store | None = None,
+) -> tuple[Plan, tuple[SbatchOptions, ...]]:
+    """`place` on Slurm's nodes alone, each job on whole cards (Slurm gives a GPU whole), and
+    the `sbatch` options of each placed job (`gpuctl place --emit sbatch`). UsageError when
+    the snapshot has no Slurm view; GpuctlError when Slurm could not be read."""
+    view = snapshot.scheduler
+    if view is None:
+        raise UsageError(
+            "--emit sbatch: the inventory reads no Slurm cluster",
+            hint="add a slurm: section to the inventory (docs/slurm.md)",
+        )
+    if view.error is not None:
+        raise GpuctlError(f"--emit sbatch: Slurm could not be read: {view.error}")
+    names = {n.name for n in view.nodes}
+    on_slurm = dataclasses.replace(
+        snapshot, nodes=tuple(n for n in snapshot.nodes if n.name in names)
+    )
+    whole = [
+        dataclasses.replace(j, shape=dataclasses.replace(j.shape, mem_per_card=WHOLE)) for j in jobs
+    ]
+    result = place(whole, settings, on_slurm, store)
+    shapes = {j.name: j.shape for j in whole}
+    emitted = tuple(sbatch_options(p, shapes[p.job], view.node(p.node)) for p in result.placed)
+    return result, emitted
