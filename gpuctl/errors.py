@@ -212,6 +212,12 @@ class LeaseLost(StateError):
         self.token = token
 
 
+class ReadOnlyRole(StateError):
+    """The database refused a change: the store's role may only read (PostgreSQL's
+    insufficient_privilege). The CLI names the verb: "read-only: this role cannot change the
+    state (submit)"."""
+
+
 class StoreFull(StateError):
     """No space left for the state store: the change was rolled back, nothing is damaged."""
 

@@ -16,6 +16,7 @@ from gpuctl import __version__
 from gpuctl.cli import (
     bench,
     consolidate,
+    controller,
     dash,
     db,
     health,
@@ -33,7 +34,7 @@ from gpuctl.cli import (
     status,
 )
 from gpuctl.cli.context import AppContext
-from gpuctl.errors import ExitCode, GpuctlError
+from gpuctl.errors import ExitCode, GpuctlError, ReadOnlyRole
 
 if TYPE_CHECKING:  # typer vendors click; only its Context type is needed here
     from typer._click.core import Command as ClickCommand
@@ -75,6 +76,8 @@ class _Boundary(TyperGroup):
         except GpuctlError as exc:
             if _debug(ctx):
                 traceback.print_exc()
+            if isinstance(exc, ReadOnlyRole) and ctx.invoked_subcommand:
+                exc.message = f"{exc.message} ({ctx.invoked_subcommand})"  # the verb refused
             _report(exc)
             ctx.exit(int(exc.exit_code))
         except KeyboardInterrupt:
@@ -164,6 +167,8 @@ EXAMPLES = {  # one typical line per command, shown under its --help
     "bench placement": "bench placement --nodes nodes.csv --pods pods.csv --seeds 42-51",
     "db check": "db check --fleet -i fleet.yaml",
     "db path": "db path",
+    "controller run": "controller run -i fleet.yaml --lease 15 --renew 5",
+    "controller status": "controller status -o json",
     "db migrate": "db migrate --to postgresql://gpuctl@db.example/gpuctl --dry-run",
     "metrics serve": "metrics serve -i fleet.yaml --port 9400",
     "metrics dump": "metrics dump --from-store",
@@ -294,6 +299,7 @@ app.add_typer(hosts.app, name="hosts")
 app.add_typer(lab.app, name="lab")
 app.add_typer(bench.app, name="bench")
 app.add_typer(db.app, name="db")
+app.add_typer(controller.app, name="controller")
 app.add_typer(metrics.app, name="metrics")
 app.add_typer(playbook.app, name="playbook")
 report.register(app)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
+from contextlib import nullcontext
 from pathlib import Path
 
 from gpuctl.adapters.protocols import Clock, JobRunner, Store
@@ -92,11 +93,15 @@ class Reconciler:
         # records the fleet's history after each pass that ran to its end (`ops.history`)
         self.record_history: Callable[[Store, float, FleetSnapshot], object] | None = None
 
-    def run_once(self, stop: threading.Event | None = None) -> PassReport:
-        """One pass. Raises StoreConflict when another loop holds the lock past `lock_wait_s`."""
+    def run_once(self, stop: threading.Event | None = None, *, locked: bool = True) -> PassReport:
+        """One pass. Raises StoreConflict when another loop holds the lock past `lock_wait_s`,
+        or a controller holds a live lease (`gpuctl controller run`). `locked=False`: a
+        controller's pass, kept apart by its lease's fence instead (`ops.controller`)."""
         if self.settings.dry_run:
             return run_pass(Pass(self, stop))
-        with self.store.loop_lock(self.settings.lock_wait_s):
+        with self.store.loop_lock(self.settings.lock_wait_s) if locked else nullcontext():
+            if locked:
+                _no_controller(self.store)
             p = Pass(self, stop)
             report = run_pass(p)
             if self.record_history is not None and not report.interrupted:
@@ -123,6 +128,15 @@ class Reconciler:
                 on_report(report)
             stop.wait(max(0.0, interval_s - (self.clock.monotonic() - started)))
         return passes
+
+
+def _no_controller(store: Store) -> None:
+    lease = store.lease()
+    if lease is not None and lease.live:
+        raise StoreConflict(
+            f"the controller {lease.holder} leads (token {lease.token}): "
+            "this loop runs no pass beside it"
+        )
 
 
 def run_pass(p: Pass) -> PassReport:

@@ -46,7 +46,7 @@ from gpuctl.adapters.store.postgres import url as urls
 from gpuctl.adapters.store.sqlite import SqliteStore
 from gpuctl.core.jobs.migration import Reservation
 from gpuctl.core.jobs.model import Event, Incarnation, Job, JobState
-from gpuctl.errors import StateError, StoreConflict, StoreCorrupt, StoreFull
+from gpuctl.errors import ReadOnlyRole, StateError, StoreConflict, StoreCorrupt, StoreFull
 
 if TYPE_CHECKING:
     from gpuctl.adapters.protocols import Store
@@ -118,6 +118,11 @@ def translate(exc: psycopg.Error, where: str) -> StateError:
             f"{where}: another gpuctl changed the same rows at the same time ({detail}); "
             "nothing was written",
             hint="try again",
+        )
+    if isinstance(exc, pgerrors.InsufficientPrivilege):
+        return ReadOnlyRole(
+            "read-only: this role cannot change the state",
+            hint=f"{where}: ask for a role with write grants (docs/team.md)",
         )
     if isinstance(exc, pgerrors.DiskFull):
         return StoreFull(

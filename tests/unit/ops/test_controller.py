@@ -1,0 +1,92 @@
+"""`ops.controller`: one controller leads through the store's lease, a standby takes over when it
+expires, and a leader whose lease was taken steps down at its next write, saying so."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from gpuctl.core.placement.model import Settings
+from gpuctl.ops.controller import Controller, ControllerSettings, status
+from gpuctl.ops.loop import Reconciler, ReconcileSettings
+from gpuctl.testing.fakerunner import FakeCluster, FakeFleet, FakeRunner, ManualClock
+from gpuctl.testing.memstore import MemoryStore
+from gpuctl.testing.waiting import wait_for
+
+SETTINGS = ControllerSettings(lease_s=3.0, renew_s=1.0, interval_s=0.05)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1_800_000_000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class Paused:
+    """A store whose every call waits while the process is "stopped" (SIGSTOP, as a test can
+    have it in one process)."""
+
+    def __init__(self, inner: MemoryStore) -> None:
+        self.inner = inner
+        self.running = threading.Event()
+        self.running.set()
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self.inner, name)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self.running.wait()
+            return method(*args, **kwargs)
+
+        return call
+
+
+def controller(store: Any, name: str, said: list[str]) -> Controller:
+    clock = ManualClock()
+    cluster = FakeCluster.of("n1", gpus=2, clock=clock)
+    settings = ReconcileSettings(
+        placement=Settings(policy="best-fit", band_max=1.0, headroom=0.0), checkpoint_scan_s=0.0
+    )
+    loop = Reconciler(
+        store, FakeFleet(cluster), FakeRunner(cluster), cluster.inventory(), clock, settings
+    )
+    return Controller(loop, holder=name, settings=SETTINGS, say=said.append)
+
+
+def test_a_leader_whose_lease_was_taken_steps_down_at_its_next_write_saying_so() -> None:
+    clock = Clock()
+    shared = MemoryStore()
+    shared.now_s = clock
+    said_a: list[str] = []
+    said_b: list[str] = []
+    paused = Paused(shared)
+    a = controller(paused, "a", said_a)
+    b = controller(shared.shared(), "b", said_b)
+    stop_a, stop_b = threading.Event(), threading.Event()
+    runs = [threading.Thread(target=a.run, args=(stop_a,))]
+    runs[0].start()
+    try:
+        assert wait_for(lambda: a.passes >= 1, timeout_s=10)
+        assert said_a[0] == "leading (token 1, lease 3s)"
+        runs.append(threading.Thread(target=b.run, args=(stop_b,)))
+        runs[1].start()
+        assert wait_for(lambda: "standby: a leads (token 1)" in said_b, timeout_s=10)
+        paused.running.clear()  # a is stopped past its lease
+        clock.t += 10
+        assert wait_for(lambda: b.leading and b.token == 2, timeout_s=10)
+        paused.running.set()  # and continued: its next write is refused
+        lost = "lost the lease to b (token 2 > 1): stepping down"
+        assert wait_for(lambda: lost in said_a, timeout_s=10), said_a
+        assert said_a.count(lost) == 1 and not a.leading
+        assert wait_for(lambda: "standby: b leads (token 2)" in said_a, timeout_s=10)
+        found = status(shared).to_dict()
+        assert (found["leader"], found["token"], found["standbys"]) == ("b", 2, ["a"])
+    finally:
+        stop_a.set()
+        stop_b.set()
+        for t in runs:
+            t.join(timeout=10)
+    assert "released the lease (token 2)" in said_b  # a clean stop gives the lease back
+    assert shared.members() == []
