@@ -11,7 +11,7 @@ from gpuctl.adapters.protocols import Store
 from gpuctl.adapters.store import open_store
 from gpuctl.adapters.store.postgres import open_url
 from gpuctl.core.jobs.model import Cordon, Event
-from gpuctl.errors import LeaseLost
+from gpuctl.errors import LeaseLost, StateError
 from gpuctl.testing.memstore import MemoryStore
 from gpuctl.testing.waiting import wait_for
 from tests.pg import STORES, open_test_store
@@ -114,3 +114,19 @@ def test_members_are_listed_while_their_heartbeat_lasts(pair: tuple[Store, Store
     assert wait_for(lambda: [m.holder for m in a.members()] == ["a"], timeout_s=10)
     a.leave("a")
     assert a.members() == []
+
+
+def test_a_postgresql_store_whose_connection_the_server_dropped_connects_again(
+    pg_url: str,
+) -> None:
+    """A restarted server drops every connection: the call that lost it fails (exit 6, nothing
+    written), the next one connects again and goes on (the controller retries with back-off)."""
+    with open_url(pg_url, write=True) as store, open_url(pg_url, write=True) as admin:
+        store.set_fence(store.acquire_lease("a", 15.0).fence)
+        pid = store._pg.raw.info.backend_pid
+        admin._pg.execute("SELECT pg_terminate_backend(?)", (pid,))
+        with pytest.raises(StateError, match="lost the connection to the state store"):
+            store.cordon(*cordon("gpu-01"))
+        store.cordon(*cordon("gpu-02"))  # connected again, still fenced by its lease
+        assert [c.node for c in admin.cordons()] == ["gpu-02"]
+        assert store.renew_lease(15.0).token == 1

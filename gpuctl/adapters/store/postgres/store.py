@@ -172,6 +172,7 @@ class PostgresStore(SqliteStore):
         )
         self._file = None  # no file to watch: the server guards its own
         self._pg = conn
+        self._closed = False
         self._scope = threading.local()
 
     # --- plumbing ----------------------------------------------------------------------------
@@ -202,10 +203,23 @@ class PostgresStore(SqliteStore):
 
     @contextlib.contextmanager
     def _errors(self) -> Iterator[None]:
+        self._reconnect_if_lost()
         try:
             yield
         except psycopg.Error as exc:
             raise translate(exc, self.where) from None
+
+    def _reconnect_if_lost(self) -> None:
+        """A connection the server dropped (restarted, a failover) is opened again at the next
+        use: the call that lost it failed (its transaction rolled back, nothing half-written),
+        the next one goes on. StateError naming the server while it cannot be reached."""
+        raw = self._pg.raw
+        if self._closed or not (raw.closed or raw.broken):
+            return
+        with contextlib.suppress(psycopg.Error):
+            raw.close()
+        self._pg = connect(self._connect_url)
+        self._conn = self._pg  # type: ignore[assignment]  # the SQL SqliteStore runs
 
     def _append(self, conn: Any, event: Event) -> int:  # type: ignore[override]
         row = conn.execute(
@@ -237,6 +251,7 @@ class PostgresStore(SqliteStore):
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             self._pg.close()
 
     def __enter__(self) -> PostgresStore:
