@@ -28,6 +28,12 @@ def dash(
     once: bool = typer.Option(
         False, "--once", help="Print the numbers and the fleet table once, without a terminal UI."
     ),
+    live: bool = typer.Option(
+        False,
+        "--live",
+        help="Poll every node at each refresh, even while a control loop publishes the fleet "
+        "into the store (read instead, saying how old it is, by default).",
+    ),
     history: str = typer.Option(
         "6h",
         "--history",
@@ -54,6 +60,7 @@ def dash(
             fleet.load_inventory(ctx),
             label=f"live {app_ctx.resolve_inventory_path()}",
             readonly=readonly,
+            live=live,
         )
     if once or not sys.stdout.isatty():
         text, data = entry.once(services, window)

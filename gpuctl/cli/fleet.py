@@ -67,6 +67,20 @@ def gather(ctx: typer.Context, nodes: tuple[NodeSpec, ...]) -> FleetSnapshot:
             return gatherer.gather(nodes, progress=lambda *_: bar.advance(task))
 
 
+def read(ctx: typer.Context, nodes: tuple[NodeSpec, ...], *, live: bool) -> FleetSnapshot:
+    """The fleet as the control loop published it into the store while it is fresh (saying so
+    on stderr: `fleet as the controller saw it 4s ago`), else, or with `live`, one poll of
+    `nodes` (`gather`): N operators cost the fleet one poll (`gpuctl.ops.shared_fleet`)."""
+    if not live:
+        shared = context.root(ctx).shared_fleet(None)
+        found = shared.published(nodes)
+        said = shared.seen_line()
+        if found is not None and said is not None:
+            sys.stderr.write(f"{said} (--live polls the nodes)\n")
+            return found
+    return gather(ctx, nodes)
+
+
 def open_state(ctx: typer.Context, *, write: bool) -> AbstractContextManager[Store]:
     """The state store of `--state-dir` / `GPUCTL_STATE_DIR` / the XDG state dir. Opened for
     writing it fails closed (`StateError`, exit 6); read-only on a folder without a store it is

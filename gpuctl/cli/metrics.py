@@ -34,6 +34,12 @@ FROM_STORE = typer.Option(
     False, "--from-store", help="Poll nothing: job figures, counters and liveness from the store."
 )
 RULES = typer.Option(None, "--rules", help="A health rules file overriding the built-in rules.")
+LIVE = typer.Option(
+    False,
+    "--live",
+    help="Poll every node at each refresh, even while a control loop publishes the fleet into "
+    "the store (read instead by default, the refresh line saying how old it is).",
+)
 
 
 @app.command("serve")
@@ -51,6 +57,7 @@ def serve(
         "loop did) is kept: 30d, 12h (default: the inventory's, else 30d).",
         show_default=False,
     ),
+    live: bool = LIVE,
 ) -> None:
     """Serve /metrics until Ctrl-C or SIGTERM; one line per refresh on stderr. Scrapes read the
     latest values and never trigger a poll. Its polls record the fleet's history into the store
@@ -62,7 +69,7 @@ def serve(
         raise UsageError(f"--interval must be at least 1 second, got {interval:g}")
     retention(history_retention)  # a bad value is refused before the fleet is reached
     collector = FleetCollector()
-    with _refresher(ctx, from_store, rules) as refresher:
+    with _refresher(ctx, from_store, rules, live) as refresher:
         if not from_store:
             _record_history(ctx, refresher, history_retention)
         server = MetricsServer(collector, address, port)
@@ -73,7 +80,7 @@ def serve(
             stop = threading.Event()
             worker = threading.Thread(
                 target=refresher.run,
-                args=(collector, interval, stop, _log_refresh),
+                args=(collector, interval, stop, _logger(refresher)),
                 name="gpuctl-metrics-refresh",
                 daemon=True,
             )
@@ -89,17 +96,23 @@ def serve(
 
 
 @app.command("dump")
-def dump(ctx: typer.Context, from_store: bool = FROM_STORE, rules: Path | None = RULES) -> None:
+def dump(
+    ctx: typer.Context,
+    from_store: bool = FROM_STORE,
+    rules: Path | None = RULES,
+    live: bool = LIVE,
+) -> None:
     """Refresh once and print the exposition on stdout (for scripts and tests).
 
     Exit 0 when every node answered (or --from-store), 3 when some did not, 4 when none did."""
     from gpuctl.ops.metrics import exposition
 
-    with _refresher(ctx, from_store, rules) as refresher:
+    with _refresher(ctx, from_store, rules, live) as refresher:
         reading = refresher.refresh()
+        log = _logger(refresher)
     sys.stdout.write(exposition(reading).decode("utf-8"))
     sys.stdout.flush()
-    _log_refresh(reading, None)
+    log(reading, None)
     if reading.source == "store":  # no poll: what the store says of the nodes is no answer
         raise typer.Exit(int(ExitCode.OK))
     answers = ("unreachable" if n.up is False else "ok" for n in reading.nodes)
@@ -108,14 +121,23 @@ def dump(ctx: typer.Context, from_store: bool = FROM_STORE, rules: Path | None =
 
 @contextmanager
 def _refresher(
-    ctx: typer.Context, from_store: bool, rules_file: Path | None
+    ctx: typer.Context, from_store: bool, rules_file: Path | None, live: bool = False
 ) -> Iterator[Refresher]:
     from gpuctl.config.health_rules import load_rules
 
     rules = load_rules(rules_file)
     inventory = None if from_store else fleet.load_inventory(ctx)
-    with context.root(ctx).refresher(rules, inventory) as refresher:
+    with context.root(ctx).refresher(rules, inventory, live=live) as refresher:
         yield refresher
+
+
+def _logger(refresher: Refresher) -> Callable[[Reading | None, str | None], None]:
+    """`_log_refresh`, saying when a refresh read the controller's snapshot instead of polling."""
+
+    def log(reading: Reading | None, error: str | None) -> None:
+        _log_refresh(reading, error, refresher.seen_line())
+
+    return log
 
 
 def _record_history(ctx: typer.Context, refresher: Refresher, flag: str | None) -> None:
@@ -150,8 +172,8 @@ def _stop_on_signals(stop: threading.Event) -> Iterator[None]:
             signal.signal(signum, handler)
 
 
-def _log_refresh(reading: Reading | None, error: str | None) -> None:
-    """One line per refresh on stderr."""
+def _log_refresh(reading: Reading | None, error: str | None, seen: str | None = None) -> None:
+    """One line per refresh on stderr; `seen`: the refresh read the controller's snapshot."""
     if reading is None:
         line = f"refresh failed: {error}; serving the previous values"
     elif reading.source == "store":
@@ -166,6 +188,8 @@ def _log_refresh(reading: Reading | None, error: str | None) -> None:
             f"refresh: {up}/{len(reading.nodes)} node(s) up, {len(reading.gpus)} GPU(s), "
             f"utilization {util_text}, {reading.duration_s:.2f}s"
         )
+    if reading is not None and seen is not None:
+        line += f" ({seen})"
     if reading is not None and reading.store_error:
         line += f"; store unreadable: {reading.store_error}"
     sys.stderr.write(safe(line) + "\n")

@@ -16,18 +16,30 @@ from gpuctl.core.fleet.numbers import FleetNumbers
 from gpuctl.core.model import FleetSnapshot
 from gpuctl.errors import StateError, exit_for_poll
 
+LIVE = typer.Option(
+    False,
+    "--live",
+    help="Poll every node now, even while a control loop publishes the fleet into the store.",
+)
 
-def status(ctx: typer.Context, output: Output = OUTPUT_OPTION) -> None:
+
+def status(ctx: typer.Context, output: Output = OUTPUT_OPTION, live: bool = LIVE) -> None:
     """Poll every node: state (ready, cordoned, draining, down, unknown, with the cordon's reason,
     who and when), reachability, GPUs, memory used/total, utilization, temperature, hints; then
     the fleet's numbers: utilization % (band), fragmentation %, queue wait, checkpoint age,
     failover success %, preemption rate.
 
+    While a control loop (`gpuctl reconcile --watch`, `gpuctl controller run`) publishes its
+    polls into the store, the newest is shown instead of polling again, saying how old it is on
+    stderr; --live polls the nodes anyway.
+
     Exit 0 when every node answered, 3 when some did not, 4 when none did, 5 when a host key is
     unknown or changed.
+
+    Example: gpuctl status --live -o json
     """
     inventory = fleet.load_inventory(ctx)
-    snapshot = fleet.gather(ctx, inventory.nodes)
+    snapshot = fleet.read(ctx, inventory.nodes, live=live)
     specs = inventory.by_name()
     states, figures = store_view(ctx, snapshot, numbers=True)
     if output in (Output.JSON, Output.YAML):

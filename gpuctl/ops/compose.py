@@ -23,7 +23,14 @@ from gpuctl.adapters.clock import SystemClock
 from gpuctl.adapters.protocols import Clock, Store, Transport
 from gpuctl.core.model import Inventory
 from gpuctl.ops.loop import control_loop
-from gpuctl.ops.parts import FleetLink, LinkFactory, minute_of_day, sleep_of, ssh_link
+from gpuctl.ops.parts import (
+    FleetLink,
+    FleetReader,
+    LinkFactory,
+    minute_of_day,
+    sleep_of,
+    ssh_link,
+)
 from gpuctl.ops.stores import SessionStore, StoreOpener, open_sqlite, per_use, session
 
 if TYPE_CHECKING:
@@ -34,6 +41,7 @@ if TYPE_CHECKING:
     from gpuctl.ops.loop import Action, Reconciler, ReconcileSettings
     from gpuctl.ops.metrics import Refresher
     from gpuctl.ops.playbook.model import Services as PlaybookServices
+    from gpuctl.ops.shared_fleet import SharedFleet
 
 
 def default_transport() -> Transport:
@@ -104,6 +112,14 @@ class Root:
         except BaseException:
             transport.close()
             raise
+
+    def shared_fleet(self, poller: FleetReader | None, *, live: bool = False) -> SharedFleet:
+        """The fleet as the control loop published it into the store while it is fresh, else
+        (or `live`) a poll through `poller` (`gpuctl.ops.shared_fleet`): what status, dash and
+        metrics read."""
+        from gpuctl.ops.shared_fleet import SharedFleet
+
+        return SharedFleet(lambda: self.store(write=False), poller, self.clock, live=live)
 
     def gatherer(self) -> Gatherer:
         """A gatherer over a new transport (closing it closes the transport), for commands that
@@ -187,10 +203,13 @@ class Root:
             state_dir=self.state_dir,
         )
 
-    def dashboard(self, inventory: Inventory, *, label: str, readonly: bool) -> DashServices:
-        """The dashboard over a live fleet: one fleet link shared by the polls, the log reader
-        and the actions (drain and consolidation move jobs through its job runner); the store
-        read through one connection kept open."""
+    def dashboard(
+        self, inventory: Inventory, *, label: str, readonly: bool, live: bool = False
+    ) -> DashServices:
+        """The dashboard over a live fleet: one fleet link shared by the polls (the published
+        snapshot read instead while fresh, unless `live`), the log reader and the actions (drain
+        and consolidation move jobs through its job runner); the store read through one
+        connection kept open."""
         from gpuctl.config.health_rules import load_rules
         from gpuctl.ops.dashboard import LiveSource, RemoteLogs, RemoteProcesses, Services
 
@@ -202,7 +221,7 @@ class Root:
             link.close()
             raise
         return Services(
-            source=LiveSource(inventory, link, label),
+            source=LiveSource(inventory, self.shared_fleet(link, live=live), label),
             open_store=opener,
             clock=self.clock,
             actions=None if readonly else self._actions(inventory, link, opener),
@@ -254,9 +273,12 @@ class Root:
         return services, parts.close
 
     @contextlib.contextmanager
-    def refresher(self, rules: HealthRules, inventory: Inventory | None) -> Iterator[Refresher]:
-        """The metrics refresher: polls `inventory` over one gatherer kept for its life (None:
-        the store only), the store opened read-only at each refresh."""
+    def refresher(
+        self, rules: HealthRules, inventory: Inventory | None, *, live: bool = False
+    ) -> Iterator[Refresher]:
+        """The metrics refresher: polls `inventory` over one gatherer kept for its life (the
+        published snapshot read instead while fresh, unless `live`; None: the store only), the
+        store opened read-only at each refresh."""
         from gpuctl.ops.metrics import Refresher
 
         def opener() -> Store:
@@ -272,7 +294,7 @@ class Root:
                 clock=self.clock,
                 rules=rules,
                 inventory=inventory,
-                gatherer=link.gatherer,
+                gatherer=self.shared_fleet(link.gatherer, live=live),
             )
         finally:
             link.close()

@@ -10,15 +10,21 @@ nothing was written (the transaction is rolled back).
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
-from gpuctl.adapters.clock import local_offset_s
 from gpuctl.adapters.store import codec
 from gpuctl.core.jobs.model import Event, NodeVersion, job_changed
 from gpuctl.core.shared import PublishedFleet
 from gpuctl.errors import StalePlan
 
 SINCE = 7  # the schema version that added owners, versions and published snapshots
+
+
+def local_offset_s(at: float) -> int:
+    """The reader's zone at `at`, for the times a refusal names (`adapters.clock`'s, which the
+    store may not import)."""
+    return time.localtime(at).tm_gmtoff
 
 
 def node_version(c: Any, node: str) -> NodeVersion:

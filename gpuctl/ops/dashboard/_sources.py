@@ -57,14 +57,20 @@ class LiveSource:
     def __init__(self, inventory: Inventory, gatherer: Poller, label: str) -> None:
         self.inventory = inventory
         self.gatherer = gatherer
-        self.label = label
+        self.label = self.base_label = label
         slowest = max(
             (n.connect_timeout_s + n.command_timeout_s for n in inventory.nodes), default=0.0
         )
         self.deadline_s = slowest + POLL_MARGIN_S
 
     def poll(self) -> FleetSnapshot:
-        return self.gatherer.gather(self.inventory)
+        """A poll; a reader that read the controller's published snapshot instead says how old
+        it is, in the label (`ops.shared_fleet.SharedFleet.seen_line`)."""
+        snapshot = self.gatherer.gather(self.inventory)
+        seen = getattr(self.gatherer, "seen_line", None)
+        said = seen() if callable(seen) else None
+        self.label = self.base_label if said is None else f"{self.base_label} · {said}"
+        return snapshot
 
     def close(self) -> None:
         self.gatherer.close()

@@ -9,6 +9,7 @@ appends an event (actor "gpuctl") and an `Action` to the pass's report.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Mapping
 from contextlib import nullcontext
@@ -18,10 +19,12 @@ from gpuctl.adapters.protocols import Clock, JobRunner, Store
 from gpuctl.core.health.model import HealthRules
 from gpuctl.core.jobs.model import CommitSeen, Incarnation, IncarnationState, RunStatus
 from gpuctl.core.model import FleetSnapshot, Inventory
-from gpuctl.errors import StoreConflict
+from gpuctl.core.shared import PublishedFleet, encode
+from gpuctl.errors import StateError, StoreConflict
 from gpuctl.ops.health import HistoryKeeper, SampleHistory
 from gpuctl.ops.loop import _checkpoints, _health, _jobs, _nodes, launch, migrations
 from gpuctl.ops.loop.model import (
+    ACTOR,
     Action,
     FleetSource,
     LoopState,
@@ -32,7 +35,9 @@ from gpuctl.ops.loop.model import (
     Target,
 )
 
+log = logging.getLogger(__name__)
 ACTIVE = (IncarnationState.LAUNCHING, IncarnationState.RUNNING, IncarnationState.STOPPING)
+DEFAULT_INTERVAL_S = 5.0  # `reconcile --watch`'s default: a one-shot pass publishes with it
 LOOP_SAMPLES = 400  # health samples a running loop keeps per node, at most ...
 LOOP_SAMPLES_S = 1800.0  # ... and none older than this
 
@@ -92,6 +97,10 @@ class Reconciler:
         self.health_suspect: bool | None = None  # most nodes looked unhealthy (None: not read)
         # records the fleet's history after each pass that ran to its end (`ops.history`)
         self.record_history: Callable[[Store, float, FleetSnapshot], object] | None = None
+        # each pass's poll goes into the store for operators to read (`core.shared`), saying who
+        # polled and how soon the next poll is due (`watch` sets it)
+        self.publisher = ACTOR
+        self.interval_s = DEFAULT_INTERVAL_S
 
     def run_once(self, stop: threading.Event | None = None, *, locked: bool = True) -> PassReport:
         """One pass. Raises StoreConflict when another loop holds the lock past `lock_wait_s`,
@@ -104,6 +113,7 @@ class Reconciler:
                 _no_controller(self.store)
             p = Pass(self, stop)
             report = run_pass(p)
+            publish(self, p.snapshot)
             if self.record_history is not None and not report.interrupted:
                 self.record_history(self.store, p.now, p.snapshot)
             return report
@@ -117,6 +127,7 @@ class Reconciler:
         """Pass after pass until `stop` is set; returns the number of passes. A pass that finds
         another loop holding the lock is skipped (`on_report(None)`)."""
         passes = 0
+        self.interval_s = interval_s
         while not stop.is_set():
             started = self.clock.monotonic()
             try:
@@ -137,6 +148,26 @@ def _no_controller(store: Store) -> None:
             f"the controller {lease.holder} leads (token {lease.token}): "
             "this loop runs no pass beside it"
         )
+
+
+def publish(loop: Reconciler, snapshot: FleetSnapshot) -> None:
+    """The pass's poll into the store, for status, dash and metrics to read instead of polling
+    (`core.shared`). A store that refuses it costs the readers a poll of their own, never the
+    pass: the failure is logged."""
+    if not snapshot.nodes:
+        return
+    published = PublishedFleet(
+        taken_at=snapshot.taken_at,
+        published_at=loop.clock.now(),
+        publisher=loop.publisher,
+        interval_s=loop.interval_s,
+        nodes=len(snapshot.nodes),
+        body=encode(snapshot),
+    )
+    try:
+        loop.store.publish_snapshot(published)
+    except StateError as exc:
+        log.warning("the fleet snapshot was not published: %s", exc.message)
 
 
 def run_pass(p: Pass) -> PassReport:

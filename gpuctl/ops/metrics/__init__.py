@@ -304,6 +304,12 @@ class Refresher:
         except GpuctlError as exc:
             log.warning("the fleet's history was not recorded: %s", exc.message)
 
+    def seen_line(self) -> str | None:
+        """How old the fleet the last refresh read was, when it read the controller's published
+        snapshot instead of polling (`ops.shared_fleet`); None when it polled or read none."""
+        seen = getattr(self._gatherer, "seen_line", None)
+        return seen() if callable(seen) else None
+
     def _judge(self, snapshot: FleetSnapshot) -> tuple[NodeVerdict, ...]:
         assert self._inventory is not None
         expected = {s.name: s.expected_gpus for s in self._inventory.nodes}
