@@ -139,6 +139,7 @@ def test_list_json_is_one_document_of_every_resolved_field() -> None:
                 "jump": None,
                 "ssh_config": None,
                 "port_set": False,
+                "slurm": None,
             }
         ],
     }
