@@ -38,9 +38,15 @@ def _note(text: str) -> None:
 
 
 def _nodes(ctx: typer.Context, names: list[str] | None, all_nodes: bool) -> tuple[NodeSpec, ...]:
+    """The nodes to trust: the file's, and its Slurm cluster's (read only when the names are
+    not all in the file, so a login node's key can be trusted before Slurm is read through it)."""
+    from gpuctl.cli import fleet
     from gpuctl.config.inventory import load_inventory
 
     inventory: Inventory = load_inventory(context.get(ctx).resolve_inventory_path())
+    listed = inventory.by_name()
+    if inventory.slurm is not None and (all_nodes or any(n not in listed for n in names or ())):
+        inventory = fleet.load_inventory(ctx)
     if all_nodes:
         return tuple(n for n in inventory.nodes if n.transport == "ssh")
     if not names:

@@ -30,7 +30,11 @@ INVENTORY_OPTION = typer.Option(
 
 
 def _load(ctx: typer.Context, inventory: Path | None) -> Inventory:
-    return load_inventory(inventory or context.get(ctx).resolve_inventory_path())
+    """The inventory, with its Slurm cluster's nodes when it has a `slurm:` section."""
+    from gpuctl.ops.slurm import with_slurm_nodes
+
+    loaded = load_inventory(inventory or context.get(ctx).resolve_inventory_path())
+    return with_slurm_nodes(loaded, context.root(ctx).transport)
 
 
 @app.command("check")

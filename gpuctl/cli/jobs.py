@@ -51,7 +51,7 @@ def submit(
 
     specs = load_specs(files, require_command=True)
     app_ctx = context.get(ctx)
-    unchecked = None if queue_anyway else _check_fit(app_ctx, specs)
+    unchecked = None if queue_anyway else _check_fit(ctx, specs)
     with open_state(ctx, write=True) as store:
         actor = service.operator(app_ctx.env)
         clock = app_ctx.clock
@@ -69,14 +69,15 @@ def submit(
         sys.stdout.write(f"submitted {job.id} ({job.tier}, priority {job.priority})\n")
 
 
-def _check_fit(app_ctx: context.AppContext, specs: Any) -> str | None:
+def _check_fit(ctx: typer.Context, specs: Any) -> str | None:
     """Refuse a job no node could ever take; what the check could not tell, for stderr."""
     from gpuctl.ops.jobs.fit import check_fit
     from gpuctl.ops.place import gather_snapshot
 
+    app_ctx = context.get(ctx)
     if not _has_inventory(app_ctx):
         return "no inventory given: whether the jobs could ever fit was not checked"
-    inventory = _inventory(app_ctx)
+    inventory = _inventory(ctx)
     checked = check_fit(
         specs, gather_snapshot(inventory, transport_factory=app_ctx.transport_factory)
     )
@@ -85,10 +86,11 @@ def _check_fit(app_ctx: context.AppContext, specs: Any) -> str | None:
     return checked.note
 
 
-def _inventory(app_ctx: context.AppContext) -> Inventory:
-    from gpuctl.config.inventory import load_inventory
+def _inventory(ctx: typer.Context) -> Inventory:
+    """The inventory, with its Slurm cluster's nodes (`cli.fleet.load_inventory`)."""
+    from gpuctl.cli import fleet
 
-    return load_inventory(app_ctx.resolve_inventory_path())
+    return fleet.load_inventory(ctx)
 
 
 @app.command("list")
@@ -151,7 +153,7 @@ def _waiting(ctx: typer.Context, store: Any, views: list[JobView]) -> dict[str, 
     if not _has_inventory(app_ctx) or all(v.job.state is not JobState.QUEUED for v in views):
         return {}
     every = list_jobs(store)  # what the queue is ordered among
-    snapshot = gather_snapshot(_inventory(app_ctx), transport_factory=app_ctx.transport_factory)
+    snapshot = gather_snapshot(_inventory(ctx), transport_factory=app_ctx.transport_factory)
     state = fleetstatus.fleet_state(snapshot, store, versioned=False)
     whys = waiting_reasons(state, every, Settings())
     return {v.job.id: whys[v.job.id] for v in views if v.job.id in whys}
@@ -172,11 +174,10 @@ def logs(
     ),
 ) -> None:
     """The job's output (stdout and stderr) from its node. Notes go to stderr."""
-    from gpuctl.config.inventory import load_inventory
     from gpuctl.ops import jobs as service
 
     app_ctx = context.get(ctx)
-    inventory = load_inventory(app_ctx.resolve_inventory_path())
+    inventory = _inventory(ctx)
     runner, transport = _runner(app_ctx)
     decoders: dict[int, Any] = {}
     try:

@@ -133,12 +133,13 @@ def _window(text: str | None) -> tuple[bool, TimeWindow | None]:
 
 
 def _inventory(ctx: typer.Context, *, required: bool) -> Inventory | None:
-    from gpuctl.config.inventory import load_inventory
+    """The inventory with its Slurm cluster's nodes (`cli.fleet.load_inventory`)."""
+    from gpuctl.cli import fleet
 
     app_ctx = context.get(ctx)
     if not required and app_ctx.inventory_path is None and not app_ctx.env.get("GPUCTL_INVENTORY"):
         return None
-    return load_inventory(app_ctx.resolve_inventory_path())
+    return fleet.load_inventory(ctx)
 
 
 def build_services(ctx: typer.Context, *, write: bool) -> tuple[Services, Callable[[], None]]:

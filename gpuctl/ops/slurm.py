@@ -77,6 +77,20 @@ def resolve_inventory(inventory: Inventory, transport: Transport | None) -> Inve
     return dataclasses.replace(inventory, nodes=(*others, *nodes))
 
 
+def with_slurm_nodes(inventory: Inventory, transport: Callable[[], Transport]) -> Inventory:
+    """`resolve_inventory` with the login node reached over a transport opened for it (and
+    closed after); none opened for `via: local` or an inventory without `slurm:`."""
+    if inventory.slurm is None:
+        return inventory
+    if inventory.slurm.via == "local":
+        return resolve_inventory(inventory, None)
+    opened = transport()
+    try:
+        return resolve_inventory(inventory, opened)
+    finally:
+        opened.close()
+
+
 def _new_node(sn: SchedNode, source: SlurmSource, where: str) -> NodeSpec:
     if not _NAME.match(sn.name):
         raise InventoryError(f"{where}: Slurm node name {sn.name!r} is not a name gpuctl takes")

@@ -113,3 +113,24 @@ def test_emit_sbatch_without_a_slurm_inventory_is_one_line_and_exit_2(
     assert result.stderr.splitlines()[0] == (
         "error: --emit sbatch: the inventory reads no Slurm cluster"
     )
+
+
+def test_inventory_list_and_the_job_commands_see_slurms_nodes(rig: Rig, tmp_path: Path) -> None:
+    lab, _, _ = rig
+    result = cli(rig, tmp_path, "inventory", "list", "-o", "json")
+    assert result.exit_code == 0, result.output
+    nodes = {n["name"]: n for n in json.loads(result.stdout)["nodes"]}
+    assert sorted(nodes) == sorted(lab.names)
+    for name in lab.names:
+        assert nodes[name]["labels"]["slurm"] == "gpuctltest"
+        assert nodes[name]["labels"]["partition/gpu"] == "true"
+
+    # submit loads the same inventory (its fit check polls the nodes with Slurm's labels)
+    spec = tmp_path / "gpu.yaml"
+    spec.write_text(
+        "name: gpu\ncommand: [sleep, '1']\nresources:\n  gpus: 1\n"
+        "affinity:\n  nodes: {partition/gpu: 'true'}\n"
+    )
+    result = cli(rig, tmp_path, "submit", str(spec))
+    assert result.exit_code == 0, result.output
+    assert "could ever" not in result.stderr

@@ -19,6 +19,21 @@ NAME = "must be 1-64 letters, digits, '.', '_' or '-', starting with a letter or
 ROOT = "gpuctl would log in to gpu01 as root and run jobs there as root; set allow_root: true"
 ROOT_HINT = "use a dedicated unprivileged account on the nodes (README: the inventory)"
 BAD: dict[str, tuple[str, str | None]] = {
+    "slurm-unknown-key": ("2: slurm.clustr: unknown key 'clustr'", "did you mean 'cluster'?"),
+    "slurm-via-unknown": ("2: slurm.via: must be 'local' or 'ssh' (got 'rsh')", None),
+    "slurm-ssh-without-login": (
+        "2: slurm.via: is ssh: name the login node with slurm: login: (a node or a host)",
+        None,
+    ),
+    "slurm-login-but-local": ("2: slurm.login: is set but via is local: set via: ssh", None),
+    "slurm-address-unknown": (
+        "2: slurm.address: must be 'NodeAddr', 'NodeHostName' or 'name' (got 'NodeIP')",
+        None,
+    ),
+    "slurm-partition-not-a-string": (
+        "2: slurm.partitions[1]: must be a string (got 7)",
+        "quote the value to make it a string",
+    ),
     "user-root": (f"2: defaults.user: is root: {ROOT} to mean it", ROOT_HINT),
     "user-root-allow-overridden": (f"3: groups.ops.user: is root: {ROOT} to mean it", ROOT_HINT),
     "unknown-key-node": ("3: nodes[0].hots: unknown key 'hots'", "did you mean 'host'?"),
