@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from gpuctl.adapters.protocols import Store
 from gpuctl.core.fleet.nodestate import CORDON_EVENT_KINDS, NodeStatus, node_statuses
 from gpuctl.core.fleet.numbers import FleetNumbers
+from gpuctl.core.fleet.scheduler import with_slurm
 from gpuctl.core.fleet.view import PlacementMemo
 from gpuctl.core.health import HealthRules, NodeVerdict
 from gpuctl.core.jobs.model import Cordon, Event, JobState
@@ -266,7 +267,9 @@ def _assemble(
         keeper = health or HealthKeeper()
         verdicts = keeper.judge(snapshot, services.rules, services.expected_gpus)
     placement = {n.name: n for n in state.nodes}
-    statuses = node_statuses(snapshot.nodes, cordons, node_events, holding, moving)
+    statuses = with_slurm(  # Slurm's drains and DOWN nodes, where gpuctl has no cordon
+        node_statuses(snapshot.nodes, cordons, node_events, holding, moving), snapshot.scheduler
+    )
     nodes = tuple(
         NodeView(
             name=n.name,
