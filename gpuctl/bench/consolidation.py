@@ -29,7 +29,7 @@ from gpuctl.bench.protocol import (
     pod_demand,
     target_workload,
 )
-from gpuctl.bench.replay import allocation_curve
+from gpuctl.bench.replay import allocation_curve, fleet_policy
 from gpuctl.bench.rng import Rng
 from gpuctl.core.consolidation import JobFacts, plan_consolidation
 from gpuctl.core.placement.fit import Choice, Demand, NodeFree, Workload
@@ -197,7 +197,7 @@ def replay_consolidating(
     rank = np.array([prio[n.name] for n in ordered], dtype=np.int64)
     index_of = {n.name: i for i, n in enumerate(ordered)}
     cluster = Cluster(ordered)
-    scores = Scores(policy, workload, len(ordered))
+    scores = Scores(fleet_policy(policy, ordered), workload, len(ordered))
     arrived = used = placed = moves = passes = 0
     planner = 0.0
     arrived_log: list[int] = []

@@ -36,6 +36,7 @@ from gpuctl.bench.protocol import (
     pod_demand,
     target_workload,
 )
+from gpuctl.bench.replay import fleet_policy
 from gpuctl.bench.rng import NumpyRng
 from gpuctl.core.consolidation import (
     JobFacts,
@@ -86,7 +87,7 @@ def small_fleet(
     prio = node_priority(picked, rng)
     rank = np.array([prio[n.name] for n in picked], dtype=np.int64)
     cluster = Cluster(picked)
-    scores = Scores(policy, policy_workload, len(picked))
+    scores = Scores(fleet_policy(policy, picked), policy_workload, len(picked))
     for pod in arrivals:
         chosen = scores.best(cluster, pod_demand(pod), rank)
         if chosen is not None:

@@ -31,7 +31,7 @@ from gpuctl.bench.protocol import (
 from gpuctl.bench.rng import Rng
 from gpuctl.core.placement.fit import Choice, Demand, NodeFree, Workload, take
 from gpuctl.core.placement.fragmentation import index_for
-from gpuctl.core.placement.policies import Policy
+from gpuctl.core.placement.policies import Policy, for_fleet
 
 IntArray = npt.NDArray[np.int64]
 
@@ -143,6 +143,14 @@ class _Answers:
         return Placement(node=n, cards=cards[n])
 
 
+def fleet_policy(policy: Policy, nodes: Sequence[OpenbNode]) -> Policy:
+    """`policy` bound to the fleet's cards per model, as the engine binds it (`for_fleet`)."""
+    cards: dict[str, int] = {}
+    for n in nodes:
+        cards[n.model] = cards.get(n.model, 0) + n.gpus
+    return for_fleet(policy, cards)
+
+
 def simulate(
     nodes: Sequence[OpenbNode],
     arrivals: Sequence[OpenbPod],
@@ -156,7 +164,7 @@ def simulate(
     `on_event(pod, placement, node_after)` is called after every arrival.
     """
     cluster = _Cluster(nodes)
-    answers = _Answers(policy, workload, len(nodes))
+    answers = _Answers(fleet_policy(policy, nodes), workload, len(nodes))
     rank_arr = np.asarray(rank, dtype=np.int64)
     out: list[Placement] = []
     for pod in arrivals:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from gpuctl.core.placement.constraints import Reject, clash, fewer, usable_cards
+from gpuctl.core.placement.constraints import Reject, clash, fewer, model_ok, usable_cards
 from gpuctl.core.placement.fit import Choice, Demand, NodeFree, Workload
 from gpuctl.core.placement.model import (
     Allocation,
@@ -40,7 +40,7 @@ from gpuctl.core.placement.plan import (
     Unplaced,
     successor_version,
 )
-from gpuctl.core.placement.policies import Policy, get_policy
+from gpuctl.core.placement.policies import Policy, for_fleet, get_policy
 from gpuctl.core.placement.shape import added_mib, decide_shape, demand_on, limit_mib, request_text
 from gpuctl.core.units import format_mib
 from gpuctl.errors import PlanError
@@ -115,9 +115,16 @@ class _Engine:
     def __init__(self, state: FleetState, settings: Settings, workload: Workload | None) -> None:
         self.settings = settings
         try:
-            self.policy: Policy = get_policy(settings.policy)
+            policy = get_policy(settings.policy)
         except KeyError as exc:
             raise PlanError(str(exc.args[0])) from None
+        cards_per_model: dict[str, int] = {}
+        for n in state.nodes:
+            for c in n.cards:
+                if c.model:
+                    cards_per_model[c.model] = cards_per_model.get(c.model, 0) + 1
+        self.models = tuple(sorted(cards_per_model))
+        self.policy: Policy = for_fleet(policy, cards_per_model)
         self.workload = workload
         self.work: dict[str, _NodeWork] = {}
         for n in sorted(state.nodes, key=lambda n: n.name):
@@ -241,7 +248,15 @@ class _Engine:
                 return Reject("empty_cards", fewer(demand.gpus, "empty usable card"))
         elif demand.gpus and not any(free[i] >= demand.mib_per_card for i in usable):
             return Reject("card_memory", f"no card with {format_mib(demand.mib_per_card)} free")
-        nf = NodeFree(node.name, free, caps, cpu_free_milli=cpu_free, mem_free_mib=mem_free)
+        # The node's card model as the policy sees it: the one its cards share, or for a job
+        # asking for models, one of those its usable cards have (all of them allowed).
+        on = [node.cards[i].model for i in usable] or [c.model for c in node.cards]
+        models = sorted({m for m in on if m})
+        pinned = bool(shape.gpus and shape.gpu_models)
+        model = models[0] if models and (pinned or len(set(on)) == 1) else None
+        nf = NodeFree(
+            node.name, free, caps, cpu_free_milli=cpu_free, mem_free_mib=mem_free, gpu_model=model
+        )
         choice = self.policy.choose(nf, demand, self._workload_for(caps))
         if choice is None:
             return Reject("policy", f"{self.policy.name} found no cards")
@@ -312,7 +327,11 @@ class _Engine:
         key = (shape, cap_ref)
         found = self._demands.get(key)
         if found is None:
-            found = self._demands[key] = demand_on(shape, cap_ref, self.settings)
+            found = demand_on(shape, cap_ref, self.settings)
+            if shape.gpus and shape.gpu_models:  # the fleet's card models it may use
+                models = tuple(m for m in self.models if model_ok(shape.gpu_models, m))
+                found = dataclasses.replace(found, gpu_models=models)
+            self._demands[key] = found
         return found
 
     def _workload_for(self, caps: tuple[int, ...]) -> Workload:

@@ -8,6 +8,7 @@ node and breaks ties by its own explicit node order. Policies are pure and deter
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from fractions import Fraction
 from typing import Protocol
 
@@ -174,13 +175,62 @@ class Gpuctl:
 
     The target workload should hold every observed shape (rare shapes carry the card-model
     constraints) with its host CPU and memory.
+
+    Bound to a fleet (`for_fleet`, with its cards per model), it also keeps card models that
+    pinned work needs for that work: a card model's *pressure* is the share of the workload's
+    GPU pinned to it (a shape allowed on several models counts for each in proportion to its
+    cards) over the model's share of the fleet's cards, capped at 1; a job that may run on more
+    than one model pays `pressure * reserve_weight` per card it takes there.
     """
 
     name = "gpuctl"
 
-    def __init__(self, *, host_weight: float = 1.0, quantize: bool = True) -> None:
+    def __init__(
+        self,
+        *,
+        host_weight: float = 1.0,
+        quantize: bool = True,
+        reserve_weight: float = 1.0,
+        supply: Mapping[str, int] | None = None,
+    ) -> None:
         self.host_weight = host_weight
         self.quantize = quantize
+        self.reserve_weight = reserve_weight
+        self.supply = dict(supply or {})
+        self._pressure: dict[int, tuple[Workload, dict[str, float]]] = {}
+
+    def for_fleet(self, cards_per_model: Mapping[str, int]) -> Gpuctl:
+        """This policy for a fleet with these cards per model."""
+        return Gpuctl(
+            host_weight=self.host_weight,
+            quantize=self.quantize,
+            reserve_weight=self.reserve_weight,
+            supply=cards_per_model,
+        )
+
+    def pressure(self, workload: Workload) -> dict[str, float]:
+        hit = self._pressure.get(id(workload))
+        if hit is not None and hit[0] is workload:
+            return hit[1]
+        total_cards = sum(self.supply.values())
+        pinned: dict[str, float] = {}
+        units = 0.0
+        for d, p in workload:
+            u = p * d.gpus * d.mib_per_card
+            units += u
+            models = [m for m in d.gpu_models if self.supply.get(m)]
+            cards = sum(self.supply[m] for m in models)
+            for m in models:
+                pinned[m] = pinned.get(m, 0.0) + u * self.supply[m] / cards
+        out = {
+            m: min(1.0, (v / units) / (self.supply[m] / total_cards))
+            for m, v in pinned.items()
+            if units > 0 and total_cards
+        }
+        if len(self._pressure) > 64:
+            self._pressure.clear()
+        self._pressure[id(workload)] = (workload, out)
+        return out
 
     def choose(self, node: NodeFree, demand: Demand, workload: Workload) -> Choice | None:
         if not fits(node, demand):
@@ -191,11 +241,15 @@ class Gpuctl:
         per_card = float((max(node.capacity) if node.capacity else 0) or 1)
         frag_before = index.stranded_num(node)
         host_before = host_stranded(node, ratio)
+        reserve = 0.0
+        if self.supply and demand.gpus and len(demand.gpu_models) != 1 and node.gpu_model:
+            reserve = self.reserve_weight * self.pressure(workload).get(node.gpu_model, 0.0)
 
         def gain(after: NodeFree) -> float:
             frag = (frag_before - index.stranded_num(after)) / den
             host = host_before - host_stranded(after, ratio)
-            return (frag + self.host_weight * host) / per_card
+            taken = sum(node.free) - sum(after.free)
+            return (frag + self.host_weight * host - reserve * taken) / per_card
 
         if not _is_slice(demand):
             cards = _cards_for(node, demand)
@@ -215,6 +269,11 @@ class Gpuctl:
 POLICIES: dict[str, Policy] = {p.name: p for p in (FirstFit(), BestFit(), Fgd(), Gpuctl())}
 DEFAULT_POLICY = "gpuctl"  # beats FGD on the openb benchmark (docs/benchmark-placement.md)
 ALIASES = {"default": DEFAULT_POLICY}
+
+
+def for_fleet(policy: Policy, cards_per_model: Mapping[str, int]) -> Policy:
+    """`policy` bound to a fleet with these cards per model, where it uses them (`Gpuctl`)."""
+    return policy.for_fleet(cards_per_model) if isinstance(policy, Gpuctl) else policy
 
 
 def get_policy(name: str) -> Policy:

@@ -10,7 +10,7 @@ import pytest
 
 from gpuctl.bench.openb import OpenbNode, OpenbPod, load_nodes, load_pods
 from gpuctl.bench.protocol import node_free, pod_demand
-from gpuctl.bench.replay import Placement, allocation_curve, replay, simulate
+from gpuctl.bench.replay import Placement, allocation_curve, fleet_policy, replay, simulate
 from gpuctl.bench.rng import NumpyRng
 from gpuctl.bench.runner import bench_policy
 from gpuctl.core.placement.fit import NodeFree, Workload, fits, take
@@ -96,7 +96,7 @@ def test_the_cached_loop_decides_exactly_like_a_naive_loop(name: str) -> None:
         workload = tuple((d, 1 / len(shapes)) for d in sorted(shapes, key=str))
         # The naive loop breaks ties by index: give the cached loop the identity priority.
         got = simulate(nodes, arrivals, policy, workload, rank=list(range(len(nodes))))
-        assert got == naive(nodes, arrivals, policy, workload)
+        assert got == naive(nodes, arrivals, fleet_policy(policy, nodes), workload)
 
 
 def test_a_replay_is_deterministic_per_seed_and_seeds_differ() -> None:
