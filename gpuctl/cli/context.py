@@ -36,6 +36,7 @@ class AppContext:
     fleet_link: LinkFactory | None = (
         None  # None: the gatherer and SSH job runner over the transport
     )
+    pollers: int | None = None  # --pollers of the polling services (None: by the fleet's size)
 
     def root(self) -> Root:
         """The composition root for this run: the state folder of --state-dir /
@@ -55,6 +56,7 @@ class AppContext:
             open_store=opener,
             transport=self.transport_factory or compose.default_transport,
             link=self.fleet_link or ssh_link,
+            pollers=self.pollers,
         )
 
     def resolve_state_url(self) -> str | None:
@@ -87,3 +89,19 @@ def get(ctx: typer.Context) -> AppContext:
         obj = AppContext()
         ctx.find_root().obj = obj
     return obj
+
+
+POLLERS_OPTION = typer.Option(
+    None,
+    "--pollers",
+    min=1,
+    help="Poller processes that share the fleet's polls, each with its own SSH connections "
+    "(2,000 nodes each at most): 1 polls in this process (default under 200 nodes, else one "
+    "per core, 16 at most).",
+    show_default=False,
+)
+
+
+def use_pollers(ctx: typer.Context, pollers: int | None) -> None:
+    """--pollers for the fleet link this command builds (None: by the fleet's size)."""
+    get(ctx).pollers = pollers

@@ -45,6 +45,7 @@ def run(
     grace: float | None = typer.Option(
         None, "--grace", help="Seconds without an answer before a node is down (default 30)."
     ),
+    pollers: int | None = context.POLLERS_OPTION,
 ) -> None:
     """Lead the control loop while holding the store's lease, or stand by until it expires.
 
@@ -66,6 +67,7 @@ def run(
     loop_settings = ReconcileSettings()
     if grace is not None:
         loop_settings = dataclasses.replace(loop_settings, grace_s=grace)
+    context.use_pollers(ctx, pollers)
     parts = fleet.open_loop(ctx, write=True, settings=loop_settings, on_action=_stream())
     try:
         loop = parts.loop

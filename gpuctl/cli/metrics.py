@@ -58,6 +58,7 @@ def serve(
         show_default=False,
     ),
     live: bool = LIVE,
+    pollers: int | None = context.POLLERS_OPTION,
 ) -> None:
     """Serve /metrics until Ctrl-C or SIGTERM; one line per refresh on stderr. Scrapes read the
     latest values and never trigger a poll. Its polls record the fleet's history into the store
@@ -68,6 +69,7 @@ def serve(
     if not interval >= 1.0:
         raise UsageError(f"--interval must be at least 1 second, got {interval:g}")
     retention(history_retention)  # a bad value is refused before the fleet is reached
+    context.use_pollers(ctx, pollers)
     collector = FleetCollector()
     with _refresher(ctx, from_store, rules, live) as refresher:
         if not from_store:

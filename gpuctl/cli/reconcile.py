@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from gpuctl.cli.context import POLLERS_OPTION, use_pollers
 from gpuctl.cli.reconcile_stream import Stream
 from gpuctl.cli.render import OUTPUT_OPTION, Output, emit_document, safe
 from gpuctl.core.timefmt import machine_times
@@ -48,6 +49,7 @@ def reconcile(
         "history_retention:, else 30d).",
         show_default=False,
     ),
+    pollers: int | None = POLLERS_OPTION,
     output: Output = OUTPUT_OPTION,
 ) -> None:
     """Gather, observe jobs, fail over, fence, place and launch queued jobs: one pass.
@@ -61,6 +63,7 @@ def reconcile(
     from gpuctl.ops.history import retention
 
     retention(history_retention)  # a bad flag is refused before the fleet is reached
+    use_pollers(ctx, pollers)
     loop, close = _build(ctx, dry_run=dry_run, wait=wait, grace=grace, stream=watch)
     try:
         if watch:

@@ -79,6 +79,7 @@ class Root:
     open_store: StoreOpener = open_sqlite
     transport: Callable[[], Transport] = default_transport
     link: LinkFactory = ssh_link
+    pollers: int | None = None  # poller processes of a fleet link (None: `auto_pollers`)
 
     @property
     def operator(self) -> str:
@@ -104,14 +105,44 @@ class Root:
         finally:
             store.close()
 
-    def connect(self) -> FleetLink:
-        """The fleet link over a new transport (closed with the link)."""
+    def connect(self, inventory: Inventory | None = None) -> FleetLink:
+        """The fleet link over a new transport (closed with the link); for polling `inventory`
+        (the control loop, the metrics server), its gatherer spread over `pollers` processes
+        when that is more than one (`gpuctl.ops.gather_pool`)."""
         transport = self.transport()
         try:
-            return self.link(transport, self.clock)
+            link = self.link(transport, self.clock)
         except BaseException:
             transport.close()
             raise
+        return link if inventory is None else self._pooled(link, inventory)
+
+    def _pooled(self, link: FleetLink, inventory: Inventory) -> FleetLink:
+        """`link` polling through poller processes, each with an SSH transport made as
+        `transport` makes one (it must pickle: a module's function); an injected link or
+        transport factory (a test's) keeps polling in process."""
+        import pickle
+
+        from gpuctl.ops.gather_pool import PoolGatherer, auto_pollers
+
+        pollers = self.pollers if self.pollers is not None else auto_pollers(len(inventory.nodes))
+        if pollers <= 1 or self.link is not ssh_link:
+            return link
+        try:
+            pickle.dumps(self.transport)
+        except (pickle.PicklingError, AttributeError, TypeError):
+            return link
+        pool = PoolGatherer(
+            self.transport, pollers=pollers, transport=link.transport, clock=self.clock
+        )
+
+        def close() -> None:
+            try:
+                pool.close()
+            finally:
+                link.close()
+
+        return dataclasses.replace(link, gatherer=pool, closer=close)
 
     def shared_fleet(self, poller: FleetReader | None, *, live: bool = False) -> SharedFleet:
         """The fleet as the control loop published it into the store while it is fresh, else
@@ -147,7 +178,7 @@ class Root:
 
         store = self.open_store(self.state_dir, write=write)
         try:
-            link = self.connect()
+            link = self.connect(inventory)
         except BaseException:
             store.close()
             raise
@@ -287,7 +318,7 @@ class Root:
         if inventory is None:
             yield Refresher(open_store=opener, clock=self.clock, rules=rules)
             return
-        link = self.connect()
+        link = self.connect(inventory)
         try:
             yield Refresher(
                 open_store=opener,
