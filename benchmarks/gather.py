@@ -1,7 +1,7 @@
 """Gather benchmark: a lab fleet of real sshd on loopback, polled by gpuctl cold and warm, side by
 side in the same run with a naive loop of OpenSSH `ssh node nvidia-smi ...` calls.
 
-    python benchmarks/gather.py --nodes 50 [--rounds 10] [-o json]
+    python benchmarks/gather.py --nodes 50 [--rounds 10] [--pollers N] [-o json]
 
 Cold = a new transport (TCP connect, key exchange, auth) and one full probe per node. Warm = the
 same transport polling again over its open connections. Naive = one `ssh` process per node, one
@@ -14,12 +14,16 @@ connections cost it between polls, per connection and second.
 Every node of the lab runs on this machine, so the nodes' own work (sshd sessions, the fake
 nvidia-smi) shares its cores with gpuctl: CPU time of both sides is reported. `cpu all` is the
 whole machine's (other work on it counts too); `cpu nodes` counts only the lab's processes (its
-sshd processes and every session they ran), `cpu gpuctl` only this process.
+sshd processes and every session they ran), `cpu gpuctl` only gpuctl's: this process and, with
+`--pollers N` (N > 1: `gpuctl.ops.gather_pool`), its poller processes too (their /proc stat
+files); `cpu parent` is then this process alone: what collecting the pollers' answers
+costs (the pipe, unpickling the snapshots).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -36,6 +40,7 @@ from gpuctl.core.model import FleetSnapshot, Reach
 from gpuctl.lab import sshd
 from gpuctl.lab.fleet import STATE_ENV
 from gpuctl.ops.gather import Gatherer
+from gpuctl.ops.gather_pool import PoolGatherer
 from gpuctl.testing.lab import LabFleet, lab_fleet
 
 T = TypeVar("T")
@@ -84,16 +89,21 @@ def nodes_cpu_s(pids: tuple[int, ...]) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
-def timed(fn: Callable[[], T], nodes: tuple[int, ...] = ()) -> tuple[T, dict[str, float]]:
+def timed(
+    fn: Callable[[], T], nodes: tuple[int, ...] = (), children: Callable[[], float] | None = None
+) -> tuple[T, dict[str, float]]:
     # gpuctl's own CPU is read next to the call: reading the nodes' /proc files is not gpuctl's
     m0, n0 = machine_cpu_s(), nodes_cpu_s(nodes)
+    c0 = children() if children is not None else 0.0
     o0, w0 = own_cpu_s(), time.perf_counter()
     value = fn()
     wall, own = time.perf_counter() - w0, own_cpu_s() - o0
+    pollers = (children() if children is not None else 0.0) - c0
     return value, {
         "wall_s": wall,
         "cpu_all_s": machine_cpu_s() - m0,
-        "cpu_gpuctl_s": own,
+        "cpu_gpuctl_s": own + pollers,
+        "cpu_parent_s": own,
         "cpu_nodes_s": nodes_cpu_s(nodes) - n0,
     }
 
@@ -127,12 +137,25 @@ def answered(fleet: FleetSnapshot) -> int:
     return sum(1 for n in fleet.nodes if n.reach is Reach.OK and n.gpus)
 
 
-def run(nodes: int, gpus: int, rounds: int, *, with_naive: bool = True) -> dict[str, Any]:
+def run(
+    nodes: int, gpus: int, rounds: int, *, with_naive: bool = True, pollers: int = 1
+) -> dict[str, Any]:
     with lab_fleet(nodes=nodes, gpus=gpus) as lab, tempfile.TemporaryDirectory() as tmp:
         specs = lab.specs()
-        transport = SshTransport(own_known_hosts=Path(tmp) / "known_hosts", system_known_hosts=())
-        with Gatherer(transport) as gatherer:
-            cold_fleet, cold = timed(lambda: gatherer.gather(specs))
+        make = functools.partial(
+            SshTransport, own_known_hosts=Path(tmp) / "known_hosts", system_known_hosts=()
+        )
+        transport = make()
+        pool = PoolGatherer(make, pollers=pollers) if pollers > 1 else None
+        children = None
+        if pool is not None:  # the pollers' CPU as the kernel counts it (/proc/PID/stat)
+            pollers_of = pool
+
+            def children() -> float:
+                return nodes_cpu_s(tuple(p.pid for p in pollers_of.pollers() if p.pid))
+
+        with pool or Gatherer(transport) as gatherer:
+            cold_fleet, cold = timed(lambda: gatherer.gather(specs), children=children)
             if answered(cold_fleet) != nodes:
                 bad = [
                     (n.name, n.reach.value, n.error)
@@ -145,12 +168,16 @@ def run(nodes: int, gpus: int, rounds: int, *, with_naive: bool = True) -> dict[
             warm = []
             pids = lab_processes(lab)  # the connections are open now: one sshd pair per node
             for _ in range(rounds):
-                fleet, t = timed(lambda: gatherer.gather(specs), pids)
+                fleet, t = timed(lambda: gatherer.gather(specs), pids, children)
                 if answered(fleet) != nodes:
                     raise SystemExit(f"warm gather: only {answered(fleet)}/{nodes} answered")
                 warm.append(t)
-            connects, sessions = transport.connects, getattr(transport, "sessions_started", 0)
-            _, idle = timed(lambda: time.sleep(IDLE_S))
+            if pool is not None:
+                connects, sessions = sum(p.connects for p in pool.pollers()), None
+            else:
+                connects, sessions = transport.connects, transport.sessions_started
+            _, idle = timed(lambda: time.sleep(IDLE_S), children=children)
+        transport.close()
         naive: dict[str, float] | None = None
         if with_naive:
             naive_ok, naive = timed(lambda: naive_loop(lab))
@@ -162,6 +189,7 @@ def run(nodes: int, gpus: int, rounds: int, *, with_naive: bool = True) -> dict[
     return {
         "nodes": nodes,
         "gpus_per_node": gpus,
+        "pollers": pollers,
         "rounds": rounds,
         "connections_opened": connects,
         "sessions_started": sessions,
@@ -173,8 +201,10 @@ def run(nodes: int, gpus: int, rounds: int, *, with_naive: bool = True) -> dict[
             "max_wall_s": max(warm_walls),
             "median_cpu_all_s": statistics.median(w["cpu_all_s"] for w in warm),
             "median_cpu_gpuctl_s": statistics.median(w["cpu_gpuctl_s"] for w in warm),
+            "median_cpu_parent_s": statistics.median(w["cpu_parent_s"] for w in warm),
             "median_cpu_nodes_s": statistics.median(w["cpu_nodes_s"] for w in warm),
             "cpu_gpuctl_ms_per_poll": 1000 * sum(w["cpu_gpuctl_s"] for w in warm) / polls,
+            "cpu_parent_ms_per_poll": 1000 * sum(w["cpu_parent_s"] for w in warm) / polls,
             "cpu_nodes_ms_per_poll": 1000 * sum(w["cpu_nodes_s"] for w in warm) / polls,
         },
         "naive": naive,
@@ -201,14 +231,23 @@ def report(result: dict[str, Any], nodes: int, gpus: int, rounds: int) -> str:
     if naive is not None:
         rows.append(("naive ssh loop", naive["wall_s"], naive["cpu_all_s"], "-"))
     lines = [
-        f"gather of a {nodes}-node lab ({gpus} GPUs each), {rounds} warm rounds",
+        f"gather of a {nodes}-node lab ({gpus} GPUs each), {rounds} warm rounds, "
+        + (f"{result['pollers']} poller processes" if result["pollers"] > 1 else "in process"),
         f"{'':18}{'wall s':>9}{'cpu all s':>11}{'cpu gpuctl s':>14}",
         *(f"{name:18}{wall:9.3f}{cpu:11.2f}{own:>14}" for name, wall, cpu, own in rows),
         f"warm min/max {warm['min_wall_s']:.3f}/{warm['max_wall_s']:.3f} s; "
         f"connections opened: {result['connections_opened']}, "
-        f"answering sessions started: {result['sessions_started']}",
+        f"answering sessions started: {result['sessions_started'] or 'in the pollers'}",
         f"warm CPU per node poll: {warm['cpu_nodes_ms_per_poll']:.1f} ms on the node (sshd, "
         f"probe, fake tools), {warm['cpu_gpuctl_ms_per_poll']:.2f} ms in gpuctl",
+        *(
+            [
+                f"of which {warm['cpu_parent_ms_per_poll']:.2f} ms in the parent (collecting the "
+                "pollers' answers: the pipe and unpickling)"
+            ]
+            if result["pollers"] > 1
+            else []
+        ),
         f"idle: {result['idle_cpu_gpuctl_ms_per_connection_s']:.3f} ms of gpuctl's CPU per open "
         "connection per second",
         f"speed-up vs naive: warm {result['speedup_warm_vs_naive']:.1f}x, "
@@ -231,9 +270,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-naive", action="store_true", help="skip the naive ssh loop (minutes at 200 nodes)"
     )
+    parser.add_argument(
+        "--pollers",
+        type=int,
+        default=1,
+        help="poller processes (1: in process; N > 1: gpuctl.ops.gather_pool)",
+    )
     parser.add_argument("-o", "--output", choices=("table", "json"), default="table")
     args = parser.parse_args(argv)
-    result = run(args.nodes, args.gpus, args.rounds, with_naive=not args.no_naive)
+    if args.pollers < 1:
+        parser.error("--pollers must be at least 1")
+    result = run(
+        args.nodes, args.gpus, args.rounds, with_naive=not args.no_naive, pollers=args.pollers
+    )
     if args.output == "json":
         print(json.dumps(result, indent=2))
     else:
