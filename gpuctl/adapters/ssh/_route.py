@@ -6,7 +6,7 @@ What the inventory says wins over ssh_config (as ssh's command line wins over it
 its `user`, `port`, `key_file` and `jump`. From ssh_config, for the node's `host`: `HostName`,
 `User`, `Port`, `IdentityFile` (several), `IdentitiesOnly` and `ProxyJump`; for each jump host,
 the same but `ProxyJump` (a jump host's own jump hosts are not followed). `ProxyCommand` is
-refused: gpuctl runs no local command an SSH config names (everything it runs is quoted by
+refused, and so is `Match exec`: gpuctl runs no local command an SSH config names (everything it runs is quoted by
 itself). `Include` lines are read in place (globs, relative to ~/.ssh), 16 deep at most.
 """
 
@@ -29,6 +29,9 @@ MAX_INCLUDE_DEPTH = 16
 _INCLUDE = re.compile(r"^\s*include(?:\s*=\s*|\s+)(.+?)\s*$", re.IGNORECASE)
 _HOST = re.compile(r"^[A-Za-z0-9_.:%-]{1,253}$")
 _USER = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_.@-]{0,63}$")
+# `Match exec` runs a local command when the config is read (paramiko runs it through invoke
+# when that is installed): refused like ProxyCommand, by line, before paramiko sees the file.
+_MATCH_EXEC = re.compile(r"^\s*match\b.*\bexec\b", re.IGNORECASE)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -102,7 +105,9 @@ class SshConfigs:
             return hit[1]
         try:
             files: list[Path] = []
-            config = paramiko.SSHConfig.from_text(_expanded(path, files, 0))
+            text = _expanded(path, files, 0)
+            _refuse_match_exec(text, path)
+            config = paramiko.SSHConfig.from_text(text)
             stamp = tuple((str(f), f.stat().st_mtime_ns) for f in files)
         except OSError as exc:
             raise ConfigError(f"cannot read it: {exc.strerror}", path=str(path)) from None
@@ -111,6 +116,17 @@ class SshConfigs:
         with self._lock:
             self._cache[str(path)] = (stamp, config)
         return config
+
+
+def _refuse_match_exec(text: str, path: Path) -> None:
+    for number, line in enumerate(text.splitlines(), 1):
+        if _MATCH_EXEC.match(line):
+            raise ConfigError(
+                "is not supported: gpuctl runs no local command a config names (it quotes "
+                "everything it runs itself); use Host or Match host",
+                path=str(path),
+                field=f"line {number}: Match exec",
+            )
 
 
 def _unchanged(stamp: tuple[tuple[str, int], ...]) -> bool:
