@@ -5,9 +5,10 @@ first, the node last.
 What the inventory says wins over ssh_config (as ssh's command line wins over its config file):
 its `user`, `port`, `key_file` and `jump`. From ssh_config, for the node's `host`: `HostName`,
 `User`, `Port`, `IdentityFile` (several), `IdentitiesOnly` and `ProxyJump`; for each jump host,
-the same but `ProxyJump` (a jump host's own jump hosts are not followed). `ProxyCommand` is
-refused, and so is `Match exec`: gpuctl runs no local command an SSH config names (everything it runs is quoted by
-itself). `Include` lines are read in place (globs, relative to ~/.ssh), 16 deep at most.
+the same but `ProxyJump` (a jump host's own jump hosts are not followed). `ProxyCommand` and
+`Match exec` are refused: gpuctl runs no local command an SSH config names (everything it runs
+is quoted by itself). `Include` lines are read in place (globs, relative to ~/.ssh), 16 deep at
+most.
 """
 
 from __future__ import annotations
