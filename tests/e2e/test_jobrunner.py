@@ -17,7 +17,7 @@ import pytest
 from gpuctl.adapters.node import CheckpointCopyError, SshJobRunner
 from gpuctl.adapters.protocols import ExecResult, TreeExists, TreeTooLarge
 from gpuctl.adapters.ssh import SshTransport
-from gpuctl.core.jobs.model import LaunchRequest, RunStatus
+from gpuctl.core.jobs.model import CommitSeen, LaunchRequest, RunStatus
 from gpuctl.core.model import NodeSpec
 from gpuctl.errors import TransportTimeout
 from gpuctl.lab.sshd import alive
@@ -125,7 +125,10 @@ def test_a_job_on_a_lab_node_is_observed_seen_by_the_gather_and_checkpoints(
     started = runs.launch(node, train_request(job_id, ckpt))
     assert started.alive and started.pid is not None
     assert started.run_dir == str(home_of(lab, "lab-01") / ".gpuctl" / "runs" / job_id / "1")
-    assert runs.status(node, job_id, 1) == started
+    # observed, the run also says what it committed last: nothing yet
+    assert runs.status(node, job_id, 1) == dataclasses.replace(
+        started, commit=CommitSeen(None, None)
+    )
 
     # the gather sees it as a GPU process on the granted card, with its slice
     snapshot = Gatherer(transport).gather([node])
