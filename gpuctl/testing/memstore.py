@@ -14,7 +14,7 @@ import functools
 import itertools
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar, cast
 
@@ -252,6 +252,14 @@ class MemoryStore:
             ]
             return sorted(out, key=lambda i: (i.job_id, i.n))
 
+    def incarnations_for(self, job_ids: Collection[str]) -> dict[str, list[Incarnation]]:
+        with self._lock:
+            found: dict[str, list[Incarnation]] = {j: [] for j in job_ids}
+            for key in sorted(self._incs):
+                if key[0] in found:
+                    found[key[0]].append(self._incs[key])
+            return found
+
     # --- checkpoints -------------------------------------------------------------------------
 
     @_write
@@ -264,6 +272,15 @@ class MemoryStore:
         with self._lock:
             mine = [c for c in self._checkpoints.values() if c.job_id == job_id]
             return sorted(mine, key=lambda c: (c.step, c.incarnation, c.location), reverse=True)
+
+    def checkpoints_for(self, job_ids: Collection[str]) -> dict[str, list[Checkpoint]]:
+        with self._lock:
+            found: dict[str, list[Checkpoint]] = {j: [] for j in job_ids}
+            for c in self._checkpoints.values():
+                if c.job_id in found:
+                    found[c.job_id].append(c)
+            order = lambda c: (c.step, c.incarnation, c.location)  # noqa: E731  # as checkpoints()
+            return {j: sorted(cs, key=order, reverse=True) for j, cs in found.items()}
 
     # --- events ------------------------------------------------------------------------------
 

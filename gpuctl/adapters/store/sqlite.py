@@ -13,9 +13,10 @@ checked against a fixed set (`codec.job_changes`, `codec.inc_changes`); values a
 from __future__ import annotations
 
 import contextlib
+import json
 import sqlite3
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
@@ -325,6 +326,25 @@ class SqliteStore:
             sql += " WHERE " + " AND ".join(where)
         return [codec.inc_from(r) for r in self._read(sql + " ORDER BY job_id, n", params)]
 
+    def incarnations_for(self, job_ids: Collection[str]) -> dict[str, list[Incarnation]]:
+        """Every incarnation of each job in `job_ids` (by number), in one query: what the control
+        loop asks per job, for all its jobs at once. Each job asked is a key."""
+        found: dict[str, list[Incarnation]] = {j: [] for j in job_ids}
+        if found:
+            where, params = self._among("job_id", found)
+            sql = f"SELECT {self._inc_cols} FROM incarnations WHERE {where} ORDER BY job_id, n"
+            for r in self._read(sql, params):
+                inc = codec.inc_from(r)
+                found[inc.job_id].append(inc)
+        return found
+
+    def _among(self, column: str, values: Collection[str]) -> tuple[str, list[Any]]:
+        """`column` among `values`, as one parameter whatever their number (SQLite limits a
+        statement's parameters)."""
+        if self.dialect.postgres:
+            return f"{column} = ANY(?)", [list(values)]
+        return f"{column} IN (SELECT value FROM json_each(?))", [json.dumps(list(values))]
+
     # --- checkpoints -------------------------------------------------------------------------
 
     def add_checkpoint(self, checkpoint: Checkpoint) -> None:
@@ -348,6 +368,21 @@ class SqliteStore:
             (job_id,),
         )
         return [codec.checkpoint_from(r) for r in found]
+
+    def checkpoints_for(self, job_ids: Collection[str]) -> dict[str, list[Checkpoint]]:
+        """Each job's checkpoints (newest step first) for every job in `job_ids`, in one query.
+        Each job asked is a key."""
+        found: dict[str, list[Checkpoint]] = {j: [] for j in job_ids}
+        if found:
+            where, params = self._among("job_id", found)
+            sql = (
+                f"SELECT {codec.CHECKPOINT_COLS} FROM checkpoints WHERE {where} "
+                "ORDER BY job_id, step DESC, incarnation DESC, committed_at DESC, location"
+            )
+            for r in self._read(sql, params):
+                cp = codec.checkpoint_from(r)
+                found[cp.job_id].append(cp)
+        return found
 
     # --- the audit log -----------------------------------------------------------------------
 

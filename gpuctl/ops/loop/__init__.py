@@ -22,7 +22,7 @@ from gpuctl.core.model import FleetSnapshot, Inventory
 from gpuctl.core.shared import PublishedFleet, encode
 from gpuctl.errors import StateError, StoreConflict
 from gpuctl.ops.health import HistoryKeeper, SampleHistory
-from gpuctl.ops.loop import _checkpoints, _health, _jobs, _nodes, launch, migrations
+from gpuctl.ops.loop import _checkpoints, _health, _jobs, _nodes, _view, launch, migrations
 from gpuctl.ops.loop.model import (
     ACTOR,
     Action,
@@ -171,7 +171,9 @@ def publish(loop: Reconciler, snapshot: FleetSnapshot) -> None:
 
 
 def run_pass(p: Pass) -> PassReport:
-    """Run the pass's steps in order (the loop lock is the caller's)."""
+    """Run the pass's steps in order (the loop lock is the caller's), reading each table of the
+    store once (`_view`)."""
+    p.store = _view.view(p.store)
     started = p.loop.clock.monotonic()
     interrupted = False
     steps: tuple[Callable[[], None], ...] = (
