@@ -5,6 +5,7 @@ refuses: exit 6, hint `gpuctl db check`)."""
 from __future__ import annotations
 
 import codecs
+import dataclasses
 import sys
 import time
 from collections.abc import Mapping
@@ -38,6 +39,13 @@ def submit(
         "--queue-anyway",
         help="Queue a job even if no node of the inventory could ever take it (no poll).",
     ),
+    backend: str = typer.Option(
+        "gpuctl",
+        "--backend",
+        metavar="gpuctl|slurm",
+        help="Who runs the jobs: gpuctl's control loop, or slurm: sbatch on the node gpuctl "
+        "places it on, tracked by gpuctl (docs/slurm.md).",
+    ),
     output: Output = OUTPUT_OPTION,
 ) -> None:
     """Queue the jobs in JOB.yaml...; `gpuctl reconcile` places and launches them.
@@ -45,11 +53,20 @@ def submit(
     Every file is checked first (exit 2 on a bad spec or a missing secret); nothing is queued
     unless all of them are good. With an inventory (-i / GPUCTL_INVENTORY) the fleet is polled
     and a job no node could ever take, even empty, is refused (exit 2) unless --queue-anyway.
+    With --backend slurm each job goes to Slurm at once (sbatch, with `place --emit sbatch`'s
+    options), e.g. gpuctl submit --backend slurm train.yaml
     """
+    from gpuctl.cli import slurm_jobs
     from gpuctl.config.jobspec_files import load_specs
+    from gpuctl.errors import UsageError
     from gpuctl.ops import jobs as service
 
+    if backend not in slurm_jobs.BACKENDS:
+        raise UsageError(f"--backend: unknown backend {backend!r}", hint="known: gpuctl, slurm")
     specs = load_specs(files, require_command=True)
+    if backend == "slurm":
+        slurm_jobs.submit(ctx, specs, output)
+        return
     app_ctx = context.get(ctx)
     unchecked = None if queue_anyway else _check_fit(ctx, specs)
     with open_state(ctx, write=True) as store:
@@ -106,11 +123,12 @@ def list_cmd(
     submitted each (OWNER).
 
     Example: gpuctl jobs list --mine -o json"""
+    from gpuctl.cli.slurm_jobs import with_slurm_state
     from gpuctl.ops import jobs as service
 
     owner = context.root(ctx).operator if mine else None
     with open_state(ctx, write=False) as store:
-        views = service.list_jobs(store, include_done=all_jobs, owner=owner)
+        views = with_slurm_state(ctx, service.list_jobs(store, include_done=all_jobs, owner=owner))
         whys = _waiting(ctx, store, views) if output not in (Output.JSON, Output.YAML) else {}
     now = time.time()
     if output in (Output.JSON, Output.YAML):
@@ -126,10 +144,12 @@ def show_cmd(
     output: Output = OUTPUT_OPTION,
 ) -> None:
     """One job: state, node and cards, incarnation, newest checkpoint, history, recent events."""
+    from gpuctl.cli.slurm_jobs import with_slurm_state
     from gpuctl.ops import jobs as service
 
     with open_state(ctx, write=False) as store:
         detail = service.show_job(store, job)
+        detail = dataclasses.replace(detail, view=with_slurm_state(ctx, [detail.view])[0])
         text = output not in (Output.JSON, Output.YAML)
         whys = _waiting(ctx, store, [detail.view]) if text else {}
     now = time.time()
@@ -173,9 +193,16 @@ def logs(
         None, "--incarnation", min=1, help="An earlier incarnation's log (default: the current)."
     ),
 ) -> None:
-    """The job's output (stdout and stderr) from its node. Notes go to stderr."""
+    """The job's output (stdout and stderr) from its node. Notes go to stderr. A job Slurm
+    runs: its output file, read where the Slurm commands run (a shared file system)."""
+    from gpuctl.cli import slurm_jobs
     from gpuctl.ops import jobs as service
 
+    with open_state(ctx, write=False) as store:
+        found = service.find_job(store, job)
+    if found.spec.backend is not None:
+        slurm_jobs.logs(ctx, found, follow)
+        return
     app_ctx = context.get(ctx)
     inventory = _inventory(ctx)
     runner, transport = _runner(app_ctx)
@@ -217,7 +244,9 @@ def cancel(
     output: Output = OUTPUT_OPTION,
 ) -> None:
     """Cancel a job: a waiting job at once; a running one is stopped by the control loop
-    (SIGTERM, then KILL after the job's grace_s; --force: KILL at once)."""
+    (SIGTERM, then KILL after the job's grace_s; --force: KILL at once). A job Slurm runs:
+    scancel."""
+    from gpuctl.cli import slurm_jobs
     from gpuctl.ops import jobs as service
 
     app_ctx = context.get(ctx)
@@ -225,6 +254,9 @@ def cancel(
         found = service.find_job(store, job)
         if not yes:
             ask(f"cancel {found.id} ({found.state})?")
+        if found.spec.backend is not None:
+            slurm_jobs.cancel(ctx, store, found, output)
+            return
         done = service.cancel(
             store, found.id, actor=service.operator(app_ctx.env), clock=app_ctx.clock, force=force
         )

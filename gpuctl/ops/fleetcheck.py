@@ -5,7 +5,8 @@ from every node of the inventory, each live process that carries a job's contrac
 each card's capacity (one gather), and reports as problems:
 
 - a job with more than one live incarnation on the fleet (or one incarnation live on two nodes);
-- a stray run: live processes of an incarnation the store does not have live on that node;
+- a stray run: live processes of an incarnation the store does not have live on that node (a job
+  Slurm runs, `gpuctl submit --backend slurm`, is Slurm's to track: never a stray);
 - a card holding more than it has (the store's slices against the capacity the node reports),
   with every other store invariant.
 
@@ -80,6 +81,11 @@ def check_fleet(
             continue
         for proc in found:
             live[(proc.job_id, proc.incarnation)].add(spec.name)
+    # a job Slurm runs carries the contract's environment too, but no incarnation of gpuctl's
+    for job in store.jobs():
+        if job.spec.backend is not None:
+            for key in [k for k in live if k[0] == job.id]:
+                del live[key]
     problems = _run_problems(store, live)
     capacity: dict[tuple[str, int], int] = {}
     if snapshot is not None:

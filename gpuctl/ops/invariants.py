@@ -81,7 +81,7 @@ def _job_problems(job: Job, incs: list[Incarnation]) -> list[str]:
     newest = numbers[-1] if numbers else 0
     if job.incarnation != newest:
         out.append(f"job {job.id}: at incarnation {job.incarnation}, but the newest is {newest}")
-    if job.state is JobState.RUNNING:
+    if job.state is JobState.RUNNING and job.spec.backend is None:  # Slurm's: no incarnation
         current = [i for i in incs if i.n == job.incarnation]
         if not current:
             out.append(f"job {job.id}: running, but its incarnation {job.incarnation} is missing")

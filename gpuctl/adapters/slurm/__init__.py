@@ -10,6 +10,16 @@ parser reads every shape instead (`_parse`).
 
 from __future__ import annotations
 
+from gpuctl.adapters.slurm._jobs import (
+    SlurmJobState,
+    Submitted,
+    batch_script,
+    exit_marker,
+    job_states,
+    read_output,
+    sbatch,
+    scancel,
+)
 from gpuctl.adapters.slurm._parse import (
     SlurmParseError,
     document,
@@ -24,11 +34,19 @@ from gpuctl.errors import GpuctlError
 __all__ = [
     "SlurmCommands",
     "SlurmError",
+    "SlurmJobState",
     "SlurmParseError",
     "SlurmReader",
+    "Submitted",
+    "batch_script",
     "document",
+    "exit_marker",
+    "job_states",
     "parse_jobs",
     "parse_nodes",
+    "read_output",
+    "sbatch",
+    "scancel",
     "update_node",
     "version_of",
 ]

@@ -2,7 +2,8 @@
 through gpuctl's transport (the node's host key verified, the command under gpuctl's deadline).
 Every argument is quoted (`shlex.join`); `SLURM_CONF` travels in the command line, since sshd
 drops environment requests. The one place gpuctl runs a Slurm command: reading the cluster now,
-and (later) `sbatch`, `scancel` and `scontrol update` through the same `SlurmCommands.run`.
+`sbatch` (its secrets and batch script on stdin), `scancel`, `scontrol update` and the reads
+of a job's output and exit marker, all through `SlurmCommands.run`.
 """
 
 from __future__ import annotations
@@ -44,10 +45,11 @@ class SlurmCommands:
         env = f"SLURM_CONF={shlex.quote(self.source.conf)} " if self.source.conf else ""
         return env + shlex.join(argv)
 
-    def run(self, argv: list[str]) -> str:
-        """`argv`'s standard output. Raises SlurmError when it cannot run, exits non-zero or
+    def run(self, argv: list[str], *, stdin: bytes | None = None, shown: str = "") -> str:
+        """`argv`'s standard output (`stdin`: what it reads; `shown`: how errors name it, by
+        default the command line). Raises SlurmError when it cannot run, exits non-zero or
         passes the deadline (a TransportError when the login node cannot be reached)."""
-        shown = shlex.join(argv)
+        shown = shown or shlex.join(argv)
         if self.source.via == "ssh":
             assert self._transport is not None and self.source.login is not None
             result = self._transport.run(
@@ -55,6 +57,7 @@ class SlurmCommands:
                 self.command_line(argv),
                 timeout_s=self._timeout_s,
                 max_output_bytes=MAX_OUTPUT_BYTES,
+                stdin=stdin,
             )
             code, out, err = result.exit_code, result.stdout, result.stderr
             if result.truncated:
@@ -65,7 +68,12 @@ class SlurmCommands:
                 env["SLURM_CONF"] = self.source.conf
             try:
                 done = subprocess.run(
-                    argv, capture_output=True, timeout=self._timeout_s, env=env, check=False
+                    argv,
+                    input=stdin if stdin is not None else b"",
+                    capture_output=True,
+                    timeout=self._timeout_s,
+                    env=env,
+                    check=False,
                 )
             except FileNotFoundError:
                 raise SlurmError(

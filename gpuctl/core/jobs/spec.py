@@ -73,6 +73,22 @@ class SecretRef:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Backend:
+    """Who runs a job other than gpuctl's control loop: `kind` "slurm", the scheduler's own job id
+    (Slurm keeps it across requeues), its cluster, and `run_dir`, the folder on the cluster's
+    shared file system holding the job's output and exit marker (`output.log`, `exit`)."""
+
+    kind: str
+    id: str
+    run_dir: str
+    cluster: str | None = None
+
+    @property
+    def output(self) -> str:
+        return f"{self.run_dir}/output.log"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class JobSpec:
     request: JobRequest
     policy: JobPolicy = JobPolicy()
@@ -80,14 +96,16 @@ class JobSpec:
     workdir: str | None = None  # on the node
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)
     secrets: tuple[SecretRef, ...] = ()
+    backend: Backend | None = None  # None: gpuctl's control loop runs it
 
     @property
     def name(self) -> str:
         return self.request.name
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON data (what the state store keeps): secret names and files, never a value."""
-        return {
+        """Plain JSON data (what the state store keeps): secret names and files, never a value.
+        `backend` only when another scheduler runs the job (older rows have none)."""
+        data: dict[str, Any] = {
             "name": self.name,
             "request": _request_dict(self.request),
             "policy": _policy_dict(self.policy),
@@ -96,6 +114,9 @@ class JobSpec:
             "env": dict(self.env),
             "secrets": [{"name": s.name, "file": s.file} for s in self.secrets],
         }
+        if self.backend is not None:
+            data["backend"] = dataclasses.asdict(self.backend)
+        return data
 
     @classmethod
     def from_dict(cls, data: Any) -> JobSpec:
@@ -173,6 +194,7 @@ class _NotAsWritten(Exception):
     """Not `to_dict`'s output: read it again slowly, to name the field."""
 
 
+_BACKEND_KEYS = frozenset(("kind", "id", "run_dir", "cluster"))
 _TOP_KEYS = frozenset(("name", "request", "policy", "command", "workdir", "env", "secrets"))
 _REQUEST_KEYS = frozenset(
     (
@@ -269,6 +291,11 @@ def _reqs_fast(value: Any) -> tuple[LabelRequirement, ...]:
 
 
 def _read_fast(data: Any) -> JobSpec:
+    backend = None
+    if type(data) is dict and "backend" in data:
+        data = dict(data)
+        b = _m(data.pop("backend"), _BACKEND_KEYS)
+        backend = Backend(_s(b["kind"]), _s(b["id"]), _s(b["run_dir"]), _so(b["cluster"]))
     d = _m(data, _TOP_KEYS)
     r = _m(d["request"], _REQUEST_KEYS)
     s = _m(r["shape"], _SHAPE_KEYS)
@@ -314,6 +341,7 @@ def _read_fast(data: Any) -> JobSpec:
         _so(d["workdir"]),
         dict(_sm(d["env"])),
         tuple(secrets),
+        backend,
     )
 
 
@@ -490,6 +518,18 @@ def _read_slow(data: Any) -> JobSpec:
         workdir=d.take_opt("workdir", str),
         env=d.take_map("env"),
         secrets=tuple(_secret(s) for s in d.items("secrets")),
+        backend=_backend(d.sub("backend")) if "backend" in d.data else None,
+    )
+
+
+def _backend(d: _Fields) -> Backend:
+    return _build(
+        d,
+        Backend,
+        d.take("kind", str),
+        d.take("id", str),
+        d.take("run_dir", str),
+        d.take_opt("cluster", str),
     )
 
 

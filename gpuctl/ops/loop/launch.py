@@ -103,8 +103,12 @@ def place_and_launch(p: Pass) -> None:
     _jobs.repair(p)
     state, jobs = fleet_state(p)
     moving = {r.job_id for r in p.store.reservations()}  # started on their reservation
+    # a job's backend decides who runs it: one Slurm runs (`ops.slurm_jobs`) is never placed,
+    # launched, failed over nor fenced here; it holds no incarnation, so only the queue sees it
     queued = [
-        j for j in p.store.jobs([JobState.QUEUED]) if not j.cancel_requested and j.id not in moving
+        j
+        for j in p.store.jobs([JobState.QUEUED])
+        if not j.cancel_requested and j.id not in moving and j.spec.backend is None
     ]
     releasing = {
         i.job_id
