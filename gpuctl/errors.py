@@ -188,6 +188,11 @@ class StoreConflict(StateError):
     """A compare-and-set lost: the row changed under us (another control loop, another operator)."""
 
 
+class ControllerLeads(StoreConflict):
+    """`gpuctl reconcile` runs no pass while a controller holds a live lease: the message names
+    it, its token and until when its lease runs."""
+
+
 class StalePlan(StoreConflict):
     """A plan's write refused because what it was made on changed since (another operator's
     cordon, drain or move): the message says what changed, who did it and when; nothing was
@@ -210,6 +215,11 @@ class LeaseLost(StateError):
         super().__init__(message)
         self.holder = holder
         self.token = token
+
+
+class StoreUnavailable(StateError):
+    """The store's server cannot be reached, or dropped the connection (a restart, a failover):
+    the call's transaction rolled back, nothing written; the next call connects again."""
 
 
 class ReadOnlyRole(StateError):

@@ -22,7 +22,7 @@ from gpuctl.cli.context import POLLERS_OPTION, use_pollers
 from gpuctl.cli.reconcile_stream import Stream
 from gpuctl.cli.render import OUTPUT_OPTION, Output, emit_document, safe
 from gpuctl.core.timefmt import machine_times
-from gpuctl.errors import ExitCode, StateError, StoreConflict, UsageError
+from gpuctl.errors import ControllerLeads, ExitCode, StateError, StoreConflict, UsageError
 
 if TYPE_CHECKING:
     from gpuctl.ops.loop import PassReport, Reconciler
@@ -54,7 +54,8 @@ def reconcile(
 ) -> None:
     """Gather, observe jobs, fail over, fence, place and launch queued jobs: one pass.
 
-    Exit 0 when the pass ran, 6 when another loop holds the lock (or the store refuses).
+    Exit 0 when the pass ran, 6 when another loop holds the lock, a controller leads (`gpuctl
+    controller run`) or the store refuses.
     """
     if interval <= 0 or wait < 0 or (grace is not None and grace < 0):
         raise UsageError("--interval must be positive; --wait and --grace never negative")
@@ -106,6 +107,8 @@ def _build(
 
 
 def _busy(exc: StoreConflict) -> StateError:
+    if isinstance(exc, ControllerLeads):
+        return exc
     return StateError(
         f"another control loop is running ({exc.message})",
         hint="let it work, or pass --wait SECONDS to queue behind it",
@@ -132,16 +135,20 @@ def _watch(loop: Reconciler, interval: float, output: Output) -> None:
         stream = loop.on_action
         if report is not None and not report.interrupted and isinstance(stream, Stream):
             stream.end_pass()  # the pass is over: what it no longer waits for has cleared
-        if report is None:
-            sys.stderr.write("another control loop holds the lock; trying again next pass\n")
-        elif output in (Output.JSON, Output.YAML):
+        if report is not None and output in (Output.JSON, Output.YAML):  # None: on_skip said
             sys.stdout.write(
                 json.dumps(machine_times(report.to_dict()), separators=(",", ":")) + "\n"
             )
             sys.stdout.flush()
 
+    def on_skip(exc: StoreConflict) -> None:
+        if isinstance(exc, ControllerLeads):  # who leads, until when
+            sys.stderr.write(safe(exc.message) + "\n")
+        else:
+            sys.stderr.write("another control loop holds the lock; trying again next pass\n")
+
     try:
-        loop.watch(interval, stop, on_report)
+        loop.watch(interval, stop, on_report, on_skip)
     finally:
         signal.signal(signal.SIGINT, previous)
     raise typer.Exit(int(ExitCode.OK))

@@ -25,7 +25,7 @@ from gpuctl.core.history import (
 )
 from gpuctl.core.model import FleetSnapshot, NodeSnapshot, Reach
 from gpuctl.core.placement.model import FleetState
-from gpuctl.errors import GpuctlError, UsageError
+from gpuctl.errors import GpuctlError, LeaseLost, UsageError
 
 log = logging.getLogger(__name__)
 
@@ -145,9 +145,12 @@ class Recorder:
         return True
 
     def record_quietly(self, store: Store, now: float, snapshot: FleetSnapshot) -> bool:
-        """`record`, a store that refuses logged, never raised: history never stops the loop."""
+        """`record`, a store that refuses logged, never raised: history never stops the loop
+        (but a controller's lost lease goes through: it steps down at once)."""
         try:
             return self.record(store, now, snapshot)
+        except LeaseLost:  # a controller that lost its lease steps down now
+            raise
         except GpuctlError as exc:
             log.warning("the fleet's history was not recorded: %s", exc.message)
             return False

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -197,3 +198,41 @@ def test_an_unreadable_health_history_is_reported_and_the_pass_goes_on(
     assert error["message"].startswith("health judged on this poll alone: ")
     assert "the health history is unreadable (not valid JSON); remove " in error["message"]
     assert [a["kind"] for a in actions if a["job_id"] == job_id] == ["launch", "launched"]
+
+
+def test_beside_a_live_controller_reconcile_names_it_and_runs_no_pass(tmp_path: Path) -> None:
+    inventory = tmp_path / "fleet.yaml"
+    inventory.write_text("nodes:\n  - {name: gone, host: 127.0.0.1, port: 9, gpus: 1}\n")
+    state = tmp_path / "state"
+    with open_store(state, write=True) as store:
+        store.acquire_lease("host-a:41:beef", 600.0)
+    leads = (
+        r"controller host-a:41:beef leads \(token 1, lease until "
+        r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d [+-]\d\d:\d\d, in (9m\d\ds|10m00s)\): "
+        r"reconcile runs no pass"
+    )
+    env = {**os.environ, "GPUCTL_STATE_DIR": str(state)}
+    argv = [sys.executable, "-c", "from gpuctl.cli.main import run; run()"]
+    argv += ["-i", str(inventory), "reconcile"]
+    once = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
+    assert once.returncode == 6
+    assert re.fullmatch(f"error: {leads}", once.stderr.splitlines()[0]), once.stderr
+    proc = subprocess.Popen(
+        [*argv, "--watch", "--interval", "0.2"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        seen = [proc.stderr.readline() for _ in range(2)]  # a line per pass it did not run
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert all(re.fullmatch(leads + "\n", line) for line in seen), seen
+    with open_store(state, write=False) as store:
+        assert store.liveness() == {}  # no pass ran: the node was never judged

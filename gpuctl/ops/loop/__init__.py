@@ -15,12 +15,14 @@ from collections.abc import Callable, Mapping
 from contextlib import nullcontext
 from pathlib import Path
 
+from gpuctl.adapters.clock import local_offset_s
 from gpuctl.adapters.protocols import Clock, JobRunner, Store
+from gpuctl.core import timefmt
 from gpuctl.core.health.model import HealthRules
 from gpuctl.core.jobs.model import CommitSeen, Incarnation, IncarnationState, RunStatus
 from gpuctl.core.model import FleetSnapshot, Inventory
 from gpuctl.core.shared import PublishedFleet, encode
-from gpuctl.errors import StateError, StoreConflict
+from gpuctl.errors import ControllerLeads, LeaseLost, StateError, StoreConflict
 from gpuctl.ops.health import HistoryKeeper, SampleHistory
 from gpuctl.ops.loop import _checkpoints, _health, _jobs, _nodes, _view, launch, migrations
 from gpuctl.ops.loop.model import (
@@ -123,31 +125,26 @@ class Reconciler:
         interval_s: float,
         stop: threading.Event,
         on_report: Callable[[PassReport | None], None] | None = None,
+        on_skip: Callable[[StoreConflict], None] | None = None,
     ) -> int:
         """Pass after pass until `stop` is set; returns the number of passes. A pass that finds
-        another loop holding the lock is skipped (`on_report(None)`)."""
+        another loop holding the lock, or a controller leading, is skipped (`on_skip(why)`,
+        then `on_report(None)`)."""
         passes = 0
         self.interval_s = interval_s
         while not stop.is_set():
             started = self.clock.monotonic()
             try:
                 report: PassReport | None = self.run_once(stop)
-            except StoreConflict:
+            except StoreConflict as exc:
                 report = None
+                if on_skip is not None:
+                    on_skip(exc)
             passes += 1
             if on_report is not None:
                 on_report(report)
             stop.wait(max(0.0, interval_s - (self.clock.monotonic() - started)))
         return passes
-
-
-def _no_controller(store: Store) -> None:
-    lease = store.lease()
-    if lease is not None and lease.live:
-        raise StoreConflict(
-            f"the controller {lease.holder} leads (token {lease.token}): "
-            "this loop runs no pass beside it"
-        )
 
 
 def publish(loop: Reconciler, snapshot: FleetSnapshot) -> None:
@@ -166,8 +163,21 @@ def publish(loop: Reconciler, snapshot: FleetSnapshot) -> None:
     )
     try:
         loop.store.publish_snapshot(published)
+    except LeaseLost:  # a controller that lost its lease steps down now, not at its next write
+        raise
     except StateError as exc:
         log.warning("the fleet snapshot was not published: %s", exc.message)
+
+
+def _no_controller(store: Store) -> None:
+    lease = store.lease()
+    if lease is not None and lease.live:
+        until = timefmt.stamp(lease.expires_at, local_offset_s(lease.expires_at))
+        raise ControllerLeads(
+            f"controller {lease.holder} leads (token {lease.token}, lease until {until}, "
+            f"{timefmt.ago(lease.expires_at, lease.now)}): reconcile runs no pass",
+            hint="`gpuctl controller status` shows it; stop it to run reconcile",
+        )
 
 
 def run_pass(p: Pass) -> PassReport:

@@ -3,11 +3,18 @@ expires, and a leader whose lease was taken steps down at its next write, saying
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from typing import Any
 
+import pytest
+
+from gpuctl.core.health.autodrain import AutoDrainPolicy
 from gpuctl.core.placement.model import Settings
+from gpuctl.core.shared import decode
+from gpuctl.errors import LeaseLost
 from gpuctl.ops.controller import Controller, ControllerSettings, status
+from gpuctl.ops.history import Recorder
 from gpuctl.ops.loop import Reconciler, ReconcileSettings
 from gpuctl.testing.fakerunner import FakeCluster, FakeFleet, FakeRunner, ManualClock
 from gpuctl.testing.memstore import MemoryStore
@@ -90,3 +97,40 @@ def test_a_leader_whose_lease_was_taken_steps_down_at_its_next_write_saying_so()
             t.join(timeout=10)
     assert "released the lease (token 2)" in said_b  # a clean stop gives the lease back
     assert shared.members() == []
+
+
+def test_a_pass_that_only_publishes_its_poll_steps_down_at_once_when_the_lease_is_lost(
+    caplog: Any,
+) -> None:
+    clock = Clock()
+    shared = MemoryStore()
+    shared.now_s = clock
+    mine = shared.shared()
+    a = controller(mine, "a", [])
+    a.loop.settings = dataclasses.replace(a.loop.settings, health=AutoDrainPolicy(enabled=False))
+    mine.set_fence(mine.acquire_lease("a", 3.0).fence)
+    a.loop.run_once(locked=False)  # the nodes' liveness written: the next pass writes nothing
+    published = shared.latest_snapshot()
+    assert published is not None
+    clock.t += 10  # a was stopped past its lease; b took it
+    shared.acquire_lease("b", 3.0)
+    with pytest.raises(LeaseLost, match=r"lost the lease to b \(token 2 > 1\)"):
+        a.loop.run_once(locked=False)
+    assert shared.latest_snapshot() == published  # the stale poll was refused
+    assert "not published" not in caplog.text
+
+
+def test_the_history_recorder_lets_a_lost_lease_through() -> None:
+    clock = Clock()
+    shared = MemoryStore()
+    shared.now_s = clock
+    mine = shared.shared()
+    a = controller(mine, "a", [])
+    mine.set_fence(mine.acquire_lease("a", 3.0).fence)
+    a.loop.run_once(locked=False)
+    published = shared.latest_snapshot()
+    assert published is not None
+    clock.t += 10
+    shared.acquire_lease("b", 3.0)
+    with pytest.raises(LeaseLost):  # logged and swallowed, the leader would act on
+        Recorder().record_quietly(mine, clock.t, decode(published.body))
