@@ -18,7 +18,9 @@ from gpuctl.adapters.clock import local_stamp
 from gpuctl.cli import context
 from gpuctl.cli.confirm import ask
 from gpuctl.cli.fleet import open_state
+from gpuctl.cli.fleet_view import print_table
 from gpuctl.cli.render import OUTPUT_OPTION, Output, emit_document, safe
+from gpuctl.cli.table_fit import FREE, KEY, Col, FitTable
 from gpuctl.core.timefmt import ago, duration
 
 if TYPE_CHECKING:
@@ -134,7 +136,11 @@ def list_cmd(
     if output in (Output.JSON, Output.YAML):
         emit_document([service.job_summary(v, now) for v in views], output)
         return
-    sys.stdout.write(safe(render_list(views, now, wide=output is Output.WIDE, whys=whys)))
+    listed = render_list(views, now, wide=output is Output.WIDE, whys=whys)
+    if isinstance(listed, str):
+        sys.stdout.write(listed)
+    else:
+        print_table(listed)
 
 
 @app.command("show")
@@ -281,22 +287,40 @@ def _table(rows: list[list[str]]) -> str:
     )
 
 
+# IDs and node names whole; REASON folds in what is left; when too narrow TIER goes first, then
+# INC, PRI, CARDS, AGE, OWNER, CHECKPOINT, and NAME (the ID holds it) last
+LIST_COLUMNS = (
+    Col("ID", KEY),
+    Col("NAME", KEY, drop=1),
+    Col("OWNER", drop=3),
+    Col("STATE"),
+    Col("TIER", drop=8),
+    Col("PRI", drop=6),
+    Col("NODE", KEY),
+    Col("CARDS", drop=5),
+    Col("INC", drop=7),
+    Col("CHECKPOINT", drop=2),
+    Col("AGE", drop=4),
+)
+
+
 def render_list(
     views: list[JobView],
     now: float,
     *,
     wide: bool = False,
     whys: Mapping[str, str] | None = None,
-) -> str:
+) -> FitTable | str:
     """`whys`: why each queued job waits (`_waiting`); else the job's stored reason."""
     from gpuctl.ops.jobs import placed
 
     if not views:
         return "no jobs\n"
-    head = ["ID", "NAME", "OWNER", "STATE", "TIER", "PRI", "NODE", "CARDS", "INC", "CHECKPOINT"]
-    head.append("AGE")
-    head += ["WAITED", "RESTARTS", "REASON", "COMMAND"] if wide else ["REASON"]
-    rows = [head]
+    extra = [Col("WAITED", drop=10), Col("RESTARTS", drop=9)] if wide else []
+    extra.append(Col("REASON", FREE))
+    if wide:
+        extra.append(Col("COMMAND", FREE, drop=11))
+    table = FitTable([*LIST_COLUMNS, *extra])
     for v in views:
         job, inc, ckpt = v.job, placed(v), v.checkpoint
         cancelling = job.cancel_requested and not job.state.terminal
@@ -311,8 +335,8 @@ def render_list(
             row.append(" ".join(job.spec.command))
         else:
             row.append(reason)
-        rows.append(row)
-    return _table(rows)
+        table.add_row(*(safe(cell) for cell in row))
+    return table
 
 
 def _waited(job: Any) -> float | None:

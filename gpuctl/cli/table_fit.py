@@ -16,7 +16,8 @@ from rich.console import Console, ConsoleOptions, RenderResult
 from rich.measure import Measurement
 from rich.table import Table
 
-FREE_MIN = 20  # a free-text column is never laid out narrower than this
+FREE_MIN = 20  # a free-text column is laid out at least this wide…
+FREE_TIGHT = 10  # …or down to this when nothing is left to drop and the table then fits
 GAP = 2  # between two columns (rich's padding of one on each side)
 
 
@@ -55,7 +56,8 @@ def layout(cols: Sequence[Col], rows: Sequence[Sequence[str]], width: int) -> La
     """Which columns to show and how wide, for a table printed `width` columns wide. Key and
     fixed columns get their longest value; free columns share what is left (at least FREE_MIN,
     at most their longest value); while that does not fit, the column with the highest `drop`
-    goes. The result can be wider than `width` only when the kept columns alone are."""
+    goes. When nothing is left to drop, free columns shrink to what is left, down to FREE_TIGHT.
+    The result can be wider than `width` only when the kept columns alone are."""
     natural = [
         max(cell_len(c.header), *(_width(r[i]) for r in rows)) if rows else cell_len(c.header)
         for i, c in enumerate(cols)
@@ -76,12 +78,15 @@ def layout(cols: Sequence[Col], rows: Sequence[Sequence[str]], width: int) -> La
     free = [i for i in shown if cols[i].role is Role.FREE]
     fixed = sum(natural[i] for i in shown if i not in free) + GAP * max(0, len(shown) - 1)
     left = width - fixed
+    least = FREE_MIN
+    if free and floor(shown) > width and left // len(free) >= FREE_TIGHT:
+        least = left // len(free)  # nothing left to drop: narrower notes rather than wider
     widths = dict.fromkeys(shown, 0)
     for i in shown:
         if i not in free:
             widths[i] = natural[i]
     for n, i in enumerate(free):  # split what is left evenly, each at least FREE_MIN
-        share = max(min(natural[i], FREE_MIN), left // (len(free) - n))
+        share = max(min(natural[i], least), left // (len(free) - n))
         widths[i] = min(natural[i], share)
         left -= widths[i]
     return Layout(tuple(shown), tuple(widths[i] for i in shown))
