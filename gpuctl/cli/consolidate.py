@@ -132,12 +132,15 @@ def _apply(
 
 
 def _show(plan: ConsolidationPlan, output: Output, stream: TextIO | None = None) -> None:
-    from gpuctl.core.consolidation import plan_to_dict, render_consolidation
+    from gpuctl.cli import plan_view
+    from gpuctl.core.consolidation import plan_to_dict
 
     if output in (Output.JSON, Output.YAML):
         emit_document(plan_to_dict(plan), output)
         return
-    (sys.stdout if stream is None else stream).write(safe(render_consolidation(plan)))
+    out = sys.stdout if stream is None else stream
+    width = plan_view.width_of(out)
+    out.write(plan_view.consolidation_text(plan, width, color=width is not None))
 
 
 def _exit_for(plan: ConsolidationPlan) -> None:

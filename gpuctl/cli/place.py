@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from gpuctl.cli import context, fleet
+from gpuctl.cli import context, fleet, plan_view
 from gpuctl.cli.render import OUTPUT_OPTION, Output, emit_document, safe
 from gpuctl.core.model import FleetSnapshot
 from gpuctl.core.placement.model import JobRequest, Settings
@@ -63,7 +63,6 @@ def place(
     """
     from gpuctl.config.jobspec_files import load_job_specs
     from gpuctl.core.placement.plan import plan_to_dict
-    from gpuctl.core.placement.render import render_placement
     from gpuctl.ops import place as service
 
     settings = _settings(policy, band_max, headroom, whole_card_over)
@@ -78,8 +77,12 @@ def place(
     if output in (Output.JSON, Output.YAML):
         emit_document(plan_to_dict(result), output)
     else:
-        text = render_placement(result, explain=explain, wide=output is Output.WIDE)
-        sys.stdout.write(safe(text))
+        wide = output is Output.WIDE
+        width = plan_view.width_of(sys.stdout)
+        text = plan_view.placement_text(
+            result, explain=explain, wide=wide, width=width, color=width is not None
+        )
+        sys.stdout.write(text)
     raise typer.Exit(int(exit_for_plan(complete=result.all_placed)))
 
 

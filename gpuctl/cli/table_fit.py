@@ -32,6 +32,7 @@ class Col:
     header: str
     role: Role = Role.FIXED
     drop: int = 0  # under a floor width the highest goes first; 0: never dropped
+    whole_words: bool = False  # free text that folds between words only (`node cards 0,1`)
 
 
 KEY = Role.KEY
@@ -56,18 +57,24 @@ def layout(cols: Sequence[Col], rows: Sequence[Sequence[str]], width: int) -> La
     """Which columns to show and how wide, for a table printed `width` columns wide. Key and
     fixed columns get their longest value; free columns share what is left (at least FREE_MIN,
     at most their longest value); while that does not fit, the column with the highest `drop`
-    goes. When nothing is left to drop, free columns shrink to what is left, down to FREE_TIGHT.
-    The result can be wider than `width` only when the kept columns alone are."""
+    goes. When nothing is left to drop, free columns shrink to what is left, down to FREE_TIGHT;
+    a `whole_words` column never below its longest word. The result can be wider than `width`
+    only when the kept columns alone are."""
     natural = [
         max(cell_len(c.header), *(_width(r[i]) for r in rows)) if rows else cell_len(c.header)
         for i, c in enumerate(cols)
     ]
+    words = [
+        max((cell_len(w) for r in rows for w in r[i].split()), default=0) if c.whole_words else 0
+        for i, c in enumerate(cols)
+    ]
     shown = list(range(len(cols)))
 
+    def least_of(i: int, least: int) -> int:
+        return max(min(natural[i], least), words[i])
+
     def floor(keep: list[int]) -> int:
-        need = sum(
-            min(natural[i], FREE_MIN) if cols[i].role is Role.FREE else natural[i] for i in keep
-        )
+        need = sum(least_of(i, FREE_MIN) if cols[i].role is Role.FREE else natural[i] for i in keep)
         return need + GAP * max(0, len(keep) - 1)
 
     while floor(shown) > width:
@@ -86,7 +93,7 @@ def layout(cols: Sequence[Col], rows: Sequence[Sequence[str]], width: int) -> La
         if i not in free:
             widths[i] = natural[i]
     for n, i in enumerate(free):  # split what is left evenly, each at least FREE_MIN
-        share = max(min(natural[i], least), left // (len(free) - n))
+        share = max(least_of(i, least), left // (len(free) - n))
         widths[i] = min(natural[i], share)
         left -= widths[i]
     return Layout(tuple(shown), tuple(widths[i] for i in shown))

@@ -179,24 +179,39 @@ def _table(head: list[str], rows: list[list[str]]) -> list[str]:
 
 def render_consolidation(plan: ConsolidationPlan) -> str:
     """The plan as an operator reads it: the moves, what they free, what they cost."""
-    lines = [
+    lines = [consolidation_header(plan)]
+    if plan.moves:
+        lines += _table(*consolidation_rows(plan))
+        lines.append("")
+    lines += consolidation_footer(plan)
+    return "\n".join(lines) + "\n"
+
+
+def consolidation_header(plan: ConsolidationPlan) -> str:
+    return (
         f"consolidation plan · fleet version {plan.version} · {len(plan.moves)} move(s) "
         f"(max {plan.max_moves})"
-    ]
-    if plan.moves:
-        rows = [
-            [
-                m.job,
-                m.tier.value,
-                _cards(m.from_node, m.from_cards),
-                _cards(m.to_node, m.to_cards),
-                "whole" if m.whole else format_mib(m.mib_per_card),
-                age_text(m.checkpoint_age_s),
-            ]
-            for m in plan.moves
+    )
+
+
+def consolidation_rows(plan: ConsolidationPlan) -> tuple[list[str], list[list[str]]]:
+    """The moves' table: its head and a row per move."""
+    rows = [
+        [
+            m.job,
+            m.tier.value,
+            _cards(m.from_node, m.from_cards),
+            _cards(m.to_node, m.to_cards),
+            "whole" if m.whole else format_mib(m.mib_per_card),
+            age_text(m.checkpoint_age_s),
         ]
-        lines += _table(["JOB", "TIER", "FROM", "TO", "MEM/CARD", "CHECKPOINT AGE"], rows)
-        lines.append("")
+        for m in plan.moves
+    ]
+    return ["JOB", "TIER", "FROM", "TO", "MEM/CARD", "CHECKPOINT AGE"], rows
+
+
+def consolidation_footer(plan: ConsolidationPlan) -> list[str]:
+    """Under the moves: the figures before and after, the plan's reason, the jobs not moved."""
     b, a = plan.before, plan.after
     figures = [
         ["whole free cards", str(b.whole_free_cards), str(a.whole_free_cards)],
@@ -204,7 +219,7 @@ def render_consolidation(plan: ConsolidationPlan) -> str:
         ["stranded", format_mib(round(b.stranded_mib)), format_mib(round(a.stranded_mib))],
         ["fragmentation", _pct(b.fragmentation_pct), _pct(a.fragmentation_pct)],
     ]
-    lines += _table(["", "BEFORE", "AFTER"], figures)
+    lines = _table(["", "BEFORE", "AFTER"], figures)
     if plan.target is not None:
         lines.append(f"target: {plan.target.reason}")
     else:
@@ -214,4 +229,4 @@ def render_consolidation(plan: ConsolidationPlan) -> str:
         more = len(plan.pinned) - PINNED_SHOWN
         tail = f"; and {more} more (-o json lists them)" if more > 0 else ""
         lines.append(f"not moved: {shown}{tail}")
-    return "\n".join(lines) + "\n"
+    return lines

@@ -2,17 +2,28 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from gpuctl.core.placement.plan import Placed, Plan, Rejection
 from gpuctl.core.units import format_mib
 
 MAX_NODES_SHOWN = 5
 
+NodeFold = Callable[[Sequence[str]], str]  # node names -> one hostlist (`gpu[01-04,07]`)
 
-def render_placement(plan: Plan, *, explain: bool, wide: bool = False) -> str:
+
+def render_placement(
+    plan: Plan, *, explain: bool, wide: bool = False, fold: NodeFold | None = None
+) -> str:
     """The plan as a table (and, with `explain`, why each job went where it did)."""
-    lines = [_header(plan)]
+    lines = [placement_header(plan)]
+    lines += _table(*placement_rows(plan, wide=wide))
+    lines += placement_footer(plan, explain=explain, fold=fold)
+    return "\n".join(lines) + "\n"
+
+
+def placement_rows(plan: Plan, *, wide: bool = False) -> tuple[list[str], list[list[str]]]:
+    """The table's head and rows: a job each."""
     head = ["JOB", "TIER", "PRIORITY", "NODE", "CARDS", "MEM/CARD", "SCORE", "RUNNER-UP"]
     if wide:
         head += ["SHAPE", "CARD UUIDS"]
@@ -37,17 +48,22 @@ def render_placement(plan: Plan, *, explain: bool, wide: bool = False) -> str:
             if wide:
                 row += [o.shape, "-"]
         rows.append(row)
-    lines += _table(head, rows)
-    lines.append(f"{len(plan.placed)} of {len(plan.jobs)} job(s) placed")
+    return head, rows
+
+
+def placement_footer(plan: Plan, *, explain: bool, fold: NodeFold | None = None) -> list[str]:
+    """Under the table: how many were placed, why each other was not, and with `explain` the
+    why of every decision; `fold` writes each list of nodes (else: the first few, with commas)."""
+    lines = [f"{len(plan.placed)} of {len(plan.jobs)} job(s) placed"]
     for u in plan.unplaced:
         lines.append(f"  {u.job}: {u.reason}")
     if explain:
         lines.append("")
-        lines += _explain(plan)
-    return "\n".join(lines) + "\n"
+        lines += _explain(plan, fold)
+    return lines
 
 
-def _header(plan: Plan) -> str:
+def placement_header(plan: Plan) -> str:
     s = plan.settings
     return (
         f"fleet version {plan.version or '(none)'} · policy {s.policy} · utilization "
@@ -56,7 +72,7 @@ def _header(plan: Plan) -> str:
     )
 
 
-def _explain(plan: Plan) -> list[str]:
+def _explain(plan: Plan, fold: NodeFold | None) -> list[str]:
     s = plan.settings
     out = [
         f"policy {s.policy}; nodes: {plan.nodes_total} ({plan.nodes_schedulable} schedulable); "
@@ -90,19 +106,21 @@ def _explain(plan: Plan) -> list[str]:
             )
             if o.rejections:
                 out.append("  not eligible:")
-                out += _rejection_lines(o.rejections)
+                out += _rejection_lines(o.rejections, fold)
         else:
             out.append(f"{o.job}: not placed ({o.shape})")
             out.append(f"  {o.reason}")
-            out += _rejection_lines(o.rejections)
+            out += _rejection_lines(o.rejections, fold)
     return out
 
 
-def _rejection_lines(rs: Sequence[Rejection]) -> list[str]:
+def _rejection_lines(rs: Sequence[Rejection], fold: NodeFold | None) -> list[str]:
     out = []
     for r in rs:
-        shown = ", ".join(r.nodes[:MAX_NODES_SHOWN])
-        more = f", +{r.count - MAX_NODES_SHOWN} more" if r.count > MAX_NODES_SHOWN else ""
+        shown = fold(r.nodes) if fold else ", ".join(r.nodes[:MAX_NODES_SHOWN])
+        more = (
+            f", +{r.count - MAX_NODES_SHOWN} more" if not fold and r.count > MAX_NODES_SHOWN else ""
+        )
         noun = "node" if r.count == 1 else "nodes"
         out.append(f"    {r.count} {noun} [{r.constraint}] {r.summary}: {shown}{more}")
     return out
