@@ -14,6 +14,7 @@ import itertools
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -62,13 +63,54 @@ def _as_user() -> list[str]:
 
 
 class Server:
-    """A running server; `url(db)` names a database on it."""
+    """A running server; `url(db)` names a database on it; `restart()` stops it (fast: clients
+    are disconnected, open transactions rolled back) and starts it again on the same data."""
 
-    def __init__(self, root: Path, proc: subprocess.Popen[bytes]) -> None:
+    def __init__(self, root: Path, command: list[str], log: Path) -> None:
         self.root = root
         self.socket_dir = root
-        self.proc = proc
+        self.command = command
+        self.log = log
+        self.proc: subprocess.Popen[bytes] | None = None
         self._names = itertools.count(1)
+
+    def start(self) -> None:
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(self.command, stdout=out, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + START_DEADLINE_S
+        while True:
+            try:
+                self.admin().close()
+                return
+            except psycopg.OperationalError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(
+                        f"PostgreSQL did not start: {self.log.read_text(errors='replace')[-2000:]}",
+                        pytrace=False,
+                    )
+                time.sleep(0.05)
+
+    def stop(self, *, fast: bool = False) -> None:
+        """Stop the server: at once (fast: SIGINT to the postmaster, which `runuser` does not
+        pass on) or by SIGTERM (smart shutdown would wait on the tests' open connections)."""
+        proc = self.proc
+        if proc is None or proc.poll() is not None:
+            return
+        if fast:
+            pid_file = self.root / "data" / "postmaster.pid"
+            with contextlib.suppress(OSError, ValueError, ProcessLookupError):
+                os.kill(int(pid_file.read_text().split()[0]), signal.SIGINT)
+        else:
+            proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    def restart(self) -> None:
+        self.stop(fast=True)
+        self.start()
 
     def url(self, database: str = "postgres") -> str:
         return f"postgresql://{ROLE}@/{database}?host={self.socket_dir}"
@@ -96,7 +138,7 @@ def running_server() -> Iterator[Server]:
         shutil.chown(root, PG_USER, PG_USER)
     data = root / "data"
     log = root / "server.log"
-    proc: subprocess.Popen[bytes] | None = None
+    started: Server | None = None
     try:
         done = subprocess.run(
             [
@@ -117,51 +159,34 @@ def running_server() -> Iterator[Server]:
         )
         if done.returncode != 0:
             pytest.fail(f"initdb failed: {done.stderr.decode(errors='replace')}", pytrace=False)
-        with open(log, "wb") as out:
-            proc = subprocess.Popen(
-                [
-                    *runas,
-                    str(pg_bin / "postgres"),
-                    "-D",
-                    str(data),
-                    "-k",
-                    str(root),
-                    "-c",
-                    "listen_addresses=",
-                    "-c",
-                    "fsync=off",
-                    "-c",
-                    "full_page_writes=off",
-                    "-c",
-                    "synchronous_commit=off",
-                    "-c",
-                    "max_connections=200",
-                ],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
-        server = Server(root, proc)
-        deadline = time.monotonic() + START_DEADLINE_S
-        while True:
-            try:
-                server.admin().close()
-                break
-            except psycopg.OperationalError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(
-                        f"PostgreSQL did not start: {log.read_text(errors='replace')[-2000:]}",
-                        pytrace=False,
-                    )
-                time.sleep(0.05)
+        server = Server(
+            root,
+            [
+                *runas,
+                str(pg_bin / "postgres"),
+                "-D",
+                str(data),
+                "-k",
+                str(root),
+                "-c",
+                "listen_addresses=",
+                "-c",
+                "fsync=off",
+                "-c",
+                "full_page_writes=off",
+                "-c",
+                "synchronous_commit=off",
+                "-c",
+                "max_connections=200",
+            ],
+            log,
+        )
+        started = server
+        server.start()
         yield server
     finally:
-        if proc is not None and proc.poll() is None:
-            proc.terminate()  # smart shutdown would wait on the tests' open connections
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        if started is not None:
+            started.stop()
         shutil.rmtree(root, ignore_errors=True)
 
 

@@ -71,9 +71,11 @@ def run(
     parts = fleet.open_loop(ctx, write=True, settings=loop_settings, on_action=_stream())
     try:
         loop = parts.loop
-        pause = context.get(ctx).env.get(controller_pause.ENV)
+        env = context.get(ctx).env
+        pause = env.get(controller_pause.ENV)
         if pause:  # a test's hook: stop at a named point of a pass (see the module)
-            loop.store, loop.runner = controller_pause.wrap(loop.store, loop.runner, pause)
+            resume = env.get(controller_pause.RESUME_ENV)
+            loop.store, loop.runner = controller_pause.wrap(loop.store, loop.runner, pause, resume)
         loop.record_history = Recorder().record_quietly  # the history's default retention
         holder = holder_name()
         _say(f"controller {holder} starting (lease {lease:g}s, renewed every {renew:g}s)")

@@ -23,7 +23,15 @@ from gpuctl.core.jobs.spec import SliceEnforcement
 from gpuctl.core.placement.engine import plan
 from gpuctl.core.placement.model import FleetState, JobRequest, Settings, Tier
 from gpuctl.core.placement.plan import Placed, apply_plan
-from gpuctl.errors import ConfigError, GpuctlError, StateError, StoreConflict, TransportError
+from gpuctl.errors import (
+    ConfigError,
+    GpuctlError,
+    LeaseLost,
+    StateError,
+    StoreConflict,
+    StoreUnavailable,
+    TransportError,
+)
 from gpuctl.ops import fleetstatus
 from gpuctl.ops.jobs import spec as jobspecs
 from gpuctl.ops.loop import _checkpoints, _jobs
@@ -123,6 +131,8 @@ def place_and_launch(p: Pass) -> None:
                 state = _place_one(p, job, state, jobs, releasing)
             except (StoreConflict, TransportError) as exc:
                 p.note("launch", f"{job.id}: {exc}", job=job.id, outcome="skipped")
+            except (StoreUnavailable, LeaseLost):  # the store, not the job: the pass stops
+                raise
             except (ConfigError, StateError) as exc:
                 p.guard(_hold, p, job, exc.message)
             except GpuctlError as exc:  # e.g. a checkpoint copy: this job waits, the pass goes on

@@ -18,6 +18,12 @@ Isolation, operation by operation (docs/state.md says the same):
 - migrations: one transaction behind their own advisory lock (PostgreSQL's DDL is transactional:
   a failed migration leaves the database as it was).
 
+A store that takes part in the controller's election (`acquire_lease`) keeps its transactions
+shorter than the lease: the server ends its session when it sits idle inside a transaction for
+half the lease (`idle_in_transaction_session_timeout`: a controller stopped mid-transaction,
+SIGSTOP or a frozen VM, would otherwise keep the lease's row locked, and every standby out, until
+its connection died), and it waits for a lock no longer than that either (`lock_timeout`).
+
 A serialization failure, a deadlock or a lock wait past `LOCK_TIMEOUT_MS` is `StoreConflict`
 (retry); a server that cannot be reached is `StateError` (exit 6) naming the host, never the
 password; a full disk `StoreFull`; damaged data `StoreCorrupt`.
@@ -46,13 +52,22 @@ from gpuctl.adapters.store.postgres import url as urls
 from gpuctl.adapters.store.sqlite import SqliteStore
 from gpuctl.core.jobs.migration import Reservation
 from gpuctl.core.jobs.model import Event, Incarnation, Job, JobState
-from gpuctl.errors import ReadOnlyRole, StateError, StoreConflict, StoreCorrupt, StoreFull
+from gpuctl.core.lease import Lease
+from gpuctl.errors import (
+    ReadOnlyRole,
+    StateError,
+    StoreConflict,
+    StoreCorrupt,
+    StoreFull,
+    StoreUnavailable,
+)
 
 if TYPE_CHECKING:
     from gpuctl.adapters.protocols import Store
 
 CONNECT_TIMEOUT_S = 10
 LOCK_TIMEOUT_MS = 10_000  # as SQLite's busy timeout
+MIN_SESSION_LIMIT_MS = 100  # a controller's idle-transaction and lock limits, at the least
 # advisory lock keys (per database): "gpuctl" and a number
 LOOP_KEY = 0x6770756374_6C01
 GRANTS_KEY = 0x6770756374_6C02
@@ -100,7 +115,7 @@ def connect(url: str) -> PgConn:
         conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
         conn.execute(f"SET lock_timeout = {LOCK_TIMEOUT_MS}")
     except psycopg.OperationalError as exc:
-        raise StateError(
+        raise StoreUnavailable(
             f"{where}: cannot connect to the state store: {_first_line(exc)}",
             hint="is the server running and reachable, the database created, and the password "
             "in ~/.pgpass (or PGPASSFILE)?",
@@ -132,7 +147,7 @@ def translate(exc: psycopg.Error, where: str) -> StateError:
     if isinstance(exc, _CORRUPT):
         return StoreCorrupt(f"{where}: the database is corrupt: {detail}", hint=urls_hint())
     if isinstance(exc, psycopg.OperationalError):
-        return StateError(
+        return StoreUnavailable(
             f"{where}: lost the connection to the state store: {detail}",
             hint="is the server running and reachable? then run the command again",
         )
@@ -174,6 +189,7 @@ class PostgresStore(SqliteStore):
         self._pg = conn
         self._closed = False
         self._scope = threading.local()
+        self._session_ms: int | None = None  # the lease's limits, once this store takes part
 
     # --- plumbing ----------------------------------------------------------------------------
 
@@ -203,8 +219,8 @@ class PostgresStore(SqliteStore):
 
     @contextlib.contextmanager
     def _errors(self) -> Iterator[None]:
-        self._reconnect_if_lost()
         try:
+            self._reconnect_if_lost()
             yield
         except psycopg.Error as exc:
             raise translate(exc, self.where) from None
@@ -220,6 +236,22 @@ class PostgresStore(SqliteStore):
             raw.close()
         self._pg = connect(self._connect_url)
         self._conn = self._pg  # type: ignore[assignment]  # the SQL SqliteStore runs
+        if self._session_ms is not None:
+            self._set_session_limits(self._session_ms)
+
+    def _set_session_limits(self, ms: int) -> None:
+        self._pg.execute(f"SET idle_in_transaction_session_timeout = {ms}")
+        self._pg.execute(f"SET lock_timeout = {min(ms, LOCK_TIMEOUT_MS)}")
+
+    def acquire_lease(self, holder: str, lease_s: float) -> Lease:
+        """As SQLite's, and from now on this session's transactions are ended by the server when
+        idle for half the lease, its lock waits too (the module's docstring says why)."""
+        ms = max(MIN_SESSION_LIMIT_MS, int(lease_s * 1000 / 2))
+        if ms != self._session_ms:
+            with self._lock, self._errors():
+                self._set_session_limits(ms)
+            self._session_ms = ms
+        return super().acquire_lease(holder, lease_s)
 
     def _append(self, conn: Any, event: Event) -> int:  # type: ignore[override]
         row = conn.execute(
