@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from gpuctl.core.health.autodrain import NodeHealth
-from gpuctl.core.history import FleetSample, NodeSample, Pruned, Retention
+from gpuctl.core.history import FleetSample, NodeSample, Pruned, PruneReport, Retention
 from gpuctl.core.jobs.migration import Phase, Reservation
 from gpuctl.core.jobs.model import (
     Checkpoint,
@@ -266,6 +266,16 @@ class Store(Protocol):
     ) -> list[NodeSample]: ...
     def last_sample_at(self) -> float | None: ...
     def prune_history(self, now: float, retention: Retention) -> Pruned: ...
+    # each node's samples averaged into buckets of `step_s` (`core.history.average_nodes`'s
+    # values, computed where the samples are: one row per node and bucket comes back)
+    def node_sample_buckets(
+        self, since: float, step_s: int, until: float | None = None, node: str | None = None
+    ) -> list[NodeSample]: ...
+    # `prune_history` with each table's rows by level before and after, in one transaction,
+    # rolled back on a dry run (`gpuctl history prune`)
+    def prune_history_report(
+        self, now: float, retention: Retention, *, dry_run: bool = False
+    ) -> PruneReport: ...
 
     # integrity: problems found (empty: healthy); never raises for a damaged database
     def check(self) -> list[str]: ...

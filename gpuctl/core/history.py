@@ -136,6 +136,82 @@ class Pruned:
         return dataclasses.asdict(self)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class TableRows:
+    """Rows of one table at one level (a sample table's resolution, an event class) before and
+    after a prune."""
+
+    table: str  # fleet_samples, node_samples or events
+    level: str  # 1m, 5m, 1h (the samples' resolution) or checkpoint, other (events)
+    before: int
+    after: int
+
+    @property
+    def change(self) -> int:
+        return self.after - self.before
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "table": self.table,
+            "level": self.level,
+            "rows": self.before,
+            "after": self.after,
+            "change": self.change,
+        }
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PruneReport:
+    """What one prune did, or would do (`dry_run`): the totals and each table's rows by level."""
+
+    pruned: Pruned
+    tables: tuple[TableRows, ...]
+    dry_run: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "dry_run": self.dry_run,
+            **self.pruned.to_dict(),
+            "tables": [t.to_dict() for t in self.tables],
+        }
+
+
+TABLE_ORDER = ("fleet_samples", "node_samples", "events")
+EVENT_CLASSES = ("checkpoint", "other")
+
+
+def step_level(step_s: int) -> str:
+    """A resolution as a level's name: 60 -> 1m, 300 -> 5m, 3600 -> 1h, 30 -> 30s."""
+    if step_s % HOUR_S == 0:
+        return f"{step_s // HOUR_S}h"
+    if step_s % 60 == 0:
+        return f"{step_s // 60}m"
+    return f"{step_s}s"
+
+
+def table_rows(
+    before: Mapping[tuple[str, int | str], int], after: Mapping[tuple[str, int | str], int]
+) -> tuple[TableRows, ...]:
+    """Rows by (table, level) before and after -> `TableRows`, tables in `TABLE_ORDER`, sample
+    levels finest first, event classes in `EVENT_CLASSES`' order; a level in neither is left out."""
+
+    def order(key: tuple[str, int | str]) -> tuple[int, int, str]:
+        table, level = key
+        rank = level if isinstance(level, int) else EVENT_CLASSES.index(level)
+        return (TABLE_ORDER.index(table), rank, str(level))
+
+    keys = sorted(set(before) | set(after), key=order)
+    return tuple(
+        TableRows(
+            t,
+            step_level(level) if isinstance(level, int) else level,
+            before.get((t, level), 0),
+            after.get((t, level), 0),
+        )
+        for t, level in keys
+    )
+
+
 def _floor(t: float, step: int) -> int:
     return int(math.floor(t / step) * step)
 
@@ -175,10 +251,22 @@ def average_nodes(samples: Sequence[NodeSample], step_s: int) -> list[NodeSample
         groups.setdefault((bucket(s.at, step_s), s.node), []).append(s)
     out: list[NodeSample] = []
     for (at, node), group in sorted(groups.items()):
-        means = [_mean((s.values()[i] for s in group), None) for i in range(len(NODE_SERIES))]
-        ints = [None if v is None else int(v) for v in means]
-        out.append(NodeSample(at, step_s, node, means[0], *ints[1:]))
+        totals = []
+        for i in range(len(NODE_SERIES)):
+            got = [v for v in (s.values()[i] for s in group) if v is not None]
+            totals.append((sum(got), len(got)))
+        out.append(node_average(at, step_s, node, totals))
     return out
+
+
+def node_average(
+    at: int, step_s: int, node: str, totals: Sequence[tuple[float, int]]
+) -> NodeSample:
+    """One node's bucket from each `NODE_SERIES` column's (sum, count) of the values defined in
+    it: their means, whole (`average_nodes`, and the SQL stores' GROUP BY, end here)."""
+    means = [None if n == 0 else round(total / n) for total, n in totals]
+    ints = [None if v is None else int(v) for v in means]
+    return NodeSample(at, step_s, node, means[0], *ints[1:])
 
 
 def is_checkpoint_event(kind: str) -> bool:

@@ -4,22 +4,26 @@
 (`fleetstatus.numbers`, the function the CLI, dashboard, metrics and report read) and one of each
 node's use, throttled to the history's resolution (a pass every 5 s records once a minute), and
 prunes (downsampling, retention, events) about once an hour. Reading is `window`: the samples of
-the last hours, for the dashboard's sparklines and the report.
+the last hours, as stored or averaged by the store, for the dashboard's sparklines, the report
+and `gpuctl history show`; `series_rows` puts them in the long form report -o csv and history
+show print.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from gpuctl.adapters.protocols import Store
 from gpuctl.core.fleet.numbers import FleetNumbers
 from gpuctl.core.history import (
     FLEET_SERIES,
+    NODE_SERIES,
     FleetSample,
     NodeSample,
     Pruned,
     Retention,
+    average_fleet,
     bucket,
     parse_retention,
 )
@@ -73,15 +77,17 @@ def node_samples(
     return out
 
 
-def retention(flag: str | None, inventory_s: int | None = None) -> Retention:
-    """How long the history is kept: `--history-retention` when given, else the inventory's
+def retention(
+    flag: str | None, inventory_s: int | None = None, option: str = "--history-retention"
+) -> Retention:
+    """How long the history is kept: the flag (`option`) when given, else the inventory's
     `defaults: history_retention:`, else 30 days (`Retention`). UsageError for a bad flag."""
     keep = inventory_s
     if flag is not None:
         try:
             keep = parse_retention(flag)
         except ValueError as exc:
-            raise UsageError(f"--history-retention: {exc}") from None
+            raise UsageError(f"{option}: {exc}") from None
     return Retention() if keep is None else Retention().with_keep(keep)
 
 
@@ -156,10 +162,45 @@ class Recorder:
             return False
 
 
-def window(store: Store, now: float, seconds: float) -> tuple[list[FleetSample], list[NodeSample]]:
-    """The fleet's and the nodes' samples of the last `seconds`, oldest first."""
+def window(
+    store: Store,
+    now: float,
+    seconds: float,
+    *,
+    step_s: int | None = None,
+    until: float | None = None,
+    node: str | None = None,
+) -> tuple[list[FleetSample], list[NodeSample]]:
+    """The fleet's and the nodes' samples of the last `seconds` (up to `until`, only `node`'s
+    when given, and then no fleet sample), oldest first, then by node. `step_s`: averaged into
+    buckets of `step_s` (`core.history.average_fleet`, `average_nodes`), the nodes' by the store
+    (one row per node and bucket read, not every sample); None: as stored."""
     since = now - seconds
-    return store.fleet_samples(since), store.node_samples(since)
+    fleet = [] if node is not None else store.fleet_samples(since, until)
+    if step_s is None:
+        return fleet, store.node_samples(since, until, node)
+    return average_fleet(fleet, step_s), store.node_sample_buckets(since, step_s, until, node)
+
+
+CSV_COLUMNS = ("at", "step_s", "series", "node", "value")
+SERIES = FLEET_SERIES + NODE_SERIES
+
+
+def series_rows(
+    fleet: Sequence[FleetSample], nodes: Sequence[NodeSample], name: str | None = None
+) -> Iterator[tuple[int, int, str, str, float | None]]:
+    """The samples in long form, `CSV_COLUMNS`' order (at, step_s, series, node, value; node ""
+    for a fleet number): the fleet's rows, then the nodes'; only series `name` when given.
+    `gpuctl report -o csv` and `gpuctl history show` print these."""
+    fleet_names = [k for k in FLEET_SERIES if name in (None, k)]
+    node_names = [(i, k) for i, k in enumerate(NODE_SERIES) if name in (None, k)]
+    for s in fleet if fleet_names else ():
+        for k in fleet_names:
+            yield s.at, s.step_s, k, "", s.get(k)
+    for n in nodes if node_names else ():
+        values = n.values()
+        for i, k in node_names:
+            yield n.at, n.step_s, k, n.node, values[i]
 
 
 def fleet_series(samples: Sequence[FleetSample], name: str) -> list[float | None]:

@@ -19,26 +19,28 @@ from typing import Any
 
 from gpuctl.adapters.protocols import Store
 from gpuctl.core import timefmt
-from gpuctl.core.history import FLEET_SERIES, NODE_SERIES, FleetSample, NodeSample
+from gpuctl.core.history import FleetSample, NodeSample
 from gpuctl.core.jobs.figures import FAILOVER_REASONS
+from gpuctl.ops.history import CSV_COLUMNS, series_rows, window
 
-CSV_COLUMNS = ("at", "step_s", "series", "node", "value")
 CONSOLIDATION_KINDS = ("consolidate", "migrate", "migrated")
 
 
 def csv_text(store: Store, now: float, window_s: float) -> str:
-    """One table, long form: at (ISO 8601, UTC), step_s, series (a fleet number or a node
-    column), node (empty for the fleet), value (empty: undefined)."""
-    since = now - window_s
+    """One table, long form (`ops.history.series_rows`): at (ISO 8601, UTC), step_s, series (a
+    fleet number or a node column), node (empty for the fleet), value (empty: undefined)."""
+    return csv_of(*window(store, now, window_s, until=now))
+
+
+def csv_of(
+    fleet: Sequence[FleetSample], nodes: Sequence[NodeSample], name: str | None = None
+) -> str:
+    """The samples as `report -o csv` writes them (`gpuctl history show -o csv` too)."""
     out = io.StringIO()
     w = csv.writer(out, lineterminator="\n")
     w.writerow(CSV_COLUMNS)
-    for s in store.fleet_samples(since, now):
-        for k in FLEET_SERIES:
-            w.writerow((_iso(s.at), s.step_s, k, "", _num(s.get(k))))
-    for n in store.node_samples(since, now):
-        for k, v in zip(NODE_SERIES, n.values(), strict=True):
-            w.writerow((_iso(n.at), n.step_s, k, n.node, _num(v)))
+    for at, step_s, series, node, value in series_rows(fleet, nodes, name):
+        w.writerow((_iso(at), step_s, series, node, _num(value)))
     return out.getvalue()
 
 
@@ -57,8 +59,7 @@ def html_page(
     at `offset_s` east of UTC (the reader's local time), the zone named on each time axis."""
     since = now - window_s
     zone = _Zone(offset_s)
-    fleet = store.fleet_samples(since, now)
-    nodes = store.node_samples(since, now)
+    fleet, nodes = window(store, now, window_s, until=now)
     sections = [
         ("Fragmentation and stranded memory", _fragmentation(fleet, zone)),
         ("Utilization by node and hour", _heatmap(nodes, zone)),

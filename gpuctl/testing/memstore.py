@@ -23,9 +23,12 @@ from gpuctl.core.history import (
     FleetSample,
     NodeSample,
     Pruned,
+    PruneReport,
     Retention,
+    average_nodes,
     downsample,
     is_checkpoint_event,
+    table_rows,
 )
 from gpuctl.core.jobs.migration import Phase, Reservation, check_changes
 from gpuctl.core.jobs.model import (
@@ -567,6 +570,37 @@ class MemoryStore:
                 )
             ]
             return Pruned(averaged, dropped, before - len(self._events))
+
+    def node_sample_buckets(
+        self, since: float, step_s: int, until: float | None = None, node: str | None = None
+    ) -> list[NodeSample]:
+        return average_nodes(self.node_samples(since, until, node), step_s)
+
+    def prune_history_report(
+        self, now: float, retention: Retention, *, dry_run: bool = False
+    ) -> PruneReport:
+        with self._lock:
+            kept = (self._fleet_samples, self._node_samples, self._events)
+            before = self._history_counts()
+            pruned = self.prune_history(now, retention)
+            report = PruneReport(pruned, table_rows(before, self._history_counts()), dry_run)
+            if dry_run:
+                self._fleet_samples, self._node_samples, self._events = kept
+            return report
+
+    def _history_counts(self) -> dict[tuple[str, int | str], int]:
+        out: dict[tuple[str, int | str], int] = {}
+        for key in [("fleet_samples", s.step_s) for s in self._fleet_samples.values()] + [
+            ("node_samples", n.step_s) for n in self._node_samples.values()
+        ]:
+            out[key] = out.get(key, 0) + 1
+        for e in self._events:
+            k: tuple[str, int | str] = (
+                "events",
+                "checkpoint" if is_checkpoint_event(e.kind) else "other",
+            )
+            out[k] = out.get(k, 0) + 1
+        return out
 
     def check(self) -> list[str]:
         """The cheap invariants: at most one live incarnation per job, no double-booked card."""

@@ -17,10 +17,13 @@ from gpuctl.core.history import (
     FleetSample,
     NodeSample,
     Pruned,
+    PruneReport,
     Retention,
     average_fleet,
     average_nodes,
     bucket,
+    node_average,
+    table_rows,
 )
 
 T = TypeVar("T")
@@ -118,6 +121,36 @@ def read_nodes(
     return [node_from(r) for r in conn.execute(sql + " ORDER BY s.at, h.name", params).fetchall()]
 
 
+def read_node_buckets(
+    conn: sqlite3.Connection, since: float, until: float | None, node: str | None, step: int
+) -> list[NodeSample]:
+    """Each node's samples averaged into buckets of `step` by the database (GROUP BY node and
+    at / step): one row per node and bucket comes back, each column's sum and count of defined
+    values, which `core.history.node_average` turns into the means `average_nodes` gives."""
+    sums = ", ".join(f"sum({k}), count({k})" for k in NODE_SERIES)
+    sql = f"SELECT (at / ?) * ?, node_id, {sums} FROM node_samples WHERE at >= ?"
+    params: list[Any] = [step, step, int(since)]
+    if until is not None:
+        sql += " AND at <= ?"
+        params.append(int(until))
+    if node is not None:
+        sql += " AND node_id IN (SELECT id FROM history_nodes WHERE name = ?)"
+        params.append(node)
+    rows = conn.execute(sql + " GROUP BY 1, 2", params).fetchall()
+    if not rows:
+        return []
+    names = {int(r[0]): str(r[1]) for r in conn.execute("SELECT id, name FROM history_nodes")}
+    out = []
+    for r in rows:
+        totals = [
+            (0 if r[i] is None else float(r[i]) if i == 2 else int(r[i]), int(r[i + 1]))
+            for i in range(2, 2 + 2 * len(NODE_SERIES), 2)
+        ]
+        out.append(node_average(int(r[0]), step, names[int(r[1])], totals))
+    out.sort(key=lambda n: (n.at, n.node))  # by name as Python orders it, whatever the collation
+    return out
+
+
 def last_at(conn: sqlite3.Connection) -> int | None:
     row = conn.execute("SELECT max(at) FROM fleet_samples").fetchone()
     return None if row is None or row[0] is None else int(row[0])
@@ -133,6 +166,31 @@ def prune(conn: sqlite3.Connection, now: float, retention: Retention) -> Pruned:
     dropped = conn.execute("DELETE FROM fleet_samples WHERE at < ?", (horizon,)).rowcount
     dropped += conn.execute("DELETE FROM node_samples WHERE at < ?", (horizon,)).rowcount
     return Pruned(averaged, dropped, _prune_events(conn, now, retention))
+
+
+def row_counts(conn: sqlite3.Connection) -> dict[tuple[str, int | str], int]:
+    """Rows by (table, level): the sample tables by resolution, events by class."""
+    out: dict[tuple[str, int | str], int] = {}
+    for table in ("fleet_samples", "node_samples"):
+        for step, n in conn.execute(f"SELECT step_s, count(*) FROM {table} GROUP BY step_s"):
+            out[(table, int(step))] = int(n)
+    like = CHECKPOINT_EVENT_PREFIX + "%"
+    for is_checkpoint, n in conn.execute(
+        "SELECT CASE WHEN kind LIKE ? THEN 1 ELSE 0 END, count(*) FROM events GROUP BY 1",
+        (like,),
+    ):
+        out[("events", "checkpoint" if int(is_checkpoint) else "other")] = int(n)
+    return out
+
+
+def prune_report(
+    conn: sqlite3.Connection, now: float, retention: Retention, *, dry_run: bool
+) -> PruneReport:
+    """`prune`, each table's rows by level counted before and after (in the caller's
+    transaction, which a dry run rolls back)."""
+    before = row_counts(conn)
+    pruned = prune(conn, now, retention)
+    return PruneReport(pruned, table_rows(before, row_counts(conn)), dry_run)
 
 
 def _downsample(conn: sqlite3.Connection, step: int, before: int) -> int:

@@ -33,7 +33,7 @@ from gpuctl.adapters.store import (
 )
 from gpuctl.adapters.store.opening import LOCK_NAME, MARKER_NAME, Opened
 from gpuctl.core.health.autodrain import NodeHealth
-from gpuctl.core.history import FleetSample, NodeSample, Pruned, Retention
+from gpuctl.core.history import FleetSample, NodeSample, Pruned, PruneReport, Retention
 from gpuctl.core.jobs.migration import Phase, Reservation, check_changes
 from gpuctl.core.jobs.model import (
     Checkpoint,
@@ -635,6 +635,31 @@ class SqliteStore:
         with self._tx() as c:
             return series.prune(c, now, retention)
 
+    def node_sample_buckets(
+        self, since: float, step_s: int, until: float | None = None, node: str | None = None
+    ) -> list[NodeSample]:
+        """Each node's samples averaged into buckets of `step_s` by the database."""
+        if self.schema_version < series.HISTORY_SINCE:
+            return []
+        with self._lock, self._errors():
+            return series.read_node_buckets(self._conn, since, until, node, step_s)
+
+    def prune_history_report(
+        self, now: float, retention: Retention, *, dry_run: bool = False
+    ) -> PruneReport:
+        """`prune_history`, each table's rows by level counted before and after, in one
+        transaction; a dry run rolls it back (its counts are the prune's own)."""
+        report: PruneReport | None = None
+        try:
+            with self._tx() as c:
+                report = series.prune_report(c, now, retention, dry_run=dry_run)
+                if dry_run:
+                    raise _RollBack
+        except _RollBack:
+            pass
+        assert report is not None
+        return report
+
     def card_capacities(self) -> dict[tuple[str, int], int]:
         """Each card's capacity as given when its cards were last granted (for `db check`)."""
         found = self._read(
@@ -737,6 +762,10 @@ class SqliteStore:
 
 def _marks(n: int) -> str:
     return ", ".join("?" * n)
+
+
+class _RollBack(Exception):
+    """Raised inside a transaction to roll it back (`prune_history_report`'s dry run)."""
 
 
 if TYPE_CHECKING:  # mypy proves SqliteStore implements the Store protocol

@@ -4,10 +4,10 @@ hours, not the last two minutes.
 
 `DashHistory` reads the store's history through `ops.history.window` (what the report reads) when
 the dashboard starts and again as each point's bucket ends (only what is new), averaged into the
-window's points, and puts each refresh's live values into the newest point. A store without
-history in the window (no control loop recording) leaves the last `RECENT_POINTS` refreshes kept
-in memory, as before. It lives in the poll worker; each refresh hands the screens a frozen
-`HistoryView`.
+window's points (the nodes' by the store: one row per node and point, not every sample), and
+puts each refresh's live values into the newest point. A store without history in the window (no
+control loop recording) leaves the last `RECENT_POINTS` refreshes kept in memory, as before. It
+lives in the poll worker; each refresh hands the screens a frozen `HistoryView`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections.abc import Mapping
 
 from gpuctl.adapters.protocols import Store
 from gpuctl.core.fleet.numbers import FleetNumbers
-from gpuctl.core.history import FLEET_SERIES, average_fleet, average_nodes, bucket
+from gpuctl.core.history import FLEET_SERIES, bucket
 from gpuctl.core.model import FleetSnapshot
 from gpuctl.errors import GpuctlError, UsageError
 
@@ -163,17 +163,17 @@ class DashHistory:
         assert self._first is not None
         since = self._first if self._read_to is None else max(self._first, self._read_to)
         try:
-            fleet, nodes = window(store, now, now - since)
+            fleet, nodes = window(store, now, now - since, step_s=self.step_s)
         except GpuctlError as exc:
             log.warning("the fleet's history could not be read: %s", exc.message)
             return
         self._read_to = current
-        for f in average_fleet(fleet, self.step_s):
+        for f in fleet:
             i = self._index(f.at)
             if i is not None:
                 for name, values in self._fleet.items():
                     values[i] = f.get(name)
-        for n in average_nodes(nodes, self.step_s):
+        for n in nodes:
             i = self._index(n.at)
             if i is not None:
                 self._node_points(n.node)[i] = n.util_pct
