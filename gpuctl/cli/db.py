@@ -42,6 +42,7 @@ def check(
     """Integrity, schema version and the job invariants. Exit 0 when healthy, 6 otherwise.
 
     With --fleet, the job processes that really run on the nodes are compared with the store."""
+    from gpuctl.config.hostlist import fold
     from gpuctl.ops.invariants import check_database
 
     report = check_database(_state_dir(ctx), context.get(ctx).resolve_state_url())
@@ -66,7 +67,7 @@ def check(
         lines += [("problem", p) for p in report.problems]
         lines.append(("healthy", "yes" if report.healthy else "NO"))
         if found is not None:
-            live = ", ".join(f"{j}#{n} on {'+'.join(ns)}" for (j, n), ns in found.live.items())
+            live = ", ".join(f"{j}#{n} on {fold(ns)}" for (j, n), ns in found.live.items())
             lines.append(("fleet", f"{found.nodes} node(s) read; live: {live or 'no job'}"))
             lines += [("fleet err", p) for p in found.problems]
             lines += [("unread", u) for u in found.unreadable]

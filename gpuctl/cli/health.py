@@ -84,11 +84,16 @@ def _progress(n: int, total: int) -> None:
 
 
 def _counts(verdicts: Sequence[NodeVerdict]) -> str:
+    """`5 node(s), 3 healthy, 2 unhealthy (gpu[03,07])`: the nodes that are not healthy named,
+    as one hostlist each."""
+    from gpuctl.config.hostlist import fold
+
     parts = [f"{len(verdicts)} node(s)"]
     for verdict in Verdict:
-        n = sum(1 for v in verdicts if v.verdict is verdict)
-        if n:
-            parts.append(f"{n} {verdict.value}")
+        names = [v.name for v in verdicts if v.verdict is verdict]
+        if names:
+            which = "" if verdict is Verdict.HEALTHY else f" ({fold(names)})"
+            parts.append(f"{len(names)} {verdict.value}{which}")
     return ", ".join(parts)
 
 

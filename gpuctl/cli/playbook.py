@@ -196,6 +196,8 @@ def render_step(r: StepResult) -> str:
 
 
 def render_plan(plan: RunPlan) -> str:
+    from gpuctl.config.hostlist import fold
+
     head = f"playbook {plan.playbook} ({plan.source})"
     if plan.description:
         head += f": {plan.description.strip().splitlines()[0]}"
@@ -206,7 +208,7 @@ def render_plan(plan: RunPlan) -> str:
     if plan.resumes is not None:
         lines.append(f"resumes the interrupted run {plan.resumes}: the steps it did are skipped")
     lines += [
-        f"targets: {', '.join(plan.targets) or 'none'} (batches of {sizes})",
+        f"targets: {fold(plan.targets) or 'none'} (batches of {sizes})",
         f"window: {window} ({where}) · max_fail_percentage {plan.max_fail_percentage:g}%",
     ]
     for s in plan.steps:

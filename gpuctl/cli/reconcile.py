@@ -155,6 +155,8 @@ def _watch(loop: Reconciler, interval: float, output: Output) -> None:
 
 
 def _print(report: PassReport, output: Output) -> None:
+    from gpuctl.config.hostlist import fold
+
     if output in (Output.JSON, Output.YAML):
         emit_document(report.to_dict(), output)
         return
@@ -169,7 +171,7 @@ def _print(report: PassReport, output: Output) -> None:
             sys.stdout.write(safe("  ".join([*cells, row[4]])) + "\n")
     states = ", ".join(f"{n} {s}" for s, n in sorted(report.jobs.items())) or "no jobs"
     down = [n.name for n in report.nodes if n.liveness == "down"]
-    tail = f"; down: {', '.join(down)}" if down else ""
+    tail = f"; down: {fold(down)}" if down else ""
     suspect = "; suspecting gpuctl's own network" if report.suspect_network else ""
     what = "would be done (dry run)" if report.dry_run else "done"
     sys.stdout.write(

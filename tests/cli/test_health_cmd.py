@@ -161,6 +161,15 @@ def test_unreadable_or_silent_nodes_are_unknown_with_exit_3(fleet: Fleet) -> Non
     assert nodes["gpu02"]["verdict"] == "healthy"
 
 
+def test_the_summary_names_the_nodes_that_are_not_healthy_as_one_hostlist(fleet: Fleet) -> None:
+    fleet.inject("gpu01", garbage=True)
+    fleet.down["gpu03"] = ConnectRefused("gpu03 (127.0.0.1:2203): connection refused")
+    result = fleet.health()
+    assert result.exit_code == 3, result.output
+    summary = "health: 3 node(s), 1 healthy, 2 unknown (gpu[01,03]); exit 3 (unknown)\n"
+    assert result.stderr == summary
+
+
 def test_critical_outranks_unknown_and_unknown_outranks_warn(fleet: Fleet) -> None:
     fleet.inject("gpu01", garbage=True)
     fleet.inject("gpu02", gpu=0, temp_c=95)

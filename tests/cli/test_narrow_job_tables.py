@@ -145,7 +145,8 @@ def test_place_keeps_job_and_node_names_whole_and_folds_why_not(width: int, wide
 def test_place_explain_folds_each_list_of_nodes_and_json_keeps_them() -> None:
     text = placement_text(_plan(), explain=True, wide=False, width=None)
     assert "4 nodes [unschedulable] cordoned: gpu[01-03,07]" in text
-    assert f"2 nodes [gpu_count] fewer than 8 empty usable cards: rack12-gpu-node-[0007-0008]" in text
+    cards = "2 nodes [gpu_count] fewer than 8 empty usable cards"
+    assert f"{cards}: rack12-gpu-node-[0007-0008]" in text
     doc = plan_to_dict(_plan())
     assert doc["jobs"][0]["rejections"][0]["nodes"] == ["gpu01", "gpu02", "gpu03", "gpu07"]
 

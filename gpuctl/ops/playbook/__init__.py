@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from gpuctl.config.hostlist import fold
 from gpuctl.core import playbook as core
 from gpuctl.core.jobs.model import Event
 from gpuctl.core.playbook import Playbook, TimeWindow, Unit
@@ -333,6 +334,8 @@ def _execute(
             if on_step is not None:
                 on_step(result)
             stop = stop_reason(journal, result, playbook.settings)
+            if stop is not None and result.nodes and journal.failed_nodes:
+                stop = f"{stop}: {fold(journal.failed_nodes)}"  # which, as one hostlist
             if stop is not None:
                 journal = journal.close("failed", clock.now())
                 journals.save(journal)
@@ -345,7 +348,8 @@ def _execute(
     journals.save(journal)
     failed = len(journal.failed_nodes)
     message = f"{len(results)} step(s) done" + (
-        f"; {failed} of {journal.targets} target(s) failed (within max_fail_percentage)"
+        f"; {failed} of {journal.targets} target(s) failed (within max_fail_percentage): "
+        f"{fold(journal.failed_nodes)}"
         if failed
         else ""
     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from gpuctl.config.hostlist import fold
 from gpuctl.core import playbook as core
 from gpuctl.core.placement.model import JobRequest
 from gpuctl.core.playbook import Unit
@@ -45,7 +46,7 @@ def _p_status(s: Services, unit: Unit, nodes: tuple[str, ...], view: View) -> Se
 
 
 def _p_health(s: Services, unit: Unit, nodes: tuple[str, ...], view: View) -> Sequence[str]:
-    return (f"would poll {', '.join(nodes)} and judge their health",)
+    return (f"would poll {fold(nodes)} and judge their health",)
 
 
 def _p_cordon(s: Services, unit: Unit, nodes: tuple[str, ...], view: View) -> Sequence[str]:

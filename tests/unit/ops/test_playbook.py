@@ -24,6 +24,7 @@ from gpuctl.adapters.protocols import ExecResult
 from gpuctl.adapters.store import open_store
 from gpuctl.cli.context import AppContext
 from gpuctl.cli.main import app
+from gpuctl.cli.playbook import render_plan
 from gpuctl.config.health_rules import load_rules
 from gpuctl.config.playbook import load_playbook
 from gpuctl.core.health.autodrain import AutoDrainPolicy
@@ -149,7 +150,7 @@ def test_failed_nodes_beyond_max_fail_percentage_stop_the_run_before_the_next_st
     )
     report = bench.run(bench.playbook(text.format(pct=0)))
     assert report.outcome == "failed"
-    assert report.message == "1 of 3 target(s) failed (33% > max_fail_percentage 0%)"
+    assert report.message == "1 of 3 target(s) failed (33% > max_fail_percentage 0%): n2"
     assert outcomes(report) == [
         ("b1.s1", "failed", {"n1": "changed", "n2": "failed", "n3": "changed"})
     ]
@@ -163,7 +164,22 @@ def test_failed_nodes_beyond_max_fail_percentage_stop_the_run_before_the_next_st
     report = other.run(other.playbook(text.format(pct=50)))
     assert report.outcome == "ok" and report.failed_nodes == ("n2",)
     assert other.cordoned() == {"n1", "n3"}  # a failed node takes no part in later steps
-    assert "1 of 3 target(s) failed (within max_fail_percentage)" in report.message
+    assert "1 of 3 target(s) failed (within max_fail_percentage): n2" in report.message
+
+
+def test_a_run_names_its_failed_nodes_and_its_plan_its_targets_as_hostlists(bench: Bench) -> None:
+    names = [f"n{i}" for i in (1, 2, 3)]
+    bench.transport.script = {"n1": fail(3, "disk full"), "n2": fail(3, "disk full"), "n3": ok()}
+    pb = bench.playbook(
+        "name: pb\ntargets: all\nsettings: {max_fail_percentage: 0}\nsteps:\n"
+        "  - health:\n  - run: [fstrim, /]\n"
+    )
+    plan = service.plan_run(pb, bench.services())
+    assert plan.targets == tuple(names)
+    assert "targets: n[1-3] (batches of 3)" in render_plan(plan)
+    assert plan.steps[0].detail == ("would poll n[1-3] and judge their health",)
+    report = bench.run(pb)
+    assert report.message == "2 of 3 target(s) failed (67% > max_fail_percentage 0%): n[1-2]"
 
 
 def test_serial_runs_every_step_for_one_batch_before_the_next(bench: Bench) -> None:
@@ -692,5 +708,5 @@ def test_a_step_failing_beyond_the_threshold_exits_1(shells: Shells) -> None:
     assert result.exit_code == 1
     assert "    pb02  failed   exit 4: no\n" in result.stdout
     assert result.stdout.endswith(
-        "playbook fails: failed: 1 of 1 target(s) failed (100% > max_fail_percentage 0%)\n"
+        "playbook fails: failed: 1 of 1 target(s) failed (100% > max_fail_percentage 0%): pb02\n"
     )
