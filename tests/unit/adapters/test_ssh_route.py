@@ -170,7 +170,7 @@ def test_the_known_hosts_name_is_the_hostname_and_port_dialled(
             "names (it quotes everything it runs itself); use ProxyJump",
         ),
         (
-            "Host other\n  User x\nMatch host gpu07 exec \"touch /tmp/ran\"\n  User y\n",
+            'Host other\n  User x\nMatch host gpu07 exec "touch /tmp/ran"\n  User y\n',
             "line 3: Match exec: is not supported: gpuctl runs no local command a config "
             "names (it quotes everything it runs itself); use Host or Match host",
         ),
