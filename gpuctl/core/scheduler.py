@@ -68,6 +68,21 @@ class SchedJob:
     user: str | None = None
     name: str | None = None
     state: str = "RUNNING"
+    restarts: int = 0  # Slurm's restart count (a requeue adds one)
+    started_at: float | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SchedQueued:
+    """One job Slurm lists that holds no cards here: waiting (PENDING, REQUEUED...), running
+    without GPUs, or ended and not yet forgotten. The control loop follows gpuctl's own Slurm
+    jobs through these and `SchedJob` (`ops.loop._slurm`)."""
+
+    job_id: str
+    state: str
+    reason: str | None = None
+    restarts: int = 0
+    nodes: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -83,6 +98,7 @@ class SchedulerView:
     jobs: tuple[SchedJob, ...] = ()
     notes: tuple[str, ...] = ()
     error: str | None = None
+    queue: tuple[SchedQueued, ...] = ()  # the other jobs squeue lists
 
     def node(self, name: str) -> SchedNode | None:
         return next((n for n in self.nodes if n.name == name), None)
@@ -97,6 +113,7 @@ class SchedulerView:
             "jobs": [_job_dict(j) for j in self.jobs],
             "notes": list(self.notes),
             "error": self.error,
+            "queue": [dataclasses.asdict(q) for q in self.queue],
         }
 
     @classmethod
@@ -131,11 +148,23 @@ class SchedulerView:
                     user=j.get("user"),
                     name=j.get("name"),
                     state=str(j.get("state", "RUNNING")),
+                    restarts=int(j.get("restarts") or 0),
+                    started_at=j.get("started_at"),
                 )
                 for j in d.get("jobs") or ()
             ),
             notes=tuple(str(s) for s in d.get("notes") or ()),
             error=d.get("error"),
+            queue=tuple(
+                SchedQueued(
+                    job_id=str(q["job_id"]),
+                    state=str(q["state"]),
+                    reason=q.get("reason"),
+                    restarts=int(q.get("restarts") or 0),
+                    nodes=q.get("nodes"),
+                )
+                for q in d.get("queue") or ()
+            ),
         )
 
 
@@ -163,4 +192,6 @@ def _job_dict(j: SchedJob) -> dict[str, Any]:
         "user": j.user,
         "name": j.name,
         "state": j.state,
+        "restarts": j.restarts,
+        "started_at": j.started_at,
     }

@@ -89,11 +89,18 @@ def fleet_state(
     if store is None:
         state = fleet_state_from_snapshot(snapshot, held, versioned=versioned, memo=memo)
         return with_cordons(state, cordons)
-    allocations, _ = store_allocations(store)
+    allocations, jobs = store_allocations(store)
+    if held:  # a Slurm job gpuctl submitted: its cards once, as the view holds them
+        listed = {j.job_id for j in snapshot.scheduler.jobs} if snapshot.scheduler else set()
+        allocations = tuple(a for a in allocations if _backend_id(jobs.get(a.job)) not in listed)
     state = fleet_state_from_snapshot(
         snapshot, (*allocations, *held), versioned=versioned, memo=memo
     )
     return with_cordons(state, {**cordons, **{c.node: c for c in store.cordons()}})
+
+
+def _backend_id(job: Job | None) -> str | None:
+    return None if job is None or job.spec.backend is None else job.spec.backend.id
 
 
 def node_states(snapshot: FleetSnapshot, store: Store | None) -> dict[str, NodeStatus]:

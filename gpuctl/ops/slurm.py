@@ -221,16 +221,23 @@ class SlurmDrains:
             update_node(commands, node, state="RESUME")
         return f"{node} resumed in Slurm"
 
-    @contextlib.contextmanager
-    def _commands(self, source: SlurmSource) -> Iterator[SlurmCommands]:
-        if source.via != "ssh":
-            yield SlurmCommands(source)
-            return
-        transport = (self._transport or _ssh)()
-        try:
-            yield SlurmCommands(source, transport)
-        finally:
-            transport.close()
+    def _commands(self, source: SlurmSource) -> contextlib.AbstractContextManager[SlurmCommands]:
+        return slurm_commands(source, self._transport)
+
+
+@contextlib.contextmanager
+def slurm_commands(
+    source: SlurmSource, transport: Callable[[], Transport] | None = None
+) -> Iterator[SlurmCommands]:
+    """The cluster's Slurm commands, here or on its login node (that connection closed after)."""
+    if source.via != "ssh":
+        yield SlurmCommands(source)
+        return
+    opened = (transport or _ssh)()
+    try:
+        yield SlurmCommands(source, opened)
+    finally:
+        opened.close()
 
 
 def slurm_drains_due(

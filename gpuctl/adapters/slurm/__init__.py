@@ -25,6 +25,7 @@ from gpuctl.adapters.slurm._parse import (
     document,
     parse_jobs,
     parse_nodes,
+    parse_queue,
     version_of,
 )
 from gpuctl.adapters.slurm._run import SlurmCommands, SlurmError
@@ -44,6 +45,7 @@ __all__ = [
     "job_states",
     "parse_jobs",
     "parse_nodes",
+    "parse_queue",
     "read_output",
     "sbatch",
     "scancel",
@@ -99,6 +101,7 @@ class SlurmReader:
         notes += errs
         names = {n.name for n in nodes}
         jobs = tuple(j for j in parse_jobs(items, "squeue --json", notes) if j.node in names)
+        queue = parse_queue(items, "squeue --json", notes, {j.job_id for j in jobs})
         return SchedulerView(
             cluster=source.cluster,
             version=release or ".".join(str(v) for v in self.version()),
@@ -106,6 +109,7 @@ class SlurmReader:
             nodes=nodes,
             jobs=jobs,
             notes=tuple(notes),
+            queue=queue,
         )
 
     def read_or_error(self, now: float | None = None) -> SchedulerView:

@@ -17,7 +17,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from gpuctl.core.scheduler import SchedJob, SchedNode
+from gpuctl.core.scheduler import SchedJob, SchedNode, SchedQueued
 from gpuctl.errors import GpuctlError
 
 MAX_JSON_BYTES = 64 * 1024 * 1024  # squeue --json of a busy cluster runs to megabytes
@@ -196,10 +196,38 @@ def parse_jobs(items: Iterable[Any], command: str, notes: list[str]) -> tuple[Sc
         if nodes is None:
             continue
         user, name = f.text("user_name"), f.text("name")
+        restarts, started = f.number("restart_cnt"), f.number("start_time")
         out.extend(
-            SchedJob(job_id, node, idx, user, name, state)
+            SchedJob(job_id, node, idx, user, name, state, int(restarts or 0), started or None)
             for node, idx in zip(nodes, cards, strict=True)
             if idx
+        )
+    return tuple(out)
+
+
+def parse_queue(
+    items: Iterable[Any], command: str, notes: list[str], held: Iterable[str] = ()
+) -> tuple[SchedQueued, ...]:
+    """Every other job of `squeue --json` (those whose ids are not in `held`, the jobs holding
+    cards `parse_jobs` read): its state, Slurm's reason ("None" dropped), restart count and
+    nodes. A job without an id was noted by `parse_jobs` already and is left out quietly."""
+    skip, out = set(held), []
+    for item in items:
+        if not isinstance(item, Mapping):
+            continue
+        f = _Fields(command, f"job {item.get('job_id')}", item, notes)
+        job_id = _Fields(command, "", item, []).text("job_id")
+        if job_id is None or job_id in skip:
+            continue
+        reason = f.text("state_reason")
+        out.append(
+            SchedQueued(
+                job_id,
+                _job_state(_Fields(command, f.what, item, [])),
+                None if reason in (None, "None") else reason,
+                int(f.number("restart_cnt") or 0),
+                f.text("nodes"),
+            )
         )
     return tuple(out)
 

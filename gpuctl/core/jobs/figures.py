@@ -11,8 +11,9 @@ Definitions (docs/design.md, in words and here in code):
   running jobs. A running job with no committed checkpoint yet counts from its first start
   (everything it did is at risk) and is counted in `checkpoint_missing`.
 - **Failover success %**: failovers — incarnations ended because their node failed or they were
-  preempted (`EndReason.NODE_LOST`, `PREEMPTED`) within the window — whose job was running again
-  (a later incarnation that got a pid) within the restart budget (default 10 min) of the moment
+  preempted (`EndReason.NODE_LOST`, `PREEMPTED`; a Slurm requeue is a `NODE_LOST`) within the
+  window — whose job was running again (a later incarnation that got a pid, or that Slurm ran)
+  within the restart budget (default 10 min) of the moment
   the incarnation was ended / failovers attempted. A failover still inside its budget is not
   counted yet; one whose job an operator cancelled inside the budget is not counted at all. A
   drain's moves are planned, not failovers, and are counted apart: **drain moves** (`DRAINED`:
@@ -212,10 +213,15 @@ def _failovers(
         t0 = inc.ended_at
         if not start <= t0 <= now:
             continue
+        job = job_of.get(inc.job_id)
+        # Slurm's runs have no pid (a job record without a full spec counts as gpuctl's)
+        slurms = job is not None and getattr(job.spec, "backend", None) is not None
         later = [
             i
             for i in by_job[inc.job_id]
-            if i.n > inc.n and i.pid is not None and i.end_reason is not EndReason.LAUNCH_FAILED
+            if i.n > inc.n
+            and (i.pid is not None or slurms)
+            and i.end_reason is not EndReason.LAUNCH_FAILED
         ]
         again = min(later, key=lambda i: i.n) if later else None
         if again is not None and again.started_at - t0 <= budget_s:
@@ -225,7 +231,6 @@ def _failovers(
         if again is None and now - t0 < budget_s:
             pending += 1
             continue
-        job = job_of.get(inc.job_id)
         if (
             again is None
             and job is not None

@@ -24,7 +24,16 @@ from gpuctl.core.model import FleetSnapshot, Inventory
 from gpuctl.core.shared import PublishedFleet, encode
 from gpuctl.errors import ControllerLeads, LeaseLost, StateError, StoreConflict
 from gpuctl.ops.health import HistoryKeeper, SampleHistory
-from gpuctl.ops.loop import _checkpoints, _health, _jobs, _nodes, _view, launch, migrations
+from gpuctl.ops.loop import (
+    _checkpoints,
+    _health,
+    _jobs,
+    _nodes,
+    _slurm,
+    _view,
+    launch,
+    migrations,
+)
 from gpuctl.ops.loop.model import (
     ACTOR,
     Action,
@@ -191,6 +200,7 @@ def run_pass(p: Pass) -> PassReport:
         lambda: _nodes.observe(p),
         lambda: _nodes.fence(p),
         lambda: _settle(p),
+        lambda: _slurm.track(p),  # the jobs Slurm runs: their states recorded, nothing done
         lambda: _stop_overdue(p),
         lambda: _cancel(p),
         lambda: _failover(p),
@@ -225,6 +235,8 @@ def _settle(p: Pass) -> None:
     for inc in p.store.incarnations(holding=True):
         if inc.state not in ACTIVE or inc.node not in p.observed:
             continue
+        if _slurm.runs_elsewhere(p.store.job(inc.job_id)):
+            continue  # Slurm's run: `_slurm.track` records its end
         run = p.observed[inc.node].get((inc.job_id, inc.n))
         p.guard(_settle_one, p, inc, run)
 
@@ -278,7 +290,13 @@ def _cancel(p: Pass) -> None:
 def _failover(p: Pass) -> None:
     """Incarnations on down nodes are lost; their jobs are requeued (not while suspecting our
     own network)."""
-    lost = [i for i in p.store.incarnations(holding=True) if i.state in ACTIVE and i.node in p.down]
+    lost = [
+        i
+        for i in p.store.incarnations(holding=True)
+        if i.state in ACTIVE
+        and i.node in p.down
+        and not _slurm.runs_elsewhere(p.store.job(i.job_id))  # Slurm requeues its own
+    ]
     if not lost:
         return
     if p.suspect:

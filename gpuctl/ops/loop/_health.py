@@ -31,7 +31,7 @@ from gpuctl.core.health.autodrain import (
 from gpuctl.core.health.model import Action, HealthRules
 from gpuctl.core.jobs.model import Cordon, Incarnation, IncarnationState, Job
 from gpuctl.errors import GpuctlError, StateError
-from gpuctl.ops.loop import _stall, migrations
+from gpuctl.ops.loop import _slurm, _stall, migrations
 from gpuctl.ops.loop.model import Target
 from gpuctl.ops.slurm import SlurmDrains, slurm_drains_due
 
@@ -123,7 +123,11 @@ def _outages(p: Pass) -> dict[str, int]:
 def _loaded(p: Pass) -> set[str]:
     """Nodes holding jobs a drain would move (launching or running there)."""
     active = (IncarnationState.LAUNCHING, IncarnationState.RUNNING)
-    return {i.node for i in p.store.incarnations(holding=True) if i.state in active}
+    return {
+        i.node
+        for i in p.store.incarnations(holding=True)
+        if i.state in active and not _slurm.runs_elsewhere(p.store.job(i.job_id))
+    }
 
 
 def _drains_last_hour(p: Pass) -> int:
@@ -242,7 +246,9 @@ def _drain(p: Pass, step: NodeStep, h: NodeHealth, *, start: bool, counted: bool
     incs = [
         i
         for i in p.store.incarnations(node=step.node, holding=True)
-        if i.state is IncarnationState.RUNNING and i.job_id not in moving
+        if i.state is IncarnationState.RUNNING
+        and i.job_id not in moving
+        and not _slurm.runs_elsewhere(p.store.job(i.job_id))  # Slurm's drain lets it end
     ]
     if start:
         what = (

@@ -272,6 +272,8 @@ def repair(p: Pass) -> None:
     """A running job whose latest incarnation is no longer active (gpuctl died between writing
     the incarnation and the job): settle it now."""
     for job in p.store.jobs([JobState.RUNNING]):
+        if job.spec.backend is not None:
+            continue  # Slurm's: `_slurm.track` settles it
         incs = p.store.incarnations(job.id)
         latest = next((i for i in incs if i.n == job.incarnation), None)
         if latest is None:

@@ -204,6 +204,7 @@ def _preempt_for(
         if (
             other is None
             or other.tier != Tier.SPOT.value
+            or other.spec.backend is not None  # Slurm's to preempt, never gpuctl's
             or inc.state is not IncarnationState.RUNNING
             or inc.node not in p.observed
             or inc.job_id in releasing

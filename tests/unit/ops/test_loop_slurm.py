@@ -1,0 +1,221 @@
+"""The control loop records the jobs Slurm runs (`ops.loop._slurm`): each pass reads Slurm
+through its poll's view (a scripted `SchedulerView` here) and writes each state change into the
+store once, with the loop's events, so status, metrics and `jobs` read the same state; it never
+launches, fences nor fails over such a job."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+
+import pytest
+
+from gpuctl.core.jobs.model import EndReason, IncarnationState, Job, JobState
+from gpuctl.core.model import FleetSnapshot, Inventory, NodeSpec
+from gpuctl.core.scheduler import SchedJob, SchedQueued, SchedulerView
+from gpuctl.ops import fleetstatus
+from gpuctl.ops import jobs as jobs_service
+from gpuctl.ops.invariants import check_invariants
+from gpuctl.ops.loop import _slurm
+from gpuctl.ops.loop.model import Pass
+from gpuctl.ops.metrics._jobs import read_jobs
+from gpuctl.testing.fakerunner import FakeFleet
+from gpuctl.testing.memstore import MemoryStore
+from tests.unit.ops.test_reconcile import Loop, make
+from tests.unit.ops.test_slurm_jobs import add, slurm_job
+
+T0 = 1_000.0
+
+
+class SlurmFleet:
+    """The fake fleet's poll with a Slurm view the test sets (`view`)."""
+
+    def __init__(self, inner: FakeFleet) -> None:
+        self.inner = inner
+        self.view = SchedulerView(cluster="hpc1")
+        self.polls = 0
+
+    def gather(self, nodes: Inventory | Iterable[NodeSpec]) -> FleetSnapshot:
+        self.polls += 1
+        return dataclasses.replace(self.inner.gather(nodes), scheduler=self.view)
+
+
+@pytest.fixture
+def markers(monkeypatch: pytest.MonkeyPatch) -> dict[str, tuple[int, int] | None]:
+    """The exit markers the batch scripts wrote, by gpuctl job id (none: not there)."""
+    found: dict[str, tuple[int, int] | None] = {}
+
+    def read(p: Pass, jobs: list[Job]) -> dict[str, tuple[int, int] | None]:
+        return {j.id: found.get(j.id) for j in jobs}
+
+    monkeypatch.setattr(_slurm, "exit_markers", read)
+    return found
+
+
+def setup() -> tuple[Loop, SlurmFleet]:
+    t = make(MemoryStore())
+    fleet = SlurmFleet(t.fleet)
+    t.loop.fleet = fleet
+    add(t.store, slurm_job(t.submit("template")))
+    t.store.update_job("template-000001", state=JobState.CANCELLED)
+    return t, fleet
+
+
+def running(restarts: int = 0, cards: tuple[int, ...] = (1,)) -> SchedulerView:
+    job = SchedJob("42", "n2", cards, "alice", "sjob", "RUNNING", restarts, T0 + restarts)
+    return SchedulerView(cluster="hpc1", jobs=(job,))
+
+
+def queued(
+    state: str = "PENDING", reason: str | None = "Resources", restarts: int = 0
+) -> SchedulerView:
+    return SchedulerView(cluster="hpc1", queue=(SchedQueued("42", state, reason, restarts),))
+
+
+def slurm_events(t: Loop) -> list[str]:
+    return [e.kind for e in t.store.events(job_id="sjob-1") if e.actor == "gpuctl"]
+
+
+def test_a_pending_job_keeps_queued_with_slurms_reason_and_no_event() -> None:
+    t, fleet = setup()
+    fleet.view = queued()
+    t.step()
+    t.step()
+    job = t.job("sjob-1")
+    assert (job.state, job.reason) == (JobState.QUEUED, "Slurm job 42: PENDING (Resources)")
+    assert slurm_events(t) == [] and t.store.incarnations("sjob-1") == []
+
+
+def test_running_is_recorded_once_with_slurms_node_cards_and_start_and_counted_once() -> None:
+    t, fleet = setup()
+    fleet.view = running()
+    t.step()
+    t.step()  # idempotent: the same reading writes nothing again
+    job, inc = t.job("sjob-1"), t.inc("sjob-1")
+    assert job.state is JobState.RUNNING and job.incarnation == 1
+    assert (inc.state, inc.node, inc.cards, inc.started_at) == (
+        IncarnationState.RUNNING,
+        "n2",
+        (1,),
+        T0,
+    )
+    assert slurm_events(t) == ["slurm_running"]
+    # the loop neither launched, fenced nor ended Slurm's run (its node lists no run of it)
+    assert [r.job_id for _, r in t.runner.launches] == []
+    assert t.runner.fences == []
+    # status, metrics and jobs read the same: running on n2 card 1, the card counted once
+    snapshot = fleet.gather(t.cluster.inventory())
+    state = fleetstatus.fleet_state(snapshot, t.store)
+    assert [a.job for a in state.allocations if a.node == "n2" and 1 in a.cards] == ["slurm:42"]
+    series = {r.id: r for r in read_jobs(t.store, t.clock.now(), None).jobs}
+    assert (series["sjob-1"].state, series["sjob-1"].node, series["sjob-1"].cards) == (
+        "running",
+        "n2",
+        1,
+    )
+    assert jobs_service.fleet_numbers(t.store, t.clock.now()).checkpoint_running_jobs == 1
+    assert check_invariants(t.store) == []
+
+
+def test_a_down_node_never_fails_over_a_job_slurm_runs() -> None:
+    t, fleet = setup()
+    fleet.view = running()
+    t.step()
+    t.cluster.partition("n2")
+    t.step(advance_s=120.0)  # past the grace: gpuctl's own jobs there would be lost
+    assert t.inc("sjob-1").state is IncarnationState.RUNNING
+    assert t.job("sjob-1").state is JobState.RUNNING
+
+
+def test_a_requeue_ends_the_run_and_the_next_run_is_the_next_incarnation(
+    markers: dict[str, tuple[int, int] | None],
+) -> None:
+    t, fleet = setup()
+    fleet.view = running()
+    t.step()
+    fleet.view = queued("PENDING", "BeginTime", restarts=1)
+    t.step()
+    first = t.inc("sjob-1", 1)
+    assert (first.state, first.end_reason) == (IncarnationState.EXITED, EndReason.NODE_LOST)
+    assert t.job("sjob-1").state is JobState.QUEUED
+    fleet.view = running(restarts=1, cards=(0,))
+    t.step()
+    t.step()
+    second = t.inc("sjob-1", 2)
+    assert (second.state, second.cards) == (IncarnationState.RUNNING, (0,))
+    assert slurm_events(t) == ["slurm_running", "slurm_exit", "requeue", "slurm_running"]
+    figures = jobs_service.fleet_numbers(t.store, t.clock.now())
+    assert (figures.failovers_attempted, figures.failovers_succeeded) == (1, 1)
+
+
+def test_runs_slurm_made_between_two_passes_keep_the_jobs_incarnation_numbers() -> None:
+    t, fleet = setup()
+    fleet.view = running(restarts=2)
+    t.step()
+    assert [(i.n, i.state) for i in t.store.incarnations("sjob-1")] == [
+        (1, IncarnationState.EXITED),
+        (2, IncarnationState.EXITED),
+        (3, IncarnationState.RUNNING),
+    ]
+    assert t.job("sjob-1").incarnation == 3
+
+
+@pytest.mark.parametrize(
+    ("marker", "state", "reason"),
+    [
+        ((1, 0), JobState.SUCCEEDED, None),
+        ((1, 3), JobState.FAILED, "Slurm job 42: exited 3"),
+        (None, JobState.FAILED, "Slurm job 42: Slurm lists it no more and its batch script "
+         "wrote no exit status"),
+    ],
+)  # fmt: skip
+def test_a_job_slurm_lists_no_more_ends_by_its_exit_marker(
+    markers: dict[str, tuple[int, int] | None],
+    marker: tuple[int, int] | None,
+    state: JobState,
+    reason: str | None,
+) -> None:
+    t, fleet = setup()
+    fleet.view = running()
+    t.step()
+    markers["sjob-1"] = marker
+    fleet.view = SchedulerView(cluster="hpc1")
+    t.step()
+    t.step()
+    job, inc = t.job("sjob-1"), t.inc("sjob-1")
+    assert (job.state, job.reason) == (state, reason)
+    assert (inc.state, inc.exit_code) == (
+        IncarnationState.EXITED,
+        None if marker is None else marker[1],
+    )
+    assert not inc.state.holds_cards
+    end = "succeeded" if state is JobState.SUCCEEDED else "failed"
+    assert slurm_events(t) == ["slurm_running", "slurm_exit", end]
+    counts = jobs_service.fleet_numbers(t.store, t.clock.now())
+    assert counts.checkpoint_running_jobs == 0
+
+
+def test_a_job_cancelled_through_gpuctl_has_its_run_closed_when_slurm_lets_it_go(
+    markers: dict[str, tuple[int, int] | None],
+) -> None:
+    t, fleet = setup()
+    fleet.view = running()
+    t.step()
+    t.store.update_job("sjob-1", state=JobState.CANCELLED, cancel_requested=True)
+    t.step()  # Slurm still lists it running (scancel takes a moment): nothing yet
+    assert t.inc("sjob-1").state is IncarnationState.RUNNING
+    fleet.view = queued("CANCELLED", None)
+    t.step()
+    inc = t.inc("sjob-1")
+    assert (inc.state, inc.end_reason) == (IncarnationState.KILLED, EndReason.CANCELLED)
+    assert t.job("sjob-1").state is JobState.CANCELLED
+
+
+def test_without_slurms_view_the_jobs_keep_their_states() -> None:
+    t, fleet = setup()
+    fleet.view = running()
+    t.step()
+    fleet.view = SchedulerView(cluster="hpc1", error="squeue: timed out")
+    report = t.step()
+    assert t.inc("sjob-1").state is IncarnationState.RUNNING
+    assert any("Slurm not read this pass (squeue: timed out)" in a.message for a in report.actions)
