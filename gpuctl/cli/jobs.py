@@ -5,7 +5,6 @@ refuses: exit 6, hint `gpuctl db check`)."""
 from __future__ import annotations
 
 import codecs
-import dataclasses
 import sys
 import time
 from collections.abc import Mapping
@@ -125,12 +124,11 @@ def list_cmd(
     submitted each (OWNER).
 
     Example: gpuctl jobs list --mine -o json"""
-    from gpuctl.cli.slurm_jobs import with_slurm_state
     from gpuctl.ops import jobs as service
 
     owner = context.root(ctx).operator if mine else None
     with open_state(ctx, write=False) as store:
-        views = with_slurm_state(ctx, service.list_jobs(store, include_done=all_jobs, owner=owner))
+        views = service.list_jobs(store, include_done=all_jobs, owner=owner)
         whys = _waiting(ctx, store, views) if output not in (Output.JSON, Output.YAML) else {}
     now = time.time()
     if output in (Output.JSON, Output.YAML):
@@ -150,12 +148,10 @@ def show_cmd(
     output: Output = OUTPUT_OPTION,
 ) -> None:
     """One job: state, node and cards, incarnation, newest checkpoint, history, recent events."""
-    from gpuctl.cli.slurm_jobs import with_slurm_state
     from gpuctl.ops import jobs as service
 
     with open_state(ctx, write=False) as store:
         detail = service.show_job(store, job)
-        detail = dataclasses.replace(detail, view=with_slurm_state(ctx, [detail.view])[0])
         text = output not in (Output.JSON, Output.YAML)
         whys = _waiting(ctx, store, [detail.view]) if text else {}
     now = time.time()
@@ -182,7 +178,10 @@ def _waiting(ctx: typer.Context, store: Any, views: list[JobView]) -> dict[str, 
     snapshot = gather_snapshot(_inventory(ctx), transport_factory=app_ctx.transport_factory)
     state = fleetstatus.fleet_state(snapshot, store, versioned=False)
     whys = waiting_reasons(state, every, Settings())
-    return {v.job.id: whys[v.job.id] for v in views if v.job.id in whys}
+    # a job Slurm runs waits for Slurm: its stored reason is Slurm's, as the loop last read it
+    return {
+        v.job.id: whys[v.job.id] for v in views if v.job.id in whys and v.job.spec.backend is None
+    }
 
 
 def _has_inventory(app_ctx: context.AppContext) -> bool:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import codecs
 import contextlib
-import dataclasses
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -21,7 +20,6 @@ if TYPE_CHECKING:
     from gpuctl.adapters.protocols import Store
     from gpuctl.adapters.slurm import SlurmCommands
     from gpuctl.core.jobs.model import Job
-    from gpuctl.ops.jobs import JobView
 
 BACKENDS = ("gpuctl", "slurm")
 
@@ -86,49 +84,6 @@ def _submitted(job: Job) -> dict[str, Any]:
         "output": backend.output,
         "state": job.state.value,
     }
-
-
-def with_slurm_state(ctx: typer.Context, views: list[JobView]) -> list[JobView]:
-    """`views` with each active Slurm job's state, reason (Slurm's) and node read from Slurm
-    now; unchanged when none is Slurm's. When Slurm cannot be read, the stored state with
-    why in the reason."""
-    from gpuctl.core.jobs.model import Incarnation, IncarnationState
-    from gpuctl.errors import GpuctlError
-    from gpuctl.ops import slurm_jobs
-
-    if not any(v.job.spec.backend is not None and not v.job.state.terminal for v in views):
-        return views
-    try:
-        with slurm_commands(ctx) as commands:
-            found = slurm_jobs.read_seen(commands, [v.job for v in views])
-    except GpuctlError as exc:
-        return [
-            dataclasses.replace(
-                v, job=dataclasses.replace(v.job, reason=f"Slurm not read: {exc.message}")
-            )
-            if v.job.spec.backend is not None and not v.job.state.terminal
-            else v
-            for v in views
-        ]
-    out = []
-    for v in slurm_jobs.overlay(views, found):
-        s, backend = found.get(v.job.id), v.job.spec.backend
-        if s is not None and s.node and backend is not None:
-            current = Incarnation(
-                job_id=v.job.id,
-                n=s.incarnation,
-                node=s.node,
-                cards=(),
-                gpu_uuids=(),
-                mib_per_card=0,
-                whole=True,
-                state=IncarnationState.RUNNING,
-                started_at=v.job.submitted_at,
-                run_dir=backend.run_dir,
-            )
-            v = dataclasses.replace(v, current=current)
-        out.append(v)
-    return out
 
 
 def logs(ctx: typer.Context, job: Job, follow: bool) -> None:

@@ -37,7 +37,7 @@ from gpuctl.core.model import FleetSnapshot, SlurmSource
 from gpuctl.core.placement.model import Settings
 from gpuctl.errors import GpuctlError, PlanError, StoreConflict, UsageError
 from gpuctl.ops.jobs.logs import LogChunk
-from gpuctl.ops.jobs.service import ACTIVE, JobView, find_job
+from gpuctl.ops.jobs.service import ACTIVE, find_job
 from gpuctl.ops.jobs.spec import new_job_id, resolve_secrets
 from gpuctl.ops.place import place_for_slurm
 
@@ -219,24 +219,6 @@ def read_seen(commands: SlurmCommands, jobs: Sequence[Job]) -> dict[str, SlurmSe
         marker = None if state is not None else exit_marker(commands, job.spec.backend.run_dir)
         out[job.id] = seen(job, state, marker)
     return out
-
-
-def overlay(views: Sequence[JobView], found: Mapping[str, SlurmSeen]) -> list[JobView]:
-    """`views` with each Slurm job's state, reason and incarnation as Slurm says now."""
-    out = []
-    for v in views:
-        s = found.get(v.job.id)
-        if s is not None:
-            job = dataclasses.replace(
-                v.job, state=s.state, reason=s.reason, incarnation=s.incarnation
-            )
-            v = dataclasses.replace(v, job=job)
-        out.append(v)
-    return out
-
-
-def nodes_of(found: Mapping[str, SlurmSeen]) -> dict[str, str]:
-    return {k: s.node for k, s in found.items() if s.node}
 
 
 # --- cancel and logs ---------------------------------------------------------------------------

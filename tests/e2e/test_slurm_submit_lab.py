@@ -1,7 +1,8 @@
 """`gpuctl submit --backend slurm` over a real Slurm (tests/slurm.py) whose nodes are the lab's:
 the job lands on the node gpuctl chose, `jobs show` and `logs` follow it, a requeue resumes it
 from its newest committed checkpoint with the same GPUCTL_* contract, `cancel` is scancel, and
-its secret is on no command line nor in the batch script Slurm keeps."""
+its secret is on no command line nor in the batch script Slurm keeps; a control-loop pass
+records its state in the store, so `status`, metrics and `jobs` agree."""
 
 from __future__ import annotations
 
@@ -115,11 +116,12 @@ def test_a_slurm_job_runs_where_gpuctl_placed_it_and_resumes_after_a_requeue(
         script = slurm.run("scontrol", "write", "batch_script", sid, "-")
         assert "GPUCTL_JOB_ID" in script and SECRET not in script
 
+        passed = cli(rig, tmp_path, "reconcile", "-o", "json")  # it records Slurm's state
+        assert passed.exit_code == 0, passed.output
         shown = cli(rig, tmp_path, "jobs", "show", job, "-o", "json")
         assert shown.exit_code == 0, shown.output
         doc = json.loads(shown.stdout)
-        assert (doc["state"], doc["node"]) == ("running", second)
-        assert doc["reason"].startswith(f"Slurm job {sid}: RUNNING")
+        assert (doc["state"], doc["node"], len(doc["gpus"])) == ("running", second, 2)
 
         def log() -> str:
             out = cli(rig, tmp_path, "logs", job)
@@ -161,3 +163,55 @@ def test_a_slurm_job_runs_where_gpuctl_placed_it_and_resumes_after_a_requeue(
         assert json.loads(shown.stdout)["state"] == "cancelled"
     finally:
         slurm.run("scancel", holder)
+
+
+def test_a_pass_records_a_slurm_jobs_run_and_its_end_and_every_surface_agrees(
+    rig: Rig, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, slurm, _ = rig
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    gate = tmp_path / "go"
+    spec = tmp_path / "short.yaml"
+    wait = f"import os, time\nwhile not os.path.exists({str(gate)!r}): time.sleep(0.2)\n"
+    spec.write_text(
+        "name: short\n"
+        f"command: [{sys.executable}, -c, {json.dumps(wait)}]\n"
+        "resources: {gpus: 1, mem_per_gpu: 10GiB}\n"
+    )
+    result = cli(rig, tmp_path, "submit", "--backend", "slurm", str(spec))
+    assert result.exit_code == 0, result.output
+    m = re.match(r"submitted (\S+) to Slurm as job (\d+)", result.stdout)
+    assert m is not None, result.stdout
+    job, sid = m.group(1), m.group(2)
+    try:
+        assert waiting.wait_for(lambda: slurm.job_state(sid) == "RUNNING", timeout_s=30)
+        node = slurm.run("squeue", "-h", "-j", sid, "-o", "%N").strip()
+
+        def surfaces() -> tuple[dict[str, object], dict[str, object], str]:
+            passed = cli(rig, tmp_path, "reconcile", "-o", "json")
+            assert passed.exit_code == 0, passed.output
+            shown = cli(rig, tmp_path, "jobs", "show", job, "-o", "json")
+            status = cli(rig, tmp_path, "status", "-o", "json")
+            metrics = cli(rig, tmp_path, "metrics", "dump", "--from-store")
+            assert shown.exit_code == 0 and status.exit_code in (0, 3), status.output
+            return json.loads(shown.stdout), json.loads(status.stdout)["numbers"], metrics.stdout
+
+        doc, numbers, metrics = surfaces()
+        assert (doc["state"], doc["node"], doc["incarnation"]) == ("running", node, 1)
+        assert len(doc["gpus"]) == 1
+        assert (numbers["checkpoint_running_jobs"], numbers["queue_waiting"]) == (1, 0)
+        assert f'job_id="{job}"' in metrics and 'state="running"' in metrics, metrics
+
+        gate.write_text("")  # the job ends with status 0
+        assert waiting.wait_for(
+            lambda: slurm.job_state(sid) not in ("RUNNING", "COMPLETING"), timeout_s=60
+        )
+        doc, numbers, metrics = surfaces()
+        assert (doc["state"], doc["reason"]) == ("succeeded", None)
+        assert [i["state"] for i in doc["incarnations"]] == ["exited"]
+        assert (numbers["checkpoint_running_jobs"], numbers["queue_waiting"]) == (0, 0)
+        assert f'job_id="{job}"' not in metrics  # only live jobs have series
+    finally:
+        slurm.run("scancel", sid)

@@ -55,6 +55,30 @@ def test_without_a_listing_only_the_stores_pids_are_named_and_nothing_is_called_
     assert owners_of("gpu-01", [500, 501], None, live) == {500: "job train-1 #2", 501: "?"}
 
 
+def test_a_slurm_jobs_gpu_process_is_named_by_its_slurm_job_not_a_stray(
+    store: MemoryStore,
+) -> None:
+    import dataclasses
+
+    from gpuctl.core.jobs.model import Event, JobState
+    from gpuctl.core.jobs.spec import Backend
+    from tests.unit.ops.test_reconcile import make
+
+    template = make(MemoryStore()).submit("train")
+    backend = Backend("slurm", "42", "/home/alice/.gpuctl/slurm/sjob-1", "hpc1")
+    job = dataclasses.replace(
+        template,
+        id="sjob-1",
+        spec=dataclasses.replace(template.spec, backend=backend),
+        state=JobState.RUNNING,
+    )
+    store.add_job(job, Event(0.0, "alice", "submit", "to Slurm", job.id))
+    # Slurm ran it on gpu-01 before the loop recorded its run: still Slurm's, no stray
+    listed = Listed({"gpu-01": [JobProcess("sjob-1", 1, 801)]})
+    read = read_owners(opener(store), listed, "gpu-01", [801])
+    assert read.owners == {801: "job sjob-1 #1 (Slurm job 42)"}
+
+
 def test_read_owners_says_why_the_listing_is_missing(store: MemoryStore) -> None:
     down = Listed({}, down="gpu-01")
     read = read_owners(opener(store), down, "gpu-01", [7])

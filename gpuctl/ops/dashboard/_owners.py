@@ -49,7 +49,8 @@ class RemoteProcesses:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ProcessOwners:
-    """`owners`: pid -> whose it is (`job ID #N`, `job ID #N (stray)`, NOT_GPUCTL, UNKNOWN);
+    """`owners`: pid -> whose it is (`job ID #N`, `job ID #N (stray)`, `job ID #N (Slurm job
+    42)`, NOT_GPUCTL, UNKNOWN);
     `note`: why the node's job processes could not be listed (None: they were)."""
 
     node: str
@@ -63,9 +64,13 @@ def owners_of(
     pids: Iterable[int],
     listed: Sequence[JobProcess] | None,
     live: Sequence[Incarnation],
+    slurm: Mapping[str, str] | None = None,
 ) -> dict[int, str]:
     """Pure: whose each of `pids` (the GPU processes the probe saw on `node`) is, from the job
-    processes `listed` there (None: not read) and the incarnations the store has `live`."""
+    processes `listed` there (None: not read) and the incarnations the store has `live`.
+    `slurm`: the Slurm job id of each job Slurm runs (gpuctl job id -> it): their processes
+    are named by it (`job ID #N (Slurm job 42)`), Slurm's to run, never a stray."""
+    slurm = slurm or {}
     here = {(i.job_id, i.n) for i in live if i.node == node}
     leaders = {i.pid: (i.job_id, i.n) for i in live if i.node == node and i.pid is not None}
     jobs = {p.pid: (p.job_id, p.incarnation) for p in listed or ()}
@@ -76,6 +81,9 @@ def owners_of(
             out[pid] = NOT_GPUCTL if listed is not None else UNKNOWN
             continue
         job, n = found
+        if job in slurm:
+            out[pid] = f"job {job} #{n} (Slurm job {slurm[job]})"
+            continue
         out[pid] = f"job {job} #{n}" + ("" if found in here else " (stray)")
     return out
 
@@ -88,8 +96,9 @@ def read_owners(
     try:
         with open_store(False) as store:
             live = store.incarnations(node=node, holding=True)
+            slurm = {j.id: j.spec.backend.id for j in store.jobs() if j.spec.backend is not None}
     except StateError:
-        live = []
+        live, slurm = [], {}
     listed: Sequence[JobProcess] | None = None
     note = None
     if lister is None:
@@ -99,4 +108,4 @@ def read_owners(
             listed = lister.on(node)
         except GpuctlError as exc:
             note = f"job processes unreadable: {exc.message}"
-    return ProcessOwners(node, wanted, owners_of(node, wanted, listed, live), note)
+    return ProcessOwners(node, wanted, owners_of(node, wanted, listed, live, slurm), note)
