@@ -20,6 +20,7 @@ from gpuctl.cli import (
     dash,
     db,
     health,
+    history,
     hosts,
     inventory_cmd,
     jobs,
@@ -174,6 +175,8 @@ EXAMPLES = {  # one typical line per command, shown under its --help
     "metrics dump": "metrics dump --from-store",
     "playbook check": "playbook check sweep.yaml -i fleet.yaml",
     "playbook run": "playbook run sweep.yaml -i fleet.yaml --yes",
+    "history prune": "history prune --dry-run --retention 30d",
+    "history show": "history show --since 6h --node gpu01 --series util_pct -o csv",
 }
 
 
@@ -302,6 +305,7 @@ app.add_typer(db.app, name="db")
 app.add_typer(controller.app, name="controller")
 app.add_typer(metrics.app, name="metrics")
 app.add_typer(playbook.app, name="playbook")
+app.add_typer(history.app, name="history")
 report.register(app)
 
 
