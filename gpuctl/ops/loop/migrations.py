@@ -22,7 +22,13 @@ from gpuctl.core.jobs.migration import (
 from gpuctl.core.jobs.model import EndReason, Incarnation, IncarnationState, Job, JobState
 from gpuctl.core.placement.engine import plan
 from gpuctl.core.placement.model import Allocation, FleetState
-from gpuctl.errors import GpuctlError, StoreConflict, TransportError
+from gpuctl.errors import (
+    GpuctlError,
+    LeaseLost,
+    StoreConflict,
+    StoreUnavailable,
+    TransportError,
+)
 from gpuctl.ops.loop import _checkpoints, _jobs, launch
 from gpuctl.ops.loop.model import Target
 
@@ -299,6 +305,8 @@ def _launch(p: Pass, res: Reservation, job: Job, source: Incarnation | None) -> 
         return
     except TransportError:
         raise  # the target did not answer in time: tried again next step
+    except (StoreUnavailable, LeaseLost):  # the store, not the move: the pass stops, and the
+        raise  # next one (or the next leader) takes the migration on from what the store says
     except GpuctlError as exc:  # a bad spec, a secret gone: placement decides (holds it)
         _rollback(p, res, f"{exc.message}; the job is placed anew")
         return
@@ -324,6 +332,8 @@ def _elsewhere(p: Pass, res: Reservation, job: Job, source: Incarnation | None) 
         started = launch.launch_on(
             p, job, target, capacity, why=f" (moved from {res.source_node}: {res.reason})"
         )
+    except (StoreUnavailable, LeaseLost):  # the store, not the job: the pass stops
+        raise
     except GpuctlError as exc:
         p.note("migrate", f"{job.id}: queued: {exc.message}", job=job.id)
         return

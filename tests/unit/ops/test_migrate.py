@@ -13,6 +13,7 @@ from gpuctl.core.health.autodrain import AutoDrainPolicy
 from gpuctl.core.jobs.migration import Phase
 from gpuctl.core.jobs.model import EndReason, IncarnationState, JobState
 from gpuctl.core.placement.model import Allocation
+from gpuctl.errors import StoreUnavailable
 from gpuctl.ops.invariants import check_invariants
 from gpuctl.ops.moves import nodeops
 from gpuctl.ops.moves.migrate import MigrationResult, Target, migrate, reserve
@@ -214,3 +215,36 @@ def test_a_target_cordoned_before_the_source_stopped_leaves_the_job_running(stor
     kit.step()
     assert store.reservations() == [] and kit.signals(job.id) == []
     assert kit.inc(job.id).n == 1 and kit.inc(job.id).state is IncarnationState.RUNNING
+
+
+def test_a_store_dropped_at_the_target_s_launch_stops_the_pass_and_the_next_one_moves_the_job(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dropped connection is the store's trouble, not the move's: the reservation stays, and
+    the next pass (or the next leader) takes the migration on from what the store says."""
+    kit = running(store, "train")
+    (job,) = store.jobs()
+    target = next(n for n in ("n1", "n2", "n3") if n != kit.inc(job.id).node)
+    held_for(kit, job.id, target, 1)
+    begin_launch = store.begin_launch
+    dropped: list[str] = []
+
+    def dropping_once(inc, **kw):  # type: ignore[no-untyped-def]
+        if not dropped:
+            dropped.append(inc.job_id)
+            raise StoreUnavailable("db:5432/gpuctl: lost the connection to the state store")
+        return begin_launch(inc, **kw)
+
+    monkeypatch.setattr(store, "begin_launch", dropping_once)
+    with pytest.raises(StoreUnavailable, match="lost the connection"):
+        for _ in range(5):
+            kit.step()
+    assert dropped == [job.id]
+    (res,) = store.reservations()
+    assert (res.node, res.cards) == (target, (1,))
+    assert "migrate_rollback" not in kit.kinds(job.id)
+    kit.step()
+    new = kit.inc(job.id)
+    assert (new.n, new.node, new.cards, new.state) == (2, target, (1,), IncarnationState.RUNNING)
+    assert "migrated" in kit.kinds(job.id) and "migrate_rollback" not in kit.kinds(job.id)
+    assert store.reservations() == [] and check_invariants(store) == []
