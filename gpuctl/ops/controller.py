@@ -131,7 +131,15 @@ class Controller:
     def _step(self, stop: threading.Event) -> float:
         """One pass when leading (seconds to wait before the next), else one try to lead."""
         if not self.leading:
-            lease = self.store.acquire_lease(self.holder, self.settings.lease_s)
+            try:
+                lease = self.store.acquire_lease(self.holder, self.settings.lease_s)
+            except StoreConflict as exc:  # a lock wait timed out (a leader stopped mid-write)
+                wait_s = self.settings.renew_s  # a standby's cadence: it ran no pass to cut
+                self.say(
+                    f"could not take the lease: the store is busy ({exc.message}); "
+                    f"retrying in {wait_s:g}s"
+                )
+                return wait_s
             if lease.holder != self.holder or not lease.live:
                 self._stand_by(lease)
                 # wake when the lease is due to expire, and heartbeat at least every renewal

@@ -12,7 +12,7 @@ import pytest
 from gpuctl.core.health.autodrain import AutoDrainPolicy
 from gpuctl.core.placement.model import Settings
 from gpuctl.core.shared import decode
-from gpuctl.errors import LeaseLost
+from gpuctl.errors import LeaseLost, StoreConflict
 from gpuctl.ops.controller import Controller, ControllerSettings, status
 from gpuctl.ops.history import Recorder
 from gpuctl.ops.loop import Reconciler, ReconcileSettings
@@ -134,3 +134,42 @@ def test_the_history_recorder_lets_a_lost_lease_through() -> None:
     shared.acquire_lease("b", 3.0)
     with pytest.raises(LeaseLost):  # logged and swallowed, the leader would act on
         Recorder().record_quietly(mine, clock.t, decode(published.body))
+
+
+class Busy(Paused):
+    """A store whose first lease attempt waits on a lock past PostgreSQL's lock_timeout (a leader
+    stopped inside a transaction holding the lease's row)."""
+
+    def __init__(self, inner: MemoryStore) -> None:
+        super().__init__(inner)
+        self.tries = 0
+
+    def acquire_lease(self, holder: str, lease_s: float) -> Any:
+        self.tries += 1
+        if self.tries == 1:
+            raise StoreConflict(
+                "db:5432/gpuctl: another gpuctl changed the same rows at the same time "
+                "(canceling statement due to lock timeout); nothing was written"
+            )
+        return self.inner.acquire_lease(holder, lease_s)
+
+
+def test_a_standby_whose_lease_attempt_times_out_on_a_lock_says_so_and_tries_again() -> None:
+    said: list[str] = []
+    busy = Busy(MemoryStore())
+    c = controller(busy, "b", said)
+    stop = threading.Event()
+    run = threading.Thread(target=c.run, args=(stop,))
+    run.start()
+    try:
+        assert wait_for(lambda: c.passes >= 1, timeout_s=10), said
+    finally:
+        stop.set()
+        run.join(timeout=10)
+    assert said[:2] == [
+        "could not take the lease: the store is busy (db:5432/gpuctl: another gpuctl changed the "
+        "same rows at the same time (canceling statement due to lock timeout); nothing was "
+        "written); retrying in 1s",
+        "leading (token 1, lease 3s)",
+    ]
+    assert not any("pass" in line for line in said)  # a standby runs no pass to cut short
