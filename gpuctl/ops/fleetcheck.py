@@ -20,7 +20,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 
 from gpuctl.adapters.protocols import JobRunner, Store
-from gpuctl.core.jobs.model import IncarnationState
+from gpuctl.core.jobs.model import IncarnationState, is_slurm_run
 from gpuctl.core.model import FleetSnapshot, Inventory, Reach
 from gpuctl.errors import TransportError
 from gpuctl.ops.invariants import check_invariants
@@ -83,7 +83,7 @@ def check_fleet(
             live[(proc.job_id, proc.incarnation)].add(spec.name)
     # a job Slurm runs carries the contract's environment too, but no incarnation of gpuctl's
     for job in store.jobs():
-        if job.spec.backend is not None:
+        if is_slurm_run(job):
             for key in [k for k in live if k[0] == job.id]:
                 del live[key]
     problems = _run_problems(store, live)

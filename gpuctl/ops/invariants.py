@@ -35,7 +35,7 @@ from gpuctl.adapters.protocols import Store
 if TYPE_CHECKING:
     from gpuctl.adapters.store import SqliteStore
 from gpuctl.core.jobs.migration import Reservation
-from gpuctl.core.jobs.model import Incarnation, IncarnationState, Job, JobState
+from gpuctl.core.jobs.model import Incarnation, IncarnationState, Job, JobState, is_slurm_run
 
 LIVE = frozenset({IncarnationState.LAUNCHING, IncarnationState.RUNNING, IncarnationState.STOPPING})
 
@@ -81,7 +81,7 @@ def _job_problems(job: Job, incs: list[Incarnation]) -> list[str]:
     newest = numbers[-1] if numbers else 0
     if job.incarnation != newest:
         out.append(f"job {job.id}: at incarnation {job.incarnation}, but the newest is {newest}")
-    slurms = job.spec.backend is not None  # the loop records Slurm's runs a pass late
+    slurms = is_slurm_run(job)  # the loop records Slurm's runs a pass late
     if job.state is JobState.RUNNING and (not slurms or job.incarnation):
         current = [i for i in incs if i.n == job.incarnation]
         if not current:

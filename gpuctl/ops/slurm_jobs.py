@@ -5,7 +5,7 @@ launches, fails over and fences it; `Backend(kind="slurm")`, Slurm does all of t
 only submits (`sbatch`, with `place --emit sbatch`'s options: where gpuctl would put it), reads
 its state (`squeue`, then the exit marker the batch script writes), its output and cancels it
 (`scancel`). The control loop never launches, fails over nor fences such a job, and the fleet
-check does not count its processes as strays (`runs_itself`).
+check does not count its processes as strays (`core.jobs.model.is_slurm_run`).
 
 The store keeps the Slurm job id in the job's spec (`backend`: the id is fixed for the job's
 life, a requeue keeps it, and it is known before the job's row is written: sbatch first, then
@@ -47,11 +47,6 @@ _QUEUED = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", 
 _RUNNING = {"RUNNING", "COMPLETING", "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT"}
 _DONE = {"COMPLETED": JobState.SUCCEEDED, "CANCELLED": JobState.CANCELLED}
 FOLLOW_EVERY_S = 1.0
-
-
-def runs_itself(job: Job) -> bool:
-    """True when another scheduler runs `job` (gpuctl's control loop leaves it alone)."""
-    return job.spec.backend is not None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

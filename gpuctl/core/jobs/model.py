@@ -82,6 +82,13 @@ class Job:
     version: int = 0  # grows by one at each change of the job's row: plans name the one they saw
 
 
+def is_slurm_run(job: Job | None) -> bool:
+    """True when Slurm runs `job` (`gpuctl submit --backend slurm`; a job's backend decides who
+    runs it): gpuctl records its runs and never places, moves, stops, settles, fails over,
+    preempts nor drains them. Every such guard asks this."""
+    return job is not None and job.spec.backend is not None
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Incarnation:
     job_id: str

@@ -109,10 +109,13 @@ def plan_batch(
         if len(plans) > 1:
             movable = sum(len(p.movable) for p in plans)
             jobs = sum(len(p.moves) for p in plans)
+            slurms = sum(len(p.left_to_slurm) for p in plans)
+            theirs = f" ({slurms} of Slurm's left to Slurm)" if slurms else ""
             texts.insert(
                 0,
                 f"drain {target} ({len(names)} nodes): {reason}\n"
-                f"cordon them all, then move {movable} of {jobs} job(s) off them, node by node",
+                f"cordon them all, then move {movable} of {jobs} job(s) off them, node by node"
+                + theirs,
             )
         batch = NodeBatch("drain", names, cordons, drains=orders, versions=seen)
         return ActionPlan("drain", target, "\n\n".join(texts), reason, batch)

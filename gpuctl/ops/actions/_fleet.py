@@ -342,14 +342,22 @@ def reporter(progress: Progress | None) -> Callable[[MigrationResult], None] | N
 
 def drain_text(plan: DrainPlan) -> str:
     """The drain plan as `gpuctl drain` prints it and the dashboard's confirm dialog shows it:
-    each job on the node and where it goes."""
+    each job on the node and where it goes; the jobs Slurm runs there are Slurm's."""
     cordon = (
         "not cordoned yet"
         if plan.cordon is None
         else f"cordoned by {plan.cordon.operator} ({plan.cordon.source}): {plan.cordon.reason}"
     )
+    slurms = ""
+    if plan.left_to_slurm:
+        jobs = ", ".join(f"{j} (Slurm job {s})" for j, s in plan.left_to_slurm)
+        slurms = (
+            f"\nleft to Slurm: {jobs}: Slurm's jobs are Slurm's to move (its drain of the node "
+            "lets them finish); gpuctl moves none"
+        )
     if not plan.moves:
-        return f"drain {plan.node}: {plan.reason} ({cordon})\nno jobs on the node"
+        none = "no jobs gpuctl runs" if plan.left_to_slurm else "no jobs"
+        return f"drain {plan.node}: {plan.reason} ({cordon})\n{none} on the node{slurms}"
     head = (
         f"drain {plan.node}: {plan.reason} ({cordon})\n"
         f"cordon it, then move {len(plan.movable)} of {len(plan.moves)} job(s) off it "
@@ -364,7 +372,8 @@ def drain_text(plan: DrainPlan) -> str:
         to = m.to_node or f"stays: {m.why_not}"
         cards = ",".join(str(c) for c in m.to_cards) or "-"
         rows.append([m.job_id, str(m.incarnation), ",".join(map(str, m.cards)), to, cards, ckpt])
-    return f"{head}\n{_table(['JOB', 'INC', 'CARDS', 'TO', 'CARDS', 'CHECKPOINT'], rows)}"
+    table = _table(["JOB", "INC", "CARDS", "TO", "CARDS", "CHECKPOINT"], rows)
+    return f"{head}\n{table}{slurms}"
 
 
 def _table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:

@@ -19,7 +19,13 @@ from gpuctl.adapters.clock import local_offset_s
 from gpuctl.adapters.protocols import Clock, JobRunner, Store
 from gpuctl.core import timefmt
 from gpuctl.core.health.model import HealthRules
-from gpuctl.core.jobs.model import CommitSeen, Incarnation, IncarnationState, RunStatus
+from gpuctl.core.jobs.model import (
+    CommitSeen,
+    Incarnation,
+    IncarnationState,
+    RunStatus,
+    is_slurm_run,
+)
 from gpuctl.core.model import FleetSnapshot, Inventory
 from gpuctl.core.shared import PublishedFleet, encode
 from gpuctl.errors import ControllerLeads, LeaseLost, StateError, StoreConflict
@@ -235,7 +241,7 @@ def _settle(p: Pass) -> None:
     for inc in p.store.incarnations(holding=True):
         if inc.state not in ACTIVE or inc.node not in p.observed:
             continue
-        if _slurm.runs_elsewhere(p.store.job(inc.job_id)):
+        if is_slurm_run(p.store.job(inc.job_id)):
             continue  # Slurm's run: `_slurm.track` records its end
         run = p.observed[inc.node].get((inc.job_id, inc.n))
         p.guard(_settle_one, p, inc, run)
@@ -295,7 +301,7 @@ def _failover(p: Pass) -> None:
         for i in p.store.incarnations(holding=True)
         if i.state in ACTIVE
         and i.node in p.down
-        and not _slurm.runs_elsewhere(p.store.job(i.job_id))  # Slurm requeues its own
+        and not is_slurm_run(p.store.job(i.job_id))  # Slurm requeues its own
     ]
     if not lost:
         return

@@ -29,9 +29,9 @@ from gpuctl.core.health.autodrain import (
     track,
 )
 from gpuctl.core.health.model import Action, HealthRules
-from gpuctl.core.jobs.model import Cordon, Incarnation, IncarnationState, Job
+from gpuctl.core.jobs.model import Cordon, Incarnation, IncarnationState, Job, is_slurm_run
 from gpuctl.errors import GpuctlError, StateError
-from gpuctl.ops.loop import _slurm, _stall, migrations
+from gpuctl.ops.loop import _stall, migrations
 from gpuctl.ops.loop.model import Target
 from gpuctl.ops.slurm import SlurmDrains, slurm_drains_due
 
@@ -126,7 +126,7 @@ def _loaded(p: Pass) -> set[str]:
     return {
         i.node
         for i in p.store.incarnations(holding=True)
-        if i.state in active and not _slurm.runs_elsewhere(p.store.job(i.job_id))
+        if i.state in active and not is_slurm_run(p.store.job(i.job_id))
     }
 
 
@@ -248,7 +248,7 @@ def _drain(p: Pass, step: NodeStep, h: NodeHealth, *, start: bool, counted: bool
         for i in p.store.incarnations(node=step.node, holding=True)
         if i.state is IncarnationState.RUNNING
         and i.job_id not in moving
-        and not _slurm.runs_elsewhere(p.store.job(i.job_id))  # Slurm's drain lets it end
+        and not is_slurm_run(p.store.job(i.job_id))  # Slurm's drain lets it end
     ]
     if start:
         what = (

@@ -7,7 +7,15 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from gpuctl.core.jobs.model import EndReason, Fenced, Incarnation, IncarnationState, Job, JobState
+from gpuctl.core.jobs.model import (
+    EndReason,
+    Fenced,
+    Incarnation,
+    IncarnationState,
+    Job,
+    JobState,
+    is_slurm_run,
+)
 from gpuctl.core.jobs.restarts import RestartVerdict, restart_decision, run_ends
 from gpuctl.core.jobs.spec import DEFAULT_GRACE_S
 from gpuctl.core.timefmt import duration
@@ -272,7 +280,7 @@ def repair(p: Pass) -> None:
     """A running job whose latest incarnation is no longer active (gpuctl died between writing
     the incarnation and the job): settle it now."""
     for job in p.store.jobs([JobState.RUNNING]):
-        if job.spec.backend is not None:
+        if is_slurm_run(job):
             continue  # Slurm's: `_slurm.track` settles it
         incs = p.store.incarnations(job.id)
         latest = next((i for i in incs if i.n == job.incarnation), None)

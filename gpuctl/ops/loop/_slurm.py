@@ -3,9 +3,10 @@ state changes are written into the store as the loop writes its own jobs', so `s
 metrics, the dashboard, reports and `jobs` (which read the store) tell one story.
 
 A job's backend decides who runs it: the loop never launches, stops, fails over nor fences a
-Slurm job (`runs_elsewhere`); it only records what Slurm did. It reads Slurm once per pass, the
-poll's own reading (`FleetSnapshot.scheduler`: the `squeue --json` of the gather), and, for a
-job that Slurm lists no more, the exit marker its batch script wrote (one command, once).
+Slurm job (`core.jobs.model.is_slurm_run`); it only records what Slurm did. It reads Slurm once
+per pass, the poll's own reading (`FleetSnapshot.scheduler`: the `squeue --json` of the
+gather), and, for a job that Slurm lists no more, the exit marker its batch script wrote (one
+command, once).
 
 What it records (events by the loop, actor "gpuctl"):
 
@@ -55,11 +56,6 @@ class Reading:
     @property
     def running(self) -> bool:
         return self.state in RUNNING
-
-
-def runs_elsewhere(job: Job | None) -> bool:
-    """True when another scheduler runs `job`: the loop records it, never acts on it."""
-    return job is not None and job.spec.backend is not None
 
 
 def readings(view: SchedulerView) -> dict[str, Reading]:

@@ -15,6 +15,7 @@ from gpuctl.core.jobs.model import (
     IncarnationState,
     Job,
     JobState,
+    is_slurm_run,
 )
 from gpuctl.core.jobs.preemption import SpotVictim, choose_preemption, fits, without
 from gpuctl.core.jobs.queue import queue_order
@@ -116,7 +117,7 @@ def place_and_launch(p: Pass) -> None:
     queued = [
         j
         for j in p.store.jobs([JobState.QUEUED])
-        if not j.cancel_requested and j.id not in moving and j.spec.backend is None
+        if not j.cancel_requested and j.id not in moving and not is_slurm_run(j)
     ]
     releasing = {
         i.job_id
@@ -204,7 +205,7 @@ def _preempt_for(
         if (
             other is None
             or other.tier != Tier.SPOT.value
-            or other.spec.backend is not None  # Slurm's to preempt, never gpuctl's
+            or is_slurm_run(other)  # Slurm's to preempt, never gpuctl's
             or inc.state is not IncarnationState.RUNNING
             or inc.node not in p.observed
             or inc.job_id in releasing

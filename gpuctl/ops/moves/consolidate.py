@@ -28,7 +28,7 @@ from gpuctl.core.consolidation import (
     plan_consolidation,
 )
 from gpuctl.core.fleet.workload import workload_for
-from gpuctl.core.jobs.model import IncarnationState, Job, JobState
+from gpuctl.core.jobs.model import IncarnationState, Job, JobState, is_slurm_run
 from gpuctl.core.model import FleetSnapshot
 from gpuctl.core.placement.fit import Workload
 from gpuctl.core.placement.model import FleetState, JobRequest, JobShape, Settings
@@ -57,7 +57,8 @@ def fleet_state(snapshot: FleetSnapshot, store: Store | None) -> FleetState:
 
 
 def facts_for(store: Store, now: float, jobs: Iterable[Job] | None = None) -> list[JobFacts]:
-    """One `JobFacts` per job running on cards; a job moving already is held where it is."""
+    """One `JobFacts` per job running on cards; a job moving already is held where it is, and
+    a job Slurm runs is Slurm's to move (held, saying so)."""
     moving = {r.job_id: r.node for r in store.reservations()}
     out = []
     for job in jobs if jobs is not None else store.jobs([JobState.RUNNING]):
@@ -69,7 +70,9 @@ def facts_for(store: Store, now: float, jobs: Iterable[Job] | None = None) -> li
         policy, request = job.spec.policy, job.spec.request
         committed = [c.committed_at for c in store.checkpoints(job.id)]
         hold = None
-        if job.id in moving:
+        if is_slurm_run(job):
+            hold = "Slurm runs it: Slurm's jobs are Slurm's to move"
+        elif job.id in moving:
             hold = f"a migration to {moving[job.id]} is under way"
         elif inc.state is not IncarnationState.RUNNING:
             hold = f"its incarnation is {inc.state.value}"

@@ -22,7 +22,14 @@ from typing import TYPE_CHECKING, Any
 
 from gpuctl.adapters.clock import local_offset_s
 from gpuctl.core.jobs.migration import DEFAULT_TIMEOUT_S, Reservation, Source
-from gpuctl.core.jobs.model import Incarnation, IncarnationState, Job, JobState, job_changed
+from gpuctl.core.jobs.model import (
+    Incarnation,
+    IncarnationState,
+    Job,
+    JobState,
+    is_slurm_run,
+    job_changed,
+)
 from gpuctl.core.model import FleetSnapshot
 from gpuctl.errors import StalePlan, StoreConflict
 from gpuctl.ops.loop.launch import fleet_state
@@ -191,6 +198,8 @@ def _start(
     job = p.store.job(req.job_id)
     if job is None:
         return MigrationResult(req.job_id, "not_started", "no such job")
+    if is_slurm_run(job):
+        return MigrationResult(job.id, "not_started", "Slurm runs it: Slurm's to move")
     existing = next((r for r in p.store.reservations() if r.job_id == job.id), None)
     if existing is not None and req.expect_version is None:  # under way already: follow it
         return existing

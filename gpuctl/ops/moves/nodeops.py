@@ -5,7 +5,9 @@
 - `uncordon`: lifts it. With `source="health"` (gpuctl itself, after a cool-down) only a cordon
   whose source is `health` is lifted, never one a person put there.
 - `plan_drain`: each job on the node -> a target (node and cards), or why none; a value that
-  prints as a table or JSON, computed without changing anything.
+  prints as a table or JSON, computed without changing anything. The jobs Slurm runs there
+  (`submit --backend slurm`) are Slurm's to move: listed apart, never moved (the node's drain in
+  Slurm lets them finish).
 - `drain`: cordon, then move each job with the migration primitive (`gpuctl.ops.moves.migrate`),
   a few at a time, within an overall timeout.
 """
@@ -20,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from gpuctl.adapters.protocols import Clock, Store
 from gpuctl.core.health.autodrain import HEALTH_SOURCE
 from gpuctl.core.jobs.migration import DEFAULT_TIMEOUT_S, Source
-from gpuctl.core.jobs.model import Cordon, Event, IncarnationState, JobState
+from gpuctl.core.jobs.model import Cordon, Event, IncarnationState, JobState, is_slurm_run
 from gpuctl.core.model import FleetSnapshot, Reach
 from gpuctl.core.placement.engine import plan
 from gpuctl.core.placement.model import Allocation, FleetState
@@ -165,6 +167,8 @@ class DrainPlan:
     taken_at: float
     version: str
     node_version: int = 0  # the node's cordon version the plan saw (the drain's cordon expects it)
+    # the jobs Slurm runs on the node (job id, Slurm job id): Slurm's to move, not in `moves`
+    left_to_slurm: tuple[tuple[str, str], ...] = ()
 
     @property
     def movable(self) -> tuple[Move, ...]:
@@ -181,6 +185,7 @@ class DrainPlan:
             "moves": [m.to_dict() for m in self.moves],
             "movable": len(self.movable),
             "stuck": len(self.moves) - len(self.movable),
+            "left_to_slurm": [{"job_id": j, "slurm_job_id": s} for j, s in self.left_to_slurm],
         }
 
 
@@ -215,18 +220,19 @@ def plan_drains(p: Pass, nodes: Sequence[str], *, reason: str) -> tuple[DrainPla
     cordons = {c.node: c for c in p.store.cordons()}
     versions = p.store.node_versions()
     for node in nodes:
-        moves, state = _plan_moves(p, node, state)
+        moves, slurms, state = _plan_moves(p, node, state)
         seen = versions[node].version if node in versions else 0
-        plans.append(
-            DrainPlan(
-                node, reason, tuple(moves), cordons.get(node), p.now, p.snapshot.version, seen
-            )
-        )
+        cordon = cordons.get(node)
+        version = p.snapshot.version
+        plans.append(DrainPlan(node, reason, tuple(moves), cordon, p.now, version, seen, slurms))
     return tuple(plans)
 
 
-def _plan_moves(p: Pass, node: str, state: FleetState) -> tuple[list[Move], FleetState]:
-    """The moves of `node`'s jobs on `state`, and `state` with their targets taken."""
+def _plan_moves(
+    p: Pass, node: str, state: FleetState
+) -> tuple[list[Move], tuple[tuple[str, str], ...], FleetState]:
+    """The moves of `node`'s jobs on `state`, the jobs Slurm runs there (left to Slurm), and
+    `state` with the moves' targets taken."""
     jobs = {j.id: j for j in p.store.jobs()}
     moving = {r.job_id: r for r in p.store.reservations()}
     settings = dataclasses.replace(p.settings.placement, band_max=1.0, headroom=0.0)
@@ -240,9 +246,13 @@ def _plan_moves(p: Pass, node: str, state: FleetState) -> tuple[list[Move], Flee
     if seen is None or seen.reach is not Reach.OK:
         how = "did not answer" if seen is None else f"did not answer ({seen.reach.value})"
         silent = f"{node} {how}: its jobs cannot be asked to checkpoint; failover restarts them"
+    slurms: list[tuple[str, str]] = []
     for inc in incs:
         job = jobs.get(inc.job_id)
         if job is None:
+            continue
+        if is_slurm_run(job):  # Slurm's drain of the node lets it finish; gpuctl moves none
+            slurms.append((job.id, job.spec.backend.id if job.spec.backend else "?"))
             continue
         ckpts = [c for c in p.store.checkpoints(job.id) if c.incarnation == inc.n]
         step = ckpts[0].step if ckpts else None
@@ -279,7 +289,7 @@ def _plan_moves(p: Pass, node: str, state: FleetState) -> tuple[list[Move], Flee
                 to_mib_per_card=placed.allocation.mib_per_card,
             )
         )
-    return moves, state
+    return moves, tuple(sorted(slurms)), state
 
 
 def _not_movable(state: IncarnationState, job: JobState, cancelling: bool) -> str | None:

@@ -81,6 +81,7 @@ def _p_drain(s: Services, unit: Unit, nodes: tuple[str, ...], view: View) -> Seq
             else f"{m.job_id} stays: {m.why_not}"
             for m in plan.moves
         ]
+        moves += [f"{j} left to Slurm (Slurm job {s})" for j, s in plan.left_to_slurm]
         jobs = "; ".join(moves) if moves else "no jobs"
         out.append(f"{n}: would cordon and move {len(plan.movable)} job(s): {jobs}")
     return out

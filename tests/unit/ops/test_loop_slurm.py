@@ -15,10 +15,15 @@ from gpuctl.core.model import FleetSnapshot, Inventory, NodeSpec
 from gpuctl.core.scheduler import SchedJob, SchedQueued, SchedulerView
 from gpuctl.ops import fleetstatus
 from gpuctl.ops import jobs as jobs_service
+from gpuctl.ops.actions._fleet import drain_text
 from gpuctl.ops.invariants import check_invariants
 from gpuctl.ops.loop import _slurm
 from gpuctl.ops.loop.model import Pass
 from gpuctl.ops.metrics._jobs import read_jobs
+from gpuctl.ops.moves import nodeops
+from gpuctl.ops.moves.consolidate import facts_for
+from gpuctl.ops.moves.migrate import migrate
+from gpuctl.ops.moves.nodeops import cordon, uncordon
 from gpuctl.testing.fakerunner import FakeFleet
 from gpuctl.testing.memstore import MemoryStore
 from tests.unit.ops.test_reconcile import Loop, make
@@ -219,3 +224,29 @@ def test_without_slurms_view_the_jobs_keep_their_states() -> None:
     report = t.step()
     assert t.inc("sjob-1").state is IncarnationState.RUNNING
     assert any("Slurm not read this pass (squeue: timed out)" in a.message for a in report.actions)
+
+
+def test_a_drain_plan_moves_gpuctls_job_and_leaves_slurms_to_slurm() -> None:
+    t, fleet = setup()
+    fleet.view = running()  # Slurm's job on n2, card 1
+    t.step()
+    cordon(t.store, "n1", reason="keep gpuctl's job on n2", operator="alice", clock=t.clock)
+    ours = t.submit("train")
+    t.step()
+    assert t.inc(ours.id).node == "n2"
+    uncordon(t.store, "n1", operator="alice", clock=t.clock)
+    p = nodeops.tick(t.loop, fleet.gather(t.cluster.inventory()))
+    plan = nodeops.plan_drain(p, "n2", reason="fan noise")
+    assert [(m.job_id, m.to_node) for m in plan.moves] == [(ours.id, "n1")]
+    assert plan.left_to_slurm == (("sjob-1", "42"),)
+    assert plan.to_dict()["left_to_slurm"] == [{"job_id": "sjob-1", "slurm_job_id": "42"}]
+    text = drain_text(plan)
+    assert "move 1 of 1 job(s) off it" in text
+    assert "left to Slurm: sjob-1 (Slurm job 42): Slurm's jobs are Slurm's to move" in text
+    # consolidation leaves it where Slurm put it, saying why; a move asked anyway is refused
+    facts = {f.job: f for f in facts_for(t.store, t.clock.now())}
+    assert facts["sjob-1"].hold == "Slurm runs it: Slurm's jobs are Slurm's to move"
+    assert facts[ours.id].hold is None
+    moved = migrate(t.loop, "sjob-1", None, reason="asked", actor="alice", sleep=t.clock.advance)
+    assert (moved.outcome, moved.message) == ("not_started", "Slurm runs it: Slurm's to move")
+    assert t.inc("sjob-1").state is IncarnationState.RUNNING and t.runner.signals == []
