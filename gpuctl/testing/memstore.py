@@ -255,12 +255,15 @@ class MemoryStore:
             ]
             return sorted(out, key=lambda i: (i.job_id, i.n))
 
-    def incarnations_for(self, job_ids: Collection[str]) -> dict[str, list[Incarnation]]:
+    def incarnations_for(
+        self, job_ids: Collection[str], *, holding: bool | None = None
+    ) -> dict[str, list[Incarnation]]:
         with self._lock:
             found: dict[str, list[Incarnation]] = {j: [] for j in job_ids}
             for key in sorted(self._incs):
-                if key[0] in found:
-                    found[key[0]].append(self._incs[key])
+                inc = self._incs[key]
+                if key[0] in found and (holding is None or inc.state.holds_cards == holding):
+                    found[key[0]].append(inc)
             return found
 
     # --- checkpoints -------------------------------------------------------------------------
@@ -505,9 +508,10 @@ class MemoryStore:
             return dict(self._liveness)
 
     @_write
-    def set_liveness(self, liveness: NodeLiveness) -> None:
+    def set_liveness(self, *liveness: NodeLiveness) -> None:
         with self._lock:
-            self._liveness[liveness.node] = liveness
+            for lv in liveness:
+                self._liveness[lv.node] = lv
 
     # --- the fleet's history -------------------------------------------------------------------
 

@@ -81,6 +81,10 @@ class SqliteStore:
         self._lock = threading.RLock()
         self._fence: Fence | None = None  # a controller's: every write checks it (`set_fence`)
         self._specs = codec.SpecMemo()  # a job's spec, decoded once: the loop reads jobs often
+        # and each job and incarnation as decoded, while its row reads the same: a pass reads
+        # them all, and few changed since the last
+        self._jobs_read = codec.RowMemo(lambda r: codec.job_from(r, self._specs))
+        self._incs_read = codec.RowMemo(codec.inc_from, key=lambda r: (r[0], r[1]))
         # the loop's long-lived connection would go on past a truncated or replaced file
         self._file = (
             failures.DatabaseFile(self.path) if self.writable and not self.ephemeral else None
@@ -159,13 +163,13 @@ class SqliteStore:
 
     def _job_row(self, conn: sqlite3.Connection, job_id: str) -> Job | None:
         row = conn.execute(f"SELECT {self._job_cols} FROM jobs WHERE id = ?", (job_id,)).fetchone()
-        return None if row is None else codec.job_from(row, self._specs)
+        return None if row is None else self._jobs_read(row)
 
     def _inc_row(self, conn: sqlite3.Connection, job_id: str, n: int) -> Incarnation | None:
         row = conn.execute(
             f"SELECT {self._inc_cols} FROM incarnations WHERE job_id = ? AND n = ?", (job_id, n)
         ).fetchone()
-        return None if row is None else codec.inc_from(row)
+        return None if row is None else self._incs_read(row)
 
     # --- jobs --------------------------------------------------------------------------------
 
@@ -192,7 +196,7 @@ class SqliteStore:
                 "ORDER BY submitted_at DESC, rowid DESC LIMIT 1",
                 (ref,),
             )
-        return codec.job_from(found[0], self._specs) if found else None
+        return self._jobs_read(found[0]) if found else None
 
     def jobs(self, states: Iterable[JobState] | None = None) -> list[Job]:
         """Oldest submission first."""
@@ -202,7 +206,7 @@ class SqliteStore:
             params = [JobState(s).value for s in states]
             sql += f" WHERE state IN ({_marks(len(params))})"
         found = self._read(sql + " ORDER BY submitted_at, id", params)
-        return [codec.job_from(r, self._specs) for r in found]
+        return [self._jobs_read(r) for r in found]
 
     def update_job(
         self,
@@ -324,17 +328,23 @@ class SqliteStore:
         sql = f"SELECT {self._inc_cols} FROM incarnations"
         if where:
             sql += " WHERE " + " AND ".join(where)
-        return [codec.inc_from(r) for r in self._read(sql + " ORDER BY job_id, n", params)]
+        return [self._incs_read(r) for r in self._read(sql + " ORDER BY job_id, n", params)]
 
-    def incarnations_for(self, job_ids: Collection[str]) -> dict[str, list[Incarnation]]:
-        """Every incarnation of each job in `job_ids` (by number), in one query: what the control
-        loop asks per job, for all its jobs at once. Each job asked is a key."""
+    def incarnations_for(
+        self, job_ids: Collection[str], *, holding: bool | None = None
+    ) -> dict[str, list[Incarnation]]:
+        """The incarnations of each job in `job_ids` (by number; `holding` as `incarnations`), in
+        one query: what the control loop asks per job, for all its jobs at once. Each job asked
+        is a key."""
         found: dict[str, list[Incarnation]] = {j: [] for j in job_ids}
         if found:
             where, params = self._among("job_id", found)
+            if holding is not None:
+                where += f" AND state {'' if holding else 'NOT '}IN ({_marks(len(codec.HOLDING))})"
+                params.extend(codec.HOLDING)
             sql = f"SELECT {self._inc_cols} FROM incarnations WHERE {where} ORDER BY job_id, n"
             for r in self._read(sql, params):
-                inc = codec.inc_from(r)
+                inc = self._incs_read(r)
                 found[inc.job_id].append(inc)
         return found
 
@@ -574,14 +584,14 @@ class SqliteStore:
         found = self._read("SELECT node, last_ok_at, failing_since, down FROM liveness")
         return {r[0]: codec.liveness_from(r) for r in sorted(found)}
 
-    def set_liveness(self, liveness: NodeLiveness) -> None:
-        lv = liveness
+    def set_liveness(self, *liveness: NodeLiveness) -> None:
+        """Each node's liveness, in one transaction."""
         with self._tx() as c:
-            c.execute(
+            c.executemany(
                 "INSERT INTO liveness (node, last_ok_at, failing_since, down) VALUES (?, ?, ?, ?) "
                 "ON CONFLICT (node) DO UPDATE SET last_ok_at = excluded.last_ok_at, "
                 "failing_since = excluded.failing_since, down = excluded.down",
-                (lv.node, lv.last_ok_at, lv.failing_since, int(lv.down)),
+                [(lv.node, lv.last_ok_at, lv.failing_since, int(lv.down)) for lv in liveness],
             )
 
     def node_health(self) -> dict[str, NodeHealth]:

@@ -46,18 +46,23 @@ def gather(p: Pass) -> None:
             outcome="waiting",
             data={"failing": failing, "total": total},
         )
-    for node in p.snapshot.nodes:
-        up = update_liveness(
+    ups = [
+        update_liveness(
             prev.get(node.name),
             node.name,
             answered=answered[node.name],
             now=p.now,
             grace_s=p.settings.grace_s,
         )
+        for node in p.snapshot.nodes
+    ]
+    if not p.dry:  # in one transaction, before the events that say what changed
+        changed = [u.liveness for u in ups if _worth_writing(prev.get(u.liveness.node), u.liveness)]
+        if changed:
+            p.store.set_liveness(*changed)
+    for node, up in zip(p.snapshot.nodes, ups, strict=True):
         live = up.liveness
         p.liveness[node.name] = live
-        if not p.dry and _worth_writing(prev.get(node.name), live):
-            p.store.set_liveness(live)
         if live.down:
             p.down.add(node.name)
         elif answered[node.name]:

@@ -1,8 +1,8 @@
 """One pass's reads of the store: each table the pass asks about is read once (the jobs, the
-incarnations holding cards, every incarnation and checkpoint of the jobs not finished, the
-reservations, the cordons), and the pass's many questions (a job, its incarnations, its checkpoints,
-per job and step) are answered from those reads. Without it a pass over J jobs made about 3 J
-queries (`benchmarks/store_pass.py`).
+incarnations holding cards, the other incarnations and every checkpoint of the jobs not finished,
+the reservations, the cordons), and the pass's many questions (a job, its incarnations, its
+checkpoints, per job and step) are answered from those reads. Without it a pass over J jobs made
+about 3 J queries (`benchmarks/store_pass.py`).
 
 Writes go to the store as they are, each its own transaction with its compare-and-set and the
 controller's fence: the view never writes. What a write changes is read again: the rows of the job
@@ -204,13 +204,19 @@ class PassView:
         if dirty:
             kept = [i for i in self._holding if i.job_id not in dirty]
             for job_id in dirty:
-                kept += [i for i in self._incarnations_of(job_id) if i.state.holds_cards]
+                kept += self.store.incarnations(job_id, holding=True)
             self._holding = sorted(kept, key=lambda i: (i.job_id, i.n))
         return self._holding
 
     def _incarnations_of(self, job_id: str) -> list[Incarnation]:
-        if self._incs is None:
-            self._incs = self.store.incarnations_for(self._unfinished())
+        if self._incs is None:  # those holding cards are read already: the others, and merge
+            holding = self._all_holding()
+            self._incs = self.store.incarnations_for(self._unfinished(), holding=False)
+            for inc in holding:
+                if inc.job_id in self._incs:
+                    self._incs[inc.job_id].append(inc)
+            for incs in self._incs.values():
+                incs.sort(key=lambda i: i.n)
             self._dirty["incs"].clear()
         if job_id in self._dirty["incs"] or job_id not in self._incs:
             self._incs[job_id] = self.store.incarnations(job_id)

@@ -23,16 +23,19 @@ MOST_READS = 30  # what one pass asks of the store whatever the number of jobs, 
 
 
 class Counting:
-    """The store, counting its reads by name."""
+    """The store, counting its reads and its other calls by name."""
 
     def __init__(self, inner: Store) -> None:
         self.inner = inner
         self.reads: Counter[str] = Counter()
+        self.writes: Counter[str] = Counter()
 
     def __getattr__(self, name: str) -> Any:
         found = getattr(self.inner, name)
         if name in READS:
             self.reads[name] += 1
+        elif callable(found):
+            self.writes[name] += 1
         return found
 
 
@@ -62,3 +65,15 @@ def test_a_pass_reads_the_store_as_often_for_1000_jobs_as_for_10() -> None:
     many, _ = a_pass_over(1000)
     assert sum(many.values()) <= MOST_READS, many
     assert many == few  # nothing asked per job but of the jobs this pass wrote
+
+
+def test_the_liveness_of_every_node_is_refreshed_in_one_write() -> None:
+    """Each node's liveness is written again once a minute: 2,000 nodes were 2,000 transactions
+    in one pass."""
+    counting = Counting(MemoryStore())
+    t = make(counting, tuple(f"n{i:03d}" for i in range(200)), gpus=1)  # type: ignore[arg-type]
+    t.step()
+    counting.writes.clear()
+    t.step(61)
+    assert counting.writes["set_liveness"] == 1
+    assert {lv.last_ok_at for lv in t.store.liveness().values()} == {t.clock.now()}

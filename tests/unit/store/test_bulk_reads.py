@@ -36,6 +36,10 @@ def test_every_jobs_incarnations_and_checkpoints_in_one_read_as_per_job(store: S
     assert incs["a-1"] == store.incarnations("a-1") and [i.n for i in incs["a-1"]] == [1, 2]
     assert incs["b-1"] == store.incarnations("b-1")
     assert len(incs) == 2 + len(absent) and all(incs[j] == [] for j in absent)
+    held = store.incarnations_for(["a-1", "b-1"], holding=True)
+    assert [i.n for i in held["a-1"]] == [2] and held["b-1"] == incs["b-1"]
+    released = store.incarnations_for(["a-1", "b-1"], holding=False)
+    assert [i.n for i in released["a-1"]] == [1] and released["b-1"] == []
 
     ckpts = store.checkpoints_for(["a-1", "b-1", *absent])
     assert ckpts["a-1"] == store.checkpoints("a-1") and [c.step for c in ckpts["a-1"]] == [
