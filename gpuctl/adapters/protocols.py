@@ -12,6 +12,7 @@ from gpuctl.core.health.autodrain import NodeHealth
 from gpuctl.core.history import FleetSample, NodeSample, Pruned, PruneReport, Retention
 from gpuctl.core.jobs.migration import Phase, Reservation
 from gpuctl.core.jobs.model import (
+    CardClash,
     Checkpoint,
     CheckpointMarker,
     Cordon,
@@ -174,6 +175,12 @@ class Store(Protocol):
     def begin_launch(
         self, inc: Incarnation, *, capacity_mib: Mapping[tuple[str, int], int], event: Event
     ) -> Job: ...
+    # a run another scheduler started (Slurm's), written running as it happened: it checks only
+    # that the job is there, unfinished, at the incarnation before (and the fence), never a
+    # cordon nor room; the cards someone else holds come back, recorded all the same
+    def record_run(
+        self, inc: Incarnation, *, capacity_mib: Mapping[tuple[str, int], int], event: Event
+    ) -> tuple[Job, tuple[CardClash, ...]]: ...
     def update_incarnation(
         self,
         job_id: str,

@@ -8,7 +8,8 @@
 - **no double-booked card**: a whole card is held by one incarnation (or reservation) only, and the
   slices held on a card fit its capacity (when capacities are given); a *reservation* (the cards
   a migration holds for a job's next incarnation) counts as holding its cards, but it is not a
-  second live incarnation of its job;
+  second live incarnation of its job. A card Slurm gave one of its runs while gpuctl gives it to
+  another job is said as such: two owners of a card (the loop records what Slurm did as it is);
 - **reservations are current**: a job holding one is running (or queued: its old copy stopped)
   at the incarnation the reservation moves, and it holds at most one;
 - **incarnations numbered 1, 2, ... n** with no gap, and the job's `incarnation` is n;
@@ -58,8 +59,9 @@ def check_invariants(
         problems += _resume_problems(store, job, incs)
     reservations = store.reservations()
     problems += _reservation_problems(jobs, reservations)
+    slurms = {j.id for j in jobs.values() if is_slurm_run(j)}
     problems += _card_problems(
-        [i for incs in by_job.values() for i in incs], reservations, capacity_mib
+        [i for incs in by_job.values() for i in incs], reservations, capacity_mib, slurms
     )
     return problems
 
@@ -158,6 +160,7 @@ def _card_problems(
     incs: list[Incarnation],
     reservations: list[Reservation],
     capacity_mib: Mapping[tuple[str, int], int] | None,
+    slurms: frozenset[str] | set[str] = frozenset(),
 ) -> list[str]:
     # (name, MiB, whole) of each holder of (node, card)
     holders: dict[tuple[str, int], list[tuple[str, int, bool]]] = defaultdict(list)
@@ -175,6 +178,14 @@ def _card_problems(
     out: list[str] = []
     for (node, card), held in sorted(holders.items()):
         names = ", ".join(h[0] for h in held)
+        theirs = [h[0] for h in held if h[0].split("#")[0] in slurms]
+        if theirs and len(theirs) < len(held):
+            ours = ", ".join(h[0] for h in held if h[0] not in theirs)
+            out.append(
+                f"card {card} of {node}: two owners: Slurm runs {', '.join(theirs)} there, and "
+                f"gpuctl gives it to {ours}"
+            )
+            continue
         if len(held) > 1 and any(h[2] for h in held):
             out.append(f"card {card} of {node}: a whole card is held by {len(held)} ({names})")
             continue

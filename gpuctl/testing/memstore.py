@@ -32,6 +32,7 @@ from gpuctl.core.history import (
 )
 from gpuctl.core.jobs.migration import Phase, Reservation, check_changes
 from gpuctl.core.jobs.model import (
+    CardClash,
     Checkpoint,
     Cordon,
     Event,
@@ -214,6 +215,53 @@ class MemoryStore:
             self._jobs[job.id] = job
             self._append(event)
             return job
+
+    @_write
+    def record_run(
+        self, inc: Incarnation, *, capacity_mib: Mapping[tuple[str, int], int], event: Event
+    ) -> tuple[Job, tuple[CardClash, ...]]:
+        """A run another scheduler started, written running: no cordon nor room checked."""
+        with self._lock:
+            if inc.state is not IncarnationState.RUNNING:
+                raise ValueError(f"record_run writes a running incarnation, not {inc.state}")
+            job = self._jobs.get(inc.job_id)
+            if job is None:
+                raise StoreConflict(f"job {inc.job_id} does not exist")
+            if job.state.terminal:
+                raise StoreConflict(f"job {job.id} is {job.state.value}")
+            if inc.n != job.incarnation + 1 or (inc.job_id, inc.n) in self._incs:
+                have = job.incarnation
+                raise StoreConflict(f"job {job.id} is at incarnation {have}, not {inc.n - 1}")
+            # as the SQL stores say it: each card's incarnations, then its reservations
+            held: list[tuple[str, tuple[int, ...], str, int | None]] = [
+                (i.node, i.cards, i.job_id, i.n)
+                for _, i in sorted(self._incs.items())
+                if i.state.holds_cards
+            ]
+            held += [
+                (r.node, r.cards, r.job_id, None) for _, r in sorted(self._reservations.items())
+            ]
+            clashes = tuple(
+                CardClash(inc.node, card, other, n)
+                for card in inc.cards
+                for node, cards, other, n in held
+                if other != job.id and node == inc.node and card in cards
+            )
+            self._incs[(inc.job_id, inc.n)] = inc
+            job = dataclasses.replace(
+                job,
+                state=JobState.RUNNING,
+                incarnation=inc.n,
+                reason=None,
+                version=job.version + 1,
+                first_started_at=(
+                    job.first_started_at if job.first_started_at is not None else inc.started_at
+                ),
+                updated_at=event.at,
+            )
+            self._jobs[job.id] = job
+            self._append(event)
+            return job, clashes
 
     @_write
     def update_incarnation(

@@ -1,4 +1,5 @@
-"""What `begin_launch` and `reserve` check inside their write transaction before granting cards.
+"""What `begin_launch` and `reserve` check inside their write transaction before granting cards,
+and the little `record_run` checks before writing a run another scheduler started.
 
 A card is held by the incarnations whose state holds cards (their `allocations` rows) and by the
 reservations of other jobs (a migration's target, held before its source stops). A cordoned node
@@ -15,7 +16,7 @@ from collections.abc import Mapping
 
 from gpuctl.adapters.store import codec
 from gpuctl.core.jobs.migration import Reservation
-from gpuctl.core.jobs.model import Incarnation, IncarnationState, JobState
+from gpuctl.core.jobs.model import CardClash, Incarnation, IncarnationState, JobState
 from gpuctl.errors import StoreConflict
 
 Holder = tuple[str, int | None, int, bool]  # (job id, incarnation or None: reserved, MiB, whole)
@@ -68,6 +69,45 @@ def check_allowed(
         c, inc.node, inc.cards, inc.mib_per_card, inc.whole, capacity_mib, where, inc.job_id
     )
     return own
+
+
+def check_run(inc: Incarnation) -> None:
+    """What `record_run` accepts as a run that started (ValueError otherwise): running, numbered
+    from 1, on distinct cards."""
+    where = f"job {inc.job_id} incarnation {inc.n}"
+    if inc.state is not IncarnationState.RUNNING:
+        raise ValueError(f"{where}: record_run writes a running incarnation, not {inc.state}")
+    if inc.n < 1:
+        raise ValueError(f"{where}: incarnations are numbered from 1")
+    if not inc.cards or len(set(inc.cards)) != len(inc.cards):
+        raise ValueError(f"{where}: cards must be distinct and at least one, got {inc.cards}")
+    if inc.gpu_uuids and len(inc.gpu_uuids) != len(inc.cards):
+        raise ValueError(f"{where}: {len(inc.gpu_uuids)} gpu_uuids for {len(inc.cards)} cards")
+    if inc.mib_per_card <= 0:
+        raise ValueError(f"{where}: mib_per_card must be positive, got {inc.mib_per_card}")
+
+
+def check_record(c: sqlite3.Connection, inc: Incarnation) -> tuple[CardClash, ...]:
+    """Raise StoreConflict unless the job is there, unfinished, at incarnation `inc.n - 1`: all
+    a run another scheduler started must agree with (no cordon, no room: it runs already).
+    Returns who else holds its cards (other jobs' incarnations and reservations)."""
+    where = f"job {inc.job_id} incarnation {inc.n}"
+    row = c.execute("SELECT state, incarnation FROM jobs WHERE id = ?", (inc.job_id,)).fetchone()
+    if row is None:
+        raise StoreConflict(f"{where}: the job does not exist")
+    state, current = JobState(row[0]), int(row[1])
+    if state.terminal:
+        raise StoreConflict(f"{where}: the job is {state}")
+    if inc.n != current + 1:
+        raise StoreConflict(
+            f"{where}: the job is at incarnation {current}; the next one is {current + 1}"
+        )
+    return tuple(
+        CardClash(inc.node, card, h[0], h[1])
+        for card in inc.cards
+        for h in holders(c, inc.node, card, job_id=inc.job_id)
+        if h[0] != inc.job_id
+    )
 
 
 def check_reserve(c: sqlite3.Connection, res: Reservation) -> None:

@@ -36,6 +36,7 @@ from gpuctl.core.health.autodrain import NodeHealth
 from gpuctl.core.history import FleetSample, NodeSample, Pruned, PruneReport, Retention
 from gpuctl.core.jobs.migration import Phase, Reservation, check_changes
 from gpuctl.core.jobs.model import (
+    CardClash,
     Checkpoint,
     Cordon,
     Event,
@@ -272,6 +273,38 @@ class SqliteStore:
             updated = self._job_row(c, inc.job_id)
         assert updated is not None
         return updated
+
+    def record_run(
+        self, inc: Incarnation, *, capacity_mib: Mapping[tuple[str, int], int], event: Event
+    ) -> tuple[Job, tuple[CardClash, ...]]:
+        """Write `inc`, a run another scheduler started (Slurm's), running, and its job running
+        at it, in one transaction: only `launch.check_record` holds it back (a cordon or a full
+        card does not: it runs already). Returns the job and who else holds its cards."""
+        launch.check_run(inc)
+        with self._tx() as c:
+            clashes = launch.check_record(c, inc)
+            c.execute(
+                f"INSERT INTO incarnations ({codec.INC_COLS}) VALUES ({_marks(codec.INC_N)})",
+                codec.inc_values(inc),
+            )
+            c.executemany(
+                "INSERT INTO allocations (job_id, n, node, card, mib, whole, capacity_mib) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (inc.job_id, inc.n, inc.node, card, inc.mib_per_card, int(inc.whole), cap)
+                    for card in inc.cards
+                    for cap in [capacity_mib.get((inc.node, card))]
+                ],
+            )
+            c.execute(
+                "UPDATE jobs SET state = ?, incarnation = ?, reason = NULL, updated_at = ?, "
+                f"first_started_at = COALESCE(first_started_at, ?){self._bump} WHERE id = ?",
+                (JobState.RUNNING.value, inc.n, event.at, inc.started_at, inc.job_id),
+            )
+            self._append(c, event)
+            updated = self._job_row(c, inc.job_id)
+        assert updated is not None
+        return updated, clashes
 
     def update_incarnation(
         self,

@@ -219,6 +219,18 @@ class LaunchRequest:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class CardClash:
+    """A card a recorded run (one Slurm started: `Store.record_run`) took while another holds it
+    in the store: `job_id`'s incarnation `n` (None: its reservation). Two owners of one card, a
+    finding for an operator, never a reason to keep the record from saying what runs."""
+
+    node: str
+    card: int
+    job_id: str
+    n: int | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class CommitSeen:
     """What a node's observe saw of a running incarnation's checkpoint dir without reading any
     marker: the step and modification time (the node's clock) of the most recently written

@@ -26,7 +26,14 @@ import dataclasses
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from gpuctl.core.jobs.model import EndReason, Incarnation, IncarnationState, Job, JobState
+from gpuctl.core.jobs.model import (
+    CardClash,
+    EndReason,
+    Incarnation,
+    IncarnationState,
+    Job,
+    JobState,
+)
 from gpuctl.core.scheduler import SchedJob, SchedQueued, SchedulerView
 from gpuctl.errors import GpuctlError
 
@@ -179,7 +186,7 @@ def _start(p: Pass, job: Job, reading: Reading) -> None:
         gpu_uuids=gpu_uuids if all(gpu_uuids) else (),
         mib_per_card=max(capacity.values()),
         whole=True,
-        state=IncarnationState.LAUNCHING,
+        state=IncarnationState.RUNNING,
         started_at=reading.started_at or p.now,
         run_dir=job.spec.backend.run_dir,
     )
@@ -192,11 +199,33 @@ def _start(p: Pass, job: Job, reading: Reading) -> None:
         p.record("slurm_running", message, job=job.id, node=reading.node, inc=reading.n)
         return
     event = p.event("slurm_running", message, job=job.id, node=reading.node, inc=reading.n)
-    p.store.begin_launch(inc, capacity_mib=capacity, event=event)
-    p.store.update_incarnation(
-        job.id, reading.n, expect=IncarnationState.LAUNCHING, state=IncarnationState.RUNNING
-    )
+    # what Slurm did, recorded as it is: a cordon of gpuctl's, or cards the store says another
+    # job holds, refuse nothing here (the job would read queued while Slurm runs it)
+    _, clashes = p.store.record_run(inc, capacity_mib=capacity, event=event)
     p.record("slurm_running", message, job=job.id, node=reading.node, inc=reading.n)
+    for clash in clashes:
+        _clash(p, job, inc, clash)
+
+
+def _clash(p: Pass, job: Job, inc: Incarnation, clash: CardClash) -> None:
+    """Slurm's run took a card the store gives another job: two owners of one card, a finding
+    (an event; `db check --fleet` lists it until one of them lets the card go)."""
+    sid = job.spec.backend.id if job.spec.backend else "?"
+    other = (
+        f"a reservation of job {clash.job_id}"
+        if clash.n is None
+        else f"job {clash.job_id} incarnation {clash.n}"
+    )
+    message = (
+        f"card {clash.card} of {clash.node} has two owners: Slurm runs {job.id} (Slurm job "
+        f"{sid}) incarnation {inc.n} there, and gpuctl's store gives it to {other}"
+    )
+    data = {"card": clash.card, "holder": clash.job_id, "holder_inc": clash.n}
+    event = p.event(
+        "card_clash", message, job=job.id, node=clash.node, inc=inc.n, outcome="failed", data=data
+    )
+    p.store.append_event(event)
+    p.record("card_clash", message, job=job.id, node=clash.node, inc=inc.n, outcome="failed")
 
 
 def _unseen_run(p: Pass, job: Job, reading: Reading) -> Job:

@@ -6,16 +6,19 @@ launches, fences nor fails over such a job."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from pathlib import Path
 
 import pytest
 
-from gpuctl.core.jobs.model import EndReason, IncarnationState, Job, JobState
+from gpuctl.adapters.protocols import Store
+from gpuctl.core.jobs.model import EndReason, Event, IncarnationState, Job, JobState
 from gpuctl.core.model import FleetSnapshot, Inventory, NodeSpec
 from gpuctl.core.scheduler import SchedJob, SchedQueued, SchedulerView
 from gpuctl.ops import fleetstatus
 from gpuctl.ops import jobs as jobs_service
 from gpuctl.ops.actions._fleet import drain_text
+from gpuctl.ops.fleetcheck import check_fleet
 from gpuctl.ops.invariants import check_invariants
 from gpuctl.ops.loop import _slurm
 from gpuctl.ops.loop.model import Pass
@@ -26,8 +29,9 @@ from gpuctl.ops.moves.migrate import migrate
 from gpuctl.ops.moves.nodeops import cordon, uncordon
 from gpuctl.testing.fakerunner import FakeFleet
 from gpuctl.testing.memstore import MemoryStore
+from tests.pg import STORES, open_test_store
 from tests.unit.ops.test_reconcile import Loop, make
-from tests.unit.ops.test_slurm_jobs import add, slurm_job
+from tests.unit.ops.test_slurm_jobs import slurm_job
 
 T0 = 1_000.0
 
@@ -57,11 +61,19 @@ def markers(monkeypatch: pytest.MonkeyPatch) -> dict[str, tuple[int, int] | None
     return found
 
 
-def setup() -> tuple[Loop, SlurmFleet]:
-    t = make(MemoryStore())
+@pytest.fixture(params=STORES)
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    s = open_test_store(request, tmp_path)
+    yield s
+    s.close()
+
+
+def setup(store: Store | None = None) -> tuple[Loop, SlurmFleet]:
+    t = make(store or MemoryStore())
     fleet = SlurmFleet(t.fleet)
     t.loop.fleet = fleet
-    add(t.store, slurm_job(t.submit("template")))
+    job = slurm_job(t.submit("template"))
+    t.store.add_job(job, Event(0.0, "alice", "submit", "to Slurm", job_id=job.id))
     t.store.update_job("template-000001", state=JobState.CANCELLED)
     return t, fleet
 
@@ -250,3 +262,49 @@ def test_a_drain_plan_moves_gpuctls_job_and_leaves_slurms_to_slurm() -> None:
     moved = migrate(t.loop, "sjob-1", None, reason="asked", actor="alice", sleep=t.clock.advance)
     assert (moved.outcome, moved.message) == ("not_started", "Slurm runs it: Slurm's to move")
     assert t.inc("sjob-1").state is IncarnationState.RUNNING and t.runner.signals == []
+
+
+def test_a_run_slurm_started_on_a_node_gpuctl_cordoned_is_recorded_running(store: Store) -> None:
+    t, fleet = setup(store)
+    cordon(store, "n2", reason="fan noise", operator="alice", clock=t.clock)
+    fleet.view = running()  # Slurm runs job 42 on n2 all the same (its drain lets jobs finish)
+    t.step()
+    job = t.job("sjob-1")
+    assert (job.state, job.incarnation, job.reason) == (JobState.RUNNING, 1, None)
+    inc = t.inc("sjob-1")
+    assert (inc.state, inc.node, inc.cards) == (IncarnationState.RUNNING, "n2", (1,))
+    assert slurm_events(t) == ["slurm_running"]
+    assert check_invariants(store) == []
+    t.step()
+    assert slurm_events(t) == ["slurm_running"] and len(store.incarnations("sjob-1")) == 1
+
+
+def test_a_slurm_run_on_a_card_gpuctl_gives_another_job_is_recorded_as_two_owners(
+    store: Store,
+) -> None:
+    t, fleet = setup(store)
+    cordon(store, "n1", reason="keep gpuctl's job on n2", operator="alice", clock=t.clock)
+    ours = t.submit("train", resources={"gpus": 1, "mem_per_gpu": "whole"})
+    t.step()
+    theirs = t.inc(ours.id)
+    assert theirs.node == "n2"
+    fleet.view = running(cards=theirs.cards)  # Slurm says its job 42 has that very card
+    t.step()
+    assert t.job("sjob-1").state is JobState.RUNNING
+    inc = t.inc("sjob-1")
+    assert (inc.state, inc.cards) == (IncarnationState.RUNNING, theirs.cards)
+    card = theirs.cards[0]
+    (clash,) = store.events(kinds=["card_clash"])
+    assert (clash.job_id, clash.node, clash.outcome) == ("sjob-1", "n2", "failed")
+    assert clash.message == (
+        f"card {card} of n2 has two owners: Slurm runs sjob-1 (Slurm job 42) incarnation 1 "
+        f"there, and gpuctl's store gives it to job {ours.id} incarnation 1"
+    )
+    snapshot = fleet.gather(t.cluster.inventory())
+    found = check_fleet(store, t.cluster.inventory(), t.runner, snapshot)
+    assert (
+        f"card {card} of n2: two owners: Slurm runs sjob-1#1 there, and gpuctl gives it to "
+        f"{ours.id}#1"
+    ) in found.problems
+    t.step()  # said once: the next pass records nothing more
+    assert len(store.events(kinds=["card_clash"])) == 1

@@ -51,7 +51,7 @@ from gpuctl.adapters.store.opening import Opened
 from gpuctl.adapters.store.postgres import url as urls
 from gpuctl.adapters.store.sqlite import SqliteStore
 from gpuctl.core.jobs.migration import Reservation
-from gpuctl.core.jobs.model import Event, Incarnation, Job, JobState
+from gpuctl.core.jobs.model import CardClash, Event, Incarnation, Job, JobState
 from gpuctl.core.lease import Lease
 from gpuctl.errors import (
     ReadOnlyRole,
@@ -315,6 +315,12 @@ class PostgresStore(SqliteStore):
     ) -> Job:
         with self._granting(inc.job_id):
             return super().begin_launch(inc, capacity_mib=capacity_mib, event=event)
+
+    def record_run(
+        self, inc: Incarnation, *, capacity_mib: Mapping[tuple[str, int], int], event: Event
+    ) -> tuple[Job, tuple[CardClash, ...]]:
+        with self._granting(inc.job_id):  # who holds its cards, read with no grant under way
+            return super().record_run(inc, capacity_mib=capacity_mib, event=event)
 
     def reserve(
         self, reservation: Reservation, *, event: Event, expect_job_version: int | None = None
