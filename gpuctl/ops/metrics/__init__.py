@@ -37,7 +37,7 @@ from gpuctl.ops.metrics._exposition import (
     NodeReading,
     Reading,
     families,
-    series_text,
+    series,
 )
 from gpuctl.ops.metrics._jobs import read_jobs
 from gpuctl.ops.metrics._serve import serve
@@ -200,12 +200,13 @@ class _Families:
 
 def exposition(reading: Reading | None) -> bytes:
     """The text exposition of one reading (`gpuctl metrics dump`, the server): the fleet's
-    families through prometheus_client, then the per-GPU and per-job ones (`series_text`)."""
+    families through prometheus_client, then the per-node, per-GPU and per-job ones (`series`),
+    joined once."""
     if reading is None:
         return b""
     registry = CollectorRegistry(auto_describe=False)  # our own, never the process-wide one
     registry.register(_Families(reading))
-    return generate_latest(registry) + series_text(reading).encode()
+    return b"".join([generate_latest(registry), *series(reading)])
 
 
 # --- refreshing ----------------------------------------------------------------------------------

@@ -24,16 +24,8 @@ from gpuctl.core.band import TARGET_BAND, BandName
 from gpuctl.core.fleet.nodestate import NODE_STATES
 from gpuctl.core.fleet.numbers import FleetNumbers
 from gpuctl.core.health import Verdict
-from gpuctl.ops.metrics._text import (
-    GpuReading,
-    JobReading,
-    escape,
-    flag,
-    gpu_text,
-    header,
-    job_text,
-    labelled,
-)
+from gpuctl.ops.metrics._text import GpuReading, JobReading, gpu_text, job_text
+from gpuctl.ops.metrics._write import escape, flag, header, labelled, verdict_columns
 
 MIB = float(1 << 20)
 GIB = float(1 << 30)
@@ -202,21 +194,21 @@ class Reading:
 # --- the exposition ------------------------------------------------------------------------------
 
 
-def series_text(reading: Reading | None) -> str:
-    """The per-node, per-GPU and per-job families of `reading` as exposition text (`_text`: too
-    many samples on a large fleet for prometheus_client's generator)."""
-    out: list[str] = []
+def series(reading: Reading | None) -> list[bytes]:
+    """The per-node, per-GPU and per-job families of `reading`, pieces of exposition text (`_text`:
+    too many samples on a large fleet for prometheus_client's generator)."""
+    out: list[bytes] = []
     if reading is not None:
         _node_text(reading.nodes, out)
         gpu_text(reading.gpus, out)
         if reading.jobs is not None:
             job_text(reading.jobs, out)
-    return "".join(out)
+    return out
 
 
 def families(reading: Reading | None) -> list[Metric]:
     """The fleet, counter and exporter families of `reading` (none before the first refresh);
-    the per-node, per-GPU and per-job ones are `series_text`."""
+    the per-node, per-GPU and per-job ones are `series`."""
     if reading is None:
         return []
     out: list[Metric] = [*_number_families(reading.numbers)] if reading.numbers else []
@@ -286,7 +278,7 @@ def _number_families(numbers: FleetNumbers) -> Iterator[Metric]:
     yield band
 
 
-def _node_text(nodes: Sequence[NodeReading], out: list[str]) -> None:
+def _node_text(nodes: Sequence[NodeReading], out: list[bytes]) -> None:
     """The per-node families, as text (`_text`): a large fleet has thousands of these samples."""
     bases = [f'node="{escape(n.name)}"' for n in nodes]
     header(
@@ -304,22 +296,15 @@ def _node_text(nodes: Sequence[NodeReading], out: list[str]) -> None:
         out,
     )
     labelled("gpuctl_node_schedulable", bases, [flag(n.schedulable) for n in nodes], out)
-    judged = [(n.verdict, b) for n, b in zip(nodes, bases, strict=True) if n.verdict is not None]
     header(
         "gpuctl_node_health",
         "1 for the node's health verdict (healthy, degraded, unhealthy, unknown).",
         "gauge",
         out,
     )
-    for v in Verdict:
-        labelled(
-            "gpuctl_node_health",
-            [b for _, b in judged],
-            [int(verdict is v) for verdict, _ in judged],
-            out,
-            f'verdict="{v.value}"',
-        )
-    stated = [(n.state, b) for n, b in zip(nodes, bases, strict=True) if n.state is not None]
+    verdict_columns(
+        "gpuctl_node_health", bases, [n.verdict for n in nodes], tuple(Verdict), "verdict", out
+    )
     header(
         "gpuctl_node_state",
         "1 for the node's state (ready, cordoned, draining, down, unknown), as gpuctl status "
@@ -327,11 +312,4 @@ def _node_text(nodes: Sequence[NodeReading], out: list[str]) -> None:
         "gauge",
         out,
     )
-    for st in NODE_STATES:
-        labelled(
-            "gpuctl_node_state",
-            [b for _, b in stated],
-            [int(state == st) for state, _ in stated],
-            out,
-            f'state="{st}"',
-        )
+    verdict_columns("gpuctl_node_state", bases, [n.state for n in nodes], NODE_STATES, "state", out)

@@ -1,10 +1,8 @@
 """The per-GPU and per-job families, written as exposition text directly. Pure.
 
 A 1,000-node × 8-GPU fleet has about 200,000 of these samples; prometheus_client's generator
-takes seconds over them (measured by `benchmarks/metrics_scrape.py`), so they are written here,
-column by column: each GPU's labels are quoted once and shared by all its samples, values are
-formatted once per column. The text is the Prometheus text format 0.0.4, as `generate_latest`
-writes it; `promtool check metrics` passes on it (tests run it).
+takes seconds over them, so they are written here, a family's column at a time through `_write`:
+each GPU's and job's label text made once and kept, each column's lines filled in C.
 
 Labels of a GPU series join dcgm-exporter's without relabelling: `Hostname` (the node's own
 hostname as the probe read it; the node's name when unknown), `gpu` (the index) and `UUID`, plus
@@ -17,18 +15,23 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import operator
-import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 from gpuctl.core.health import Verdict
 from gpuctl.core.model import GpuSnapshot
+from gpuctl.ops.metrics._write import (
+    LABELS_KEPT,
+    column,
+    escape,
+    family,
+    header,
+    label_text,
+    labelled,
+    samples,
+    verdict_columns,
+)
 
-MIB = 1 << 20
 LIVE_JOB_STATES = ("queued", "running", "held")  # per-job series: only these (cardinality)
-LABELS_KEPT = 1 << 18  # label texts kept from one exposition to the next: they rarely change
-
-Value = int | float | None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -50,98 +53,12 @@ class JobReading:
     checkpoint_age_s: float | None = None
 
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-
-
-@functools.lru_cache(maxsize=LABELS_KEPT)
-def escape(value: str | int, limit: int = 128) -> str:
-    """A label value as the text format quotes it. Values from node output are untrusted: no
-    control characters, bounded length."""
-    text = str(value)
-    if len(text) <= limit and text.isascii() and text.isprintable():  # the usual case, fast
-        if '"' not in text and "\\" not in text:
-            return text
-    else:
-        text = _CONTROL.sub("", text)[:limit]  # newlines too: nothing left to escape there
-    return text.replace("\\", "\\\\").replace('"', '\\"')
-
-
-def label_text(pairs: Iterable[tuple[str, object]]) -> str:
-    """`k1="v1",k2="v2"` (no braces)."""
-    return ",".join(f'{k}="{escape(v)}"' for k, v in pairs)
-
-
-def flag(value: bool | None) -> int | None:
-    return None if value is None else int(value)
-
-
 @functools.lru_cache(maxsize=LABELS_KEPT)
 def job_labels(job_id: str, job_name: str) -> str:
     return label_text((("job_id", job_id), ("job_name", job_name)))
 
 
-def header(name: str, help_text: str, kind: str, out: list[str]) -> None:
-    """A family's HELP and TYPE lines (a counter's `name` ends in `_total`)."""
-    help_text = help_text.replace("\\", "\\\\").replace("\n", "\\n")
-    out.append(f"# HELP {name} {help_text}\n# TYPE {name} {kind}\n")
-
-
-def samples(name: str, heads: Sequence[str], values: Iterable[Value], out: list[str]) -> None:
-    """`heads[i]` is a sample's `{labels} ` (its trailing space included); None: no sample.
-    Values are ints or floats (a flag through `flag`): both print as Prometheus reads them."""
-    out.append(
-        "".join([f"{name}{h}{v}\n" for h, v in zip(heads, values, strict=True) if v is not None])
-    )
-
-
-def labelled(
-    name: str, bases: Sequence[str], values: Iterable[Value], out: list[str], extra: str = ""
-) -> None:
-    """Samples `name{base,extra} value` (the hot path: one string made per sample)."""
-    pre, post = name + "{", ("," + extra if extra else "") + "} "
-    out.append(
-        "".join(
-            [f"{pre}{b}{post}{v}\n" for b, v in zip(bases, values, strict=True) if v is not None]
-        )
-    )
-
-
-def family(
-    name: str,
-    help_text: str,
-    kind: str,
-    heads: Sequence[str],
-    values: Iterable[Value],
-    out: list[str],
-) -> None:
-    header(name, help_text, kind, out)
-    samples(name, heads, values, out)
-
-
-def heads(bases: Sequence[str], extra: str = "") -> list[str]:
-    """`{base,extra} ` for each base label text."""
-    if extra:
-        return [f"{{{b},{extra}}} " for b in bases]
-    return [f"{{{b}}} " for b in bases]
-
-
 # --- GPUs ----------------------------------------------------------------------------------------
-
-_FLAG = {True: 1, False: 0}
-
-
-def column(items: Sequence[object], attr: str, unit: str = "") -> list[Value]:
-    """`attr` of each item (None stays None): as is, a flag as 0/1 (`flag`), MiB as bytes
-    (`mib`), a percentage as a ratio (`pct`). In C where it can be: 8,000 GPUs × 25 columns."""
-    values = map(operator.attrgetter(attr), items)
-    if unit == "flag":
-        return list(map(_FLAG.get, values))
-    if unit == "mib":
-        return [None if v is None else v * MIB for v in values]
-    if unit == "pct":
-        return [None if v is None else v / 100 for v in values]
-    return list(values)
-
 
 FLAGS = frozenset(
     (
@@ -295,7 +212,7 @@ GPU_GAUGES: tuple[tuple[str, str, str, str], ...] = (
 )
 
 
-def gpu_text(gpus: Sequence[GpuReading], out: list[str]) -> None:
+def gpu_text(gpus: Sequence[GpuReading], out: list[bytes]) -> None:
     """Every per-GPU family: gpuctl's views, the probe's readings (power, ECC, retired pages,
     remapped rows, thermal slowdown, XIDs) and the jobs holding each GPU."""
     bases = [gpu_labels(g) for g in gpus]
@@ -304,7 +221,7 @@ def gpu_text(gpus: Sequence[GpuReading], out: list[str]) -> None:
         "1 per GPU, with its model and PCI address (dcgm-exporter's pci_bus_id).",
         "gauge",
         [
-            f"{{{b},{label_text((('model', g.model or ''), ('pci_bus_id', g.pci_bus_id or '')))}}} "
+            f"{b},{_info_labels(g.model or '', g.pci_bus_id or '')}"
             for g, b in zip(gpus, bases, strict=True)
         ],
         [1] * len(gpus),
@@ -313,21 +230,15 @@ def gpu_text(gpus: Sequence[GpuReading], out: list[str]) -> None:
     for name, help_text, attr, unit in GPU_GAUGES:
         header(name, help_text, "gauge", out)
         labelled(name, bases, column(gpus, attr, unit), out)
-    judged = [(g.verdict, b) for g, b in zip(gpus, bases, strict=True) if g.verdict is not None]
     header(
         "gpuctl_gpu_health",
         "1 for the GPU's health verdict (healthy, degraded, unhealthy, unknown).",
         "gauge",
         out,
     )
-    for v in Verdict:
-        labelled(
-            "gpuctl_gpu_health",
-            [b for _, b in judged],
-            [int(verdict is v) for verdict, _ in judged],
-            out,
-            f'verdict="{v.value}"',
-        )
+    verdict_columns(
+        "gpuctl_gpu_health", bases, [g.verdict for g in gpus], tuple(Verdict), "verdict", out
+    )
     observed = [(g.card, b) for g, b in zip(gpus, bases, strict=True) if g.card is not None]
     observed_bases = [b for _, b in observed]
     cards = [c for c, _ in observed]
@@ -341,40 +252,45 @@ def gpu_text(gpus: Sequence[GpuReading], out: list[str]) -> None:
         "Code of the GPU's newest XID error in the kernel log the probe reads (0: none), like "
         "dcgm-exporter's DCGM_FI_DEV_XID_ERRORS.",
         "gauge",
-        heads(bases),
+        bases,
         [g.last_xid for g in gpus],
         out,
     )
-    xid_heads, xid_counts = [], []
+    xid_bases, xid_counts = [], []
     for g, b in zip(gpus, bases, strict=True):
         for code, count in g.xids:
-            xid_heads.append(f'{{{b},xid="{code}"}} ')
+            xid_bases.append(f'{b},xid="{code}"')
             xid_counts.append(count)
     family(
         "gpuctl_gpu_xid_errors",
         "XID errors of the GPU in the kernel log lines the probe reads (the last 50), by code.",
         "gauge",
-        xid_heads,
+        xid_bases,
         xid_counts,
         out,
     )
-    job_heads = [
-        f"{{{b},{job_labels(*job)}}} " for g, b in zip(gpus, bases, strict=True) for job in g.jobs
+    job_bases = [
+        f"{b},{job_labels(*job)}" for g, b in zip(gpus, bases, strict=True) for job in g.jobs
     ]
     family(
         "gpuctl_gpu_job_info",
         "1 per gpuctl job holding the GPU: join with * on(UUID) group_left(job_id, job_name).",
         "gauge",
-        job_heads,
-        [1] * len(job_heads),
+        job_bases,
+        [1] * len(job_bases),
         out,
     )
+
+
+@functools.lru_cache(maxsize=LABELS_KEPT)
+def _info_labels(model: str, pci_bus_id: str) -> str:
+    return label_text((("model", model), ("pci_bus_id", pci_bus_id)))
 
 
 # --- jobs ----------------------------------------------------------------------------------------
 
 
-def job_text(jobs: Sequence[JobReading], out: list[str]) -> None:
+def job_text(jobs: Sequence[JobReading], out: list[bytes]) -> None:
     """Per-job series of the live jobs, and how many are held."""
     bases = [job_labels(j.id, j.name) for j in jobs]
     placed = [f'{b},node="{escape(j.node or "")}"' for j, b in zip(jobs, bases, strict=True)]
@@ -383,47 +299,52 @@ def job_text(jobs: Sequence[JobReading], out: list[str]) -> None:
         "1 per live job (queued, running, held), with its state, tier and node (empty: none).",
         "gauge",
         [
-            f'{{{p},state="{escape(j.state)}",tier="{escape(j.tier)}"}} '
+            f'{p},state="{escape(j.state)}",tier="{escape(j.tier)}"'
             for j, p in zip(jobs, placed, strict=True)
         ],
         [1] * len(jobs),
         out,
     )
-    for name, help_text, values, labels in (
-        ("gpuctl_job_cards", "Cards the job holds now.", [j.cards for j in jobs], placed),
+    for name, help_text, attr, unit, labels in (
+        ("gpuctl_job_cards", "Cards the job holds now.", "cards", "", placed),
         (
             "gpuctl_job_memory_allocated_bytes",
             "GPU memory gpuctl granted the job (its slice × cards; a whole card: all of it).",
-            [None if j.allocated_mib is None else j.allocated_mib * MIB for j in jobs],
+            "allocated_mib",
+            "mib",
             placed,
         ),
         (
             "gpuctl_job_memory_observed_bytes",
             "GPU memory NVML reports in use by the job's processes (needs a poll).",
-            [None if j.observed_mib is None else j.observed_mib * MIB for j in jobs],
+            "observed_mib",
+            "mib",
             placed,
         ),
         (
             "gpuctl_job_checkpoint_age_seconds",
             "Now minus the job's newest committed checkpoint (running jobs; none yet: since its "
             "first start).",
-            [j.checkpoint_age_s for j in jobs],
+            "checkpoint_age_s",
+            "",
             bases,
         ),
         (
             "gpuctl_job_incarnation",
             "The job's current incarnation (GPUCTL_INCARNATION; 0: never started).",
-            [j.incarnation for j in jobs],
+            "incarnation",
+            "",
             bases,
         ),
         (
             "gpuctl_job_restarts",
             "Restarts forced by failures of the job itself (what its restart budget counts).",
-            [j.restarts for j in jobs],
+            "restarts",
+            "",
             bases,
         ),
     ):
-        family(name, help_text, "gauge", heads(labels), values, out)
+        family(name, help_text, "gauge", labels, column(jobs, attr, unit), out)
     held = sum(1 for j in jobs if j.state == "held")
-    family("gpuctl_held_jobs", "Jobs held until an operator releases them.", "gauge",
-           [" "], [held], out)  # fmt: skip
+    header("gpuctl_held_jobs", "Jobs held until an operator releases them.", "gauge", out)
+    samples("gpuctl_held_jobs", [" "], [held], out)

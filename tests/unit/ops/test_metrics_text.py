@@ -14,6 +14,7 @@ from pathlib import Path
 from gpuctl.core.health import Verdict
 from gpuctl.core.model import GpuSnapshot
 from gpuctl.ops.metrics import GpuReading, JobReading, NodeReading, Reading, exposition
+from gpuctl.ops.metrics._write import labelled
 from gpuctl.testing.promtool import check_metrics
 
 GOLDEN = Path(__file__).resolve().parents[2] / "fixtures" / "metrics" / "series.prom"
@@ -169,6 +170,24 @@ def test_a_second_exposition_of_another_reading_is_its_own_text() -> None:
     assert other != exposition(first)
     assert exposition(second) == other
     check_metrics(other)
+
+
+def test_a_value_equal_to_the_last_one_but_written_otherwise_is_written_as_itself() -> None:
+    """A run's text is kept while its values stay the same, but 1 == 1.0 and -0.0 == 0.0."""
+    out: list[bytes] = []
+    for value in (1, 1, 1.0, 1.0, 1, -0.0, 0.0, 0, 0):
+        labelled("gpuctl_test", ['node="n1"'], [value], out)
+    assert [line.rsplit(b" ", 1)[1] for line in out] == [
+        b"1\n",
+        b"1\n",
+        b"1.0\n",
+        b"1.0\n",
+        b"1\n",
+        b"-0.0\n",
+        b"0.0\n",
+        b"0\n",
+        b"0\n",
+    ]
 
 
 if __name__ == "__main__":
