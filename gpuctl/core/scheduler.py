@@ -98,7 +98,10 @@ class SchedulerView:
     jobs: tuple[SchedJob, ...] = ()
     notes: tuple[str, ...] = ()
     error: str | None = None
-    queue: tuple[SchedQueued, ...] = ()  # the other jobs squeue lists
+    # the other jobs squeue lists that gpuctl submitted (the loop follows them), and how many
+    # more it lists (neither holding cards here nor gpuctl's: counted, not kept)
+    queue: tuple[SchedQueued, ...] = ()
+    queue_others: int = 0
 
     def node(self, name: str) -> SchedNode | None:
         return next((n for n in self.nodes if n.name == name), None)
@@ -114,6 +117,7 @@ class SchedulerView:
             "notes": list(self.notes),
             "error": self.error,
             "queue": [dataclasses.asdict(q) for q in self.queue],
+            "queue_others": self.queue_others,
         }
 
     @classmethod
@@ -165,6 +169,7 @@ class SchedulerView:
                 )
                 for q in d.get("queue") or ()
             ),
+            queue_others=int(d.get("queue_others") or 0),
         )
 
 

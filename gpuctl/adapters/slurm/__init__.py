@@ -101,7 +101,7 @@ class SlurmReader:
         notes += errs
         names = {n.name for n in nodes}
         jobs = tuple(j for j in parse_jobs(items, "squeue --json", notes) if j.node in names)
-        queue = parse_queue(items, "squeue --json", notes, {j.job_id for j in jobs})
+        queue, others = parse_queue(items, "squeue --json", notes, {j.job_id for j in jobs})
         return SchedulerView(
             cluster=source.cluster,
             version=release or ".".join(str(v) for v in self.version()),
@@ -110,6 +110,7 @@ class SlurmReader:
             jobs=jobs,
             notes=tuple(notes),
             queue=queue,
+            queue_others=others,
         )
 
     def read_or_error(self, now: float | None = None) -> SchedulerView:

@@ -20,6 +20,7 @@ from typing import Any
 from gpuctl.core.scheduler import SchedJob, SchedNode, SchedQueued
 from gpuctl.errors import GpuctlError
 
+RUN_DIRS = "/.gpuctl/slurm/"  # where gpuctl's Slurm jobs keep their output (`_jobs._PROLOGUE`)
 MAX_JSON_BYTES = 64 * 1024 * 1024  # squeue --json of a busy cluster runs to megabytes
 # Job states in which a job still holds its GRES on its nodes.
 HOLDING = frozenset({"RUNNING", "SUSPENDED", "COMPLETING", "STOPPED"})
@@ -207,18 +208,23 @@ def parse_jobs(items: Iterable[Any], command: str, notes: list[str]) -> tuple[Sc
 
 def parse_queue(
     items: Iterable[Any], command: str, notes: list[str], held: Iterable[str] = ()
-) -> tuple[SchedQueued, ...]:
-    """Every other job of `squeue --json` (those whose ids are not in `held`, the jobs holding
-    cards `parse_jobs` read): its state, Slurm's reason ("None" dropped), restart count and
-    nodes. A job without an id was noted by `parse_jobs` already and is left out quietly."""
-    skip, out = set(held), []
+) -> tuple[tuple[SchedQueued, ...], int]:
+    """The other jobs of `squeue --json` (those whose ids are not in `held`, the jobs holding
+    cards `parse_jobs` read) that gpuctl submitted (`is_gpuctls`): each one's state, Slurm's
+    reason ("None" dropped), restart count and nodes; and how many others it lists, counted
+    only (a busy cluster queues thousands, and the view goes into every published poll). A job
+    without an id was noted by `parse_jobs` already and is left out quietly."""
+    skip, out, others = set(held), [], 0
     for item in items:
         if not isinstance(item, Mapping):
             continue
-        f = _Fields(command, f"job {item.get('job_id')}", item, notes)
         job_id = _Fields(command, "", item, []).text("job_id")
         if job_id is None or job_id in skip:
             continue
+        if not is_gpuctls(item):
+            others += 1
+            continue
+        f = _Fields(command, f"job {item.get('job_id')}", item, notes)
         reason = f.text("state_reason")
         out.append(
             SchedQueued(
@@ -229,7 +235,14 @@ def parse_queue(
                 f.text("nodes"),
             )
         )
-    return tuple(out)
+    return tuple(out), others
+
+
+def is_gpuctls(item: Mapping[str, Any]) -> bool:
+    """A job `gpuctl submit --backend slurm` submitted: its output goes to its run dir,
+    `$HOME/.gpuctl/slurm/<job id>/output.log` (`adapters.slurm._jobs`: sbatch's `--output`)."""
+    out = item.get("standard_output")
+    return isinstance(out, str) and RUN_DIRS in out and out.endswith("/output.log")
 
 
 def _job_state(f: _Fields) -> str:

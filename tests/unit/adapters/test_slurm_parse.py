@@ -5,19 +5,22 @@ only a document that is not Slurm's JSON at all is an error, naming the command.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from gpuctl.adapters.slurm import (
     SlurmParseError,
+    SlurmReader,
     document,
     parse_jobs,
     parse_nodes,
     version_of,
 )
 from gpuctl.core.fleet.scheduler import allocations, cordons
-from gpuctl.core.scheduler import SchedJob, SchedNode, SchedulerView
+from gpuctl.core.model import SlurmSource
+from gpuctl.core.scheduler import SchedJob, SchedNode, SchedQueued, SchedulerView
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "slurm"
 
@@ -135,3 +138,37 @@ def test_slurm_jobs_are_whole_card_allocations_owned_by_slurm_and_drains_are_cor
         "slurm",
     )
     assert SchedulerView.from_dict(view.to_dict()) == view
+
+
+class ScriptedSlurm:
+    """Slurm's commands as `SlurmReader` runs them, answered from text (22.05's shapes)."""
+
+    def __init__(self, squeue: str) -> None:
+        self.source = SlurmSource(cluster="hpc1")
+        self.answers = {
+            "sinfo --version": "slurm 22.05.8\n",
+            "sinfo --json": (FIXTURES / "sinfo-22.05.8-debian12.json").read_text(),
+            "squeue --json": squeue,
+        }
+
+    def run(self, argv: list[str], **_: object) -> str:
+        return self.answers[" ".join(argv)]
+
+
+def test_the_view_keeps_jobs_holding_cards_and_gpuctls_and_only_counts_the_rest() -> None:
+    recorded = json.loads((FIXTURES / "squeue-22.05.8-debian12.json").read_text())
+    held = recorded["jobs"]  # on cards of lab-02: kept, whoever submitted them
+    pending = dict(held[0], job_state="PENDING", gres_detail=[], nodes="", state_reason="Priority")
+    theirs = [
+        dict(pending, job_id=1000 + i, standard_output=f"/home/bob/slurm-{1000 + i}.out")
+        for i in range(5000)
+    ]
+    ours = dict(pending, job_id=42, standard_output="/home/alice/.gpuctl/slurm/train-1/output.log")
+    squeue = json.dumps(dict(recorded, jobs=[*held, *theirs, ours]))
+    view = SlurmReader(ScriptedSlurm(squeue)).read(now=1.0)  # type: ignore[arg-type]
+    assert [(j.job_id, j.cards) for j in view.jobs] == [("1", (0,)), ("2", (1, 2))]
+    assert view.queue == (SchedQueued("42", "PENDING", "Priority", 0, None),)
+    assert view.queue_others == 5000
+    doc = view.to_dict()
+    assert len(json.dumps(doc)) < 16_000  # what each published poll carries, whatever queues
+    assert SchedulerView.from_dict(json.loads(json.dumps(doc))) == view
