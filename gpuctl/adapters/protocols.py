@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -193,15 +193,15 @@ class Store(Protocol):
     def incarnations(
         self, job_id: str | None = None, *, node: str | None = None, holding: bool | None = None
     ) -> list[Incarnation]: ...
-    # each job's incarnations (by number) for every job asked, in one query; each is a key
+    # the incarnations (by number) of the jobs in `states`, by job (one without any: no key)
     def incarnations_for(
-        self, job_ids: Collection[str], *, holding: bool | None = None
+        self, states: Iterable[JobState], *, holding: bool | None = None
     ) -> dict[str, list[Incarnation]]: ...
 
     # checkpoints (newest step first)
     def add_checkpoint(self, checkpoint: Checkpoint) -> None: ...
     def checkpoints(self, job_id: str) -> list[Checkpoint]: ...
-    def checkpoints_for(self, job_ids: Collection[str]) -> dict[str, list[Checkpoint]]: ...
+    def checkpoints_for(self, states: Iterable[JobState]) -> dict[str, list[Checkpoint]]: ...
 
     # the audit log (append-only)
     def append_event(self, event: Event) -> int: ...

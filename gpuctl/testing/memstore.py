@@ -14,7 +14,7 @@ import functools
 import itertools
 import threading
 import time
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar, cast
 
@@ -304,14 +304,15 @@ class MemoryStore:
             return sorted(out, key=lambda i: (i.job_id, i.n))
 
     def incarnations_for(
-        self, job_ids: Collection[str], *, holding: bool | None = None
+        self, states: Iterable[JobState], *, holding: bool | None = None
     ) -> dict[str, list[Incarnation]]:
         with self._lock:
-            found: dict[str, list[Incarnation]] = {j: [] for j in job_ids}
+            wanted = {j.id for j in self.jobs(states)}
+            found: dict[str, list[Incarnation]] = {}
             for key in sorted(self._incs):
                 inc = self._incs[key]
-                if key[0] in found and (holding is None or inc.state.holds_cards == holding):
-                    found[key[0]].append(inc)
+                if key[0] in wanted and (holding is None or inc.state.holds_cards == holding):
+                    found.setdefault(key[0], []).append(inc)
             return found
 
     # --- checkpoints -------------------------------------------------------------------------
@@ -327,12 +328,13 @@ class MemoryStore:
             mine = [c for c in self._checkpoints.values() if c.job_id == job_id]
             return sorted(mine, key=lambda c: (c.step, c.incarnation, c.location), reverse=True)
 
-    def checkpoints_for(self, job_ids: Collection[str]) -> dict[str, list[Checkpoint]]:
+    def checkpoints_for(self, states: Iterable[JobState]) -> dict[str, list[Checkpoint]]:
         with self._lock:
-            found: dict[str, list[Checkpoint]] = {j: [] for j in job_ids}
+            wanted = {j.id for j in self.jobs(states)}
+            found: dict[str, list[Checkpoint]] = {}
             for c in self._checkpoints.values():
-                if c.job_id in found:
-                    found[c.job_id].append(c)
+                if c.job_id in wanted:
+                    found.setdefault(c.job_id, []).append(c)
             order = lambda c: (c.step, c.incarnation, c.location)  # noqa: E731  # as checkpoints()
             return {j: sorted(cs, key=order, reverse=True) for j, cs in found.items()}
 

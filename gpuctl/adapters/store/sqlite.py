@@ -13,10 +13,9 @@ checked against a fixed set (`codec.job_changes`, `codec.inc_changes`); values a
 from __future__ import annotations
 
 import contextlib
-import json
 import sqlite3
 import threading
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
@@ -56,6 +55,7 @@ if TYPE_CHECKING:
 
 RESERVATIONS_SINCE = 2  # the schema version that added reservations and node health
 CLOCK_OFFSET_SINCE = 3  # ... and incarnations.clock_offset_s
+BY_ID = 500  # rows asked by id in one statement, at most
 
 
 class SqliteStore:
@@ -85,6 +85,8 @@ class SqliteStore:
         # and each job and incarnation as decoded, while its row reads the same: a pass reads
         # them all, and few changed since the last
         self._jobs_read = codec.RowMemo(lambda r: codec.job_from(r, self._specs))
+        self._job_versions: dict[str, Job] = {}  # each job as read last (`jobs`)
+        self._select_jobs = f"SELECT {self._job_cols} FROM jobs"
         self._incs_read = codec.RowMemo(codec.inc_from, key=lambda r: (r[0], r[1]))
         # the loop's long-lived connection would go on past a truncated or replaced file
         self._file = (
@@ -200,14 +202,46 @@ class SqliteStore:
         return self._jobs_read(found[0]) if found else None
 
     def jobs(self, states: Iterable[JobState] | None = None) -> list[Job]:
-        """Oldest submission first."""
-        sql = f"SELECT {self._job_cols} FROM jobs"
+        """Oldest submission first. Each job's version is read, and its whole row only when
+        that version is not the one this store read last (each change of a job's row adds one
+        to its version): the control loop reads every job at every pass, and few changed."""
+        where = ""
         params: list[str] = []
-        if states is not None:
-            params = [JobState(s).value for s in states]
-            sql += f" WHERE state IN ({_marks(len(params))})"
-        found = self._read(sql + " ORDER BY submitted_at, id", params)
-        return [self._jobs_read(r) for r in found]
+        wanted = None if states is None else {JobState(s) for s in states}
+        if wanted is not None:
+            params = [s.value for s in wanted]
+            where = f" WHERE state IN ({_marks(len(params))})"
+        if not self._versioned:
+            found = [self._jobs_read(r) for r in self._read(self._select_jobs + where, params)]
+        else:
+            versions = self._read(f"SELECT id, version FROM jobs{where}", params)
+            known = self._job_versions
+            stale = [i for i, v in versions if i not in known or known[i].version != v]
+            if len(known) + len(stale) > codec.RowMemo.LIMIT:
+                known.clear()
+                stale = [i for i, _ in versions]
+            if len(stale) > len(versions) // 2:  # all at once
+                rows = self._read(self._select_jobs + where, params)
+            else:
+                rows = [
+                    r
+                    for k in range(0, len(stale), BY_ID)
+                    for r in self._read(
+                        f"{self._select_jobs} WHERE id IN ({_marks(len(stale[k : k + BY_ID]))})",
+                        stale[k : k + BY_ID],
+                    )
+                ]
+            for r in rows:
+                job = self._jobs_read(r)
+                known[job.id] = job
+            # a job that changed state after its version was read is left out, as it would be
+            found = [
+                kept
+                for i, _ in versions
+                if (kept := known.get(i)) is not None and (wanted is None or kept.state in wanted)
+            ]
+        found.sort(key=_submitted)  # here, not by the database: sorting the rows cost it more
+        return found
 
     def update_job(
         self,
@@ -361,32 +395,32 @@ class SqliteStore:
         sql = f"SELECT {self._inc_cols} FROM incarnations"
         if where:
             sql += " WHERE " + " AND ".join(where)
-        return [self._incs_read(r) for r in self._read(sql + " ORDER BY job_id, n", params)]
-
-    def incarnations_for(
-        self, job_ids: Collection[str], *, holding: bool | None = None
-    ) -> dict[str, list[Incarnation]]:
-        """The incarnations of each job in `job_ids` (by number; `holding` as `incarnations`), in
-        one query: what the control loop asks per job, for all its jobs at once. Each job asked
-        is a key."""
-        found: dict[str, list[Incarnation]] = {j: [] for j in job_ids}
-        if found:
-            where, params = self._among("job_id", found)
-            if holding is not None:
-                where += f" AND state {'' if holding else 'NOT '}IN ({_marks(len(codec.HOLDING))})"
-                params.extend(codec.HOLDING)
-            sql = f"SELECT {self._inc_cols} FROM incarnations WHERE {where} ORDER BY job_id, n"
-            for r in self._read(sql, params):
-                inc = self._incs_read(r)
-                found[inc.job_id].append(inc)
+        found = [self._incs_read(r) for r in self._read(sql, params)]
+        found.sort(key=_numbered)
         return found
 
-    def _among(self, column: str, values: Collection[str]) -> tuple[str, list[Any]]:
-        """`column` among `values`, as one parameter whatever their number (SQLite limits a
-        statement's parameters)."""
-        if self.dialect.postgres:
-            return f"{column} = ANY(?)", [list(values)]
-        return f"{column} IN (SELECT value FROM json_each(?))", [json.dumps(list(values))]
+    def incarnations_for(
+        self, states: Iterable[JobState], *, holding: bool | None = None
+    ) -> dict[str, list[Incarnation]]:
+        """The incarnations (by number; `holding` as `incarnations`) of the jobs in `states`, by
+        job, in one query: what the control loop asks per job, for all its jobs at once. A job
+        without any is not a key."""
+        wanted = [JobState(s).value for s in states]
+        found: dict[str, list[Incarnation]] = {}
+        if not wanted:
+            return found
+        where = f"j.state IN ({_marks(len(wanted))})"
+        if holding is not None:
+            where += f" AND i.state {'' if holding else 'NOT '}IN ({_marks(len(codec.HOLDING))})"
+            wanted.extend(codec.HOLDING)
+        cols = ", ".join(c if c == "NULL" else f"i.{c}" for c in self._inc_cols.split(", "))
+        sql = f"SELECT {cols} FROM incarnations i JOIN jobs j ON j.id = i.job_id WHERE {where}"
+        for r in self._read(sql, wanted):
+            inc = self._incs_read(r)
+            found.setdefault(inc.job_id, []).append(inc)
+        for incs in found.values():
+            incs.sort(key=_numbered)
+        return found
 
     # --- checkpoints -------------------------------------------------------------------------
 
@@ -412,19 +446,22 @@ class SqliteStore:
         )
         return [codec.checkpoint_from(r) for r in found]
 
-    def checkpoints_for(self, job_ids: Collection[str]) -> dict[str, list[Checkpoint]]:
-        """Each job's checkpoints (newest step first) for every job in `job_ids`, in one query.
-        Each job asked is a key."""
-        found: dict[str, list[Checkpoint]] = {j: [] for j in job_ids}
-        if found:
-            where, params = self._among("job_id", found)
-            sql = (
-                f"SELECT {codec.CHECKPOINT_COLS} FROM checkpoints WHERE {where} "
-                "ORDER BY job_id, step DESC, incarnation DESC, committed_at DESC, location"
-            )
-            for r in self._read(sql, params):
-                cp = codec.checkpoint_from(r)
-                found[cp.job_id].append(cp)
+    def checkpoints_for(self, states: Iterable[JobState]) -> dict[str, list[Checkpoint]]:
+        """The checkpoints (newest step first) of the jobs in `states`, by job, in one query. A
+        job without any is not a key."""
+        wanted = [JobState(s).value for s in states]
+        found: dict[str, list[Checkpoint]] = {}
+        if not wanted:
+            return found
+        cols = ", ".join(f"c.{c}" for c in codec.CHECKPOINT_COLS.split(", "))
+        sql = (
+            f"SELECT {cols} FROM checkpoints c JOIN jobs j ON j.id = c.job_id "
+            f"WHERE j.state IN ({_marks(len(wanted))}) "
+            "ORDER BY c.job_id, c.step DESC, c.incarnation DESC, c.committed_at DESC, c.location"
+        )
+        for r in self._read(sql, wanted):
+            cp = codec.checkpoint_from(r)
+            found.setdefault(cp.job_id, []).append(cp)
         return found
 
     # --- the audit log -----------------------------------------------------------------------
@@ -805,6 +842,14 @@ class SqliteStore:
 
 def _marks(n: int) -> str:
     return ", ".join("?" * n)
+
+
+def _submitted(job: Job) -> tuple[float, str]:
+    return job.submitted_at, job.id
+
+
+def _numbered(inc: Incarnation) -> tuple[str, int]:
+    return inc.job_id, inc.n
 
 
 class _RollBack(Exception):

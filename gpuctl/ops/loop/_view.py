@@ -32,6 +32,9 @@ PASSED = frozenset(
 )  # fmt: skip
 
 
+UNFINISHED = tuple(s for s in JobState if not s.terminal)
+
+
 class PassView:
     """The store as one pass reads it (see the module's docstring). `reads`: the queries it made
     (the tests bound them)."""
@@ -80,7 +83,8 @@ class PassView:
 
     def checkpoints(self, job_id: str) -> list[Checkpoint]:
         if self._ckpts is None:
-            self._ckpts = self.store.checkpoints_for(self._unfinished())
+            self._ckpts = {j: [] for j in self._unfinished()}  # those without any too
+            self._ckpts.update(self.store.checkpoints_for(UNFINISHED))
             self._dirty["ckpts"].clear()
         if job_id in self._dirty["ckpts"] or job_id not in self._ckpts:
             self._ckpts[job_id] = self.store.checkpoints(job_id)
@@ -211,7 +215,9 @@ class PassView:
     def _incarnations_of(self, job_id: str) -> list[Incarnation]:
         if self._incs is None:  # those holding cards are read already: the others, and merge
             holding = self._all_holding()
-            self._incs = self.store.incarnations_for(self._unfinished(), holding=False)
+            self._incs = {j: [] for j in self._unfinished()}  # those without any too
+            for job_id, released in self.store.incarnations_for(UNFINISHED, holding=False).items():
+                self._incs[job_id] = released
             for inc in holding:
                 if inc.job_id in self._incs:
                     self._incs[inc.job_id].append(inc)
@@ -224,6 +230,9 @@ class PassView:
         return list(self._incs[job_id])
 
     def _unfinished(self) -> list[str]:
+        """The jobs not finished as the view read them: those whose incarnations and checkpoints
+        it knows from one read of all (a job an operator cancels after that read is still one;
+        its incarnations changed not, and only the loop changes them)."""
         return [j.id for j in self._all_jobs().values() if not j.state.terminal]
 
 
