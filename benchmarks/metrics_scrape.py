@@ -39,7 +39,8 @@ from gpuctl.core.model import (
     Reach,
     XidEvent,
 )
-from gpuctl.ops.metrics import Reading, exposition, read_fleet
+from gpuctl.ops.metrics import Reading, exposition_parts, read_fleet
+from gpuctl.ops.metrics._serve import gzip_parts
 from gpuctl.testing.memstore import MemoryStore
 
 NOW = 2_000_000_000.0
@@ -177,34 +178,44 @@ def main(argv: list[str] | None = None) -> int:
         for k in range(1, args.readings)
     ]
     started = time.process_time()
-    page = exposition(first)  # cold: every label text and template made
+    parts = exposition_parts(first)  # cold: every label text and template made
     cold_s = time.process_time() - started
-    times = []
-    for r in range(args.rounds):
+    builds, scrapes = [], []
+    for r in range(args.rounds):  # what the first scrape after each refresh costs the server
         reading = readings[(r + 1) % len(readings)]
         started = time.process_time()
-        page = exposition(reading)
-        times.append(time.process_time() - started)
-    zipped = {}
+        parts = exposition_parts(reading)
+        built = time.process_time()
+        gzip_parts(parts)
+        builds.append(built - started)
+        scrapes.append(time.process_time() - started)
+    page = b"".join(parts)
+    zipped = {
+        "isal 1 (served)": (
+            len(gzip_parts(parts)),
+            statistics.median(scrapes) - statistics.median(builds),
+        )
+    }
     for level in (1, 3, 6):
         started = time.process_time()
         size = len(gzip.compress(page, compresslevel=level))
-        zipped[level] = (size, time.process_time() - started)
-    median = statistics.median(times)
+        zipped[f"zlib {level}"] = (size, time.process_time() - started)
+    median = statistics.median(scrapes)
     figures = {
         "nodes": args.nodes,
         "gpus": len(readings[0].gpus),
         "live_jobs": len(readings[0].jobs or ()),
         "samples": sum(1 for line in page.splitlines() if line and not line.startswith(b"#")),
-        "build_median_s": median,
-        "build_p95_s": percentile(times, 95),
-        "build_min_s": min(times),
-        "build_max_s": max(times),
+        "build_median_s": statistics.median(builds),
+        "build_p95_s": percentile(builds, 95),
+        "build_min_s": min(builds),
+        "build_max_s": max(builds),
         "build_cold_s": cold_s,
+        "scrape_median_s": median,
+        "scrape_p95_s": percentile(scrapes, 95),
         "bytes": len(page),
-        "gzip_bytes": zipped[1][0],
-        "gzip_s": zipped[1][1],
-        "gzip_levels": {str(k): {"bytes": b, "s": t} for k, (b, t) in zipped.items()},
+        "gzip_bytes": zipped["isal 1 (served)"][0],
+        "gzip": {k: {"bytes": b, "s": t} for k, (b, t) in zipped.items()},
         "reading_s": refresh_s,
         "goal_s": GOAL_S,
         "met": median <= GOAL_S,
@@ -212,19 +223,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.output == "json":
         print(json.dumps(figures, indent=2))
     else:
-        levels = ", ".join(
-            f"level {k} {b / 1e6:.2f} MB in {t * 1000:.0f} ms" for k, (b, t) in zipped.items()
+        levels = "\n".join(
+            f"  {k:16s} {b / 1e6:.2f} MB in {t * 1000:.0f} ms" for k, (b, t) in zipped.items()
         )
+        ms = {k: v * 1000 for k, v in figures.items() if k.endswith("_s") and isinstance(v, float)}
         print(
             f"metrics exposition of {args.nodes} nodes × {args.gpus} GPUs "
             f"({figures['gpus']} GPUs, {figures['live_jobs']} live jobs, "
-            f"{figures['samples']} samples)\n"
-            f"build (CPU, {args.rounds} rounds over {len(readings)} readings, "
-            f"{args.churn:.0%} of jobs new in each)\n"
-            f"  median {median * 1000:.1f} ms, p95 {figures['build_p95_s'] * 1000:.1f} ms "
-            f"(min {min(times) * 1000:.1f}, max {max(times) * 1000:.1f}); "
-            f"cold (first) {cold_s * 1000:.1f} ms\n"
-            f"size     {len(page) / 1e6:.2f} MB plain; gzip (once per reading): {levels}\n"
+            f"{figures['samples']} samples), CPU over {args.rounds} rounds of "
+            f"{len(readings)} readings in turn ({args.churn:.0%} of jobs new in each)\n"
+            f"build      median {ms['build_median_s']:.1f} ms, p95 {ms['build_p95_s']:.1f} ms "
+            f"(min {ms['build_min_s']:.1f}, max {ms['build_max_s']:.1f}; "
+            f"cold, the first, {ms['build_cold_s']:.1f})\n"
+            f"build+gzip median {ms['scrape_median_s']:.1f} ms, p95 {ms['scrape_p95_s']:.1f} ms "
+            f"(the first scrape after a refresh; the next ones send the same bytes)\n"
+            f"size       {len(page) / 1e6:.2f} MB plain; gzip:\n{levels}\n"
             f"the reading (refresh, CPU)    {refresh_s:.2f} s\n"
             f"goal ≤ {GOAL_S * 1000:.0f} ms: {'met' if figures['met'] else 'NOT met'}"
         )

@@ -198,15 +198,20 @@ class _Families:
         return families(self._reading)
 
 
-def exposition(reading: Reading | None) -> bytes:
-    """The text exposition of one reading (`gpuctl metrics dump`, the server): the fleet's
-    families through prometheus_client, then the per-node, per-GPU and per-job ones (`series`),
-    joined once."""
+def exposition_parts(reading: Reading | None) -> list[bytes]:
+    """The text exposition of one reading in pieces (the server sends them as they are): the
+    fleet's families through prometheus_client, then the per-node, per-GPU and per-job ones
+    (`series`). Nothing before the first refresh (None)."""
     if reading is None:
-        return b""
+        return []
     registry = CollectorRegistry(auto_describe=False)  # our own, never the process-wide one
     registry.register(_Families(reading))
-    return b"".join([generate_latest(registry), *series(reading)])
+    return [generate_latest(registry), *series(reading)]
+
+
+def exposition(reading: Reading | None) -> bytes:
+    """The text exposition of one reading (`gpuctl metrics dump`)."""
+    return b"".join(exposition_parts(reading))
 
 
 # --- refreshing ----------------------------------------------------------------------------------
@@ -357,7 +362,7 @@ class MetricsServer:
     """The HTTP endpoint (`/metrics`, any path) on `address:port`; port 0 picks a free one."""
 
     def __init__(self, collector: FleetCollector, address: str, port: int) -> None:
-        self._httpd, self._thread = serve(address, port, collector.render)
+        self._httpd, self._thread = serve(address, port, lambda: collector.latest, exposition_parts)
         self.address = address
         self.port = int(self._httpd.server_port)
 
@@ -383,6 +388,7 @@ __all__ = [
     "Refresher",
     "event_counts",
     "exposition",
+    "exposition_parts",
     "families",
     "queue_waits",
     "read_fleet",

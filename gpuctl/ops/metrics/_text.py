@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Sequence
+import itertools
+import operator
+from collections.abc import Iterable, Sequence
 
 from gpuctl.core.health import Verdict
 from gpuctl.core.model import GpuSnapshot
@@ -31,6 +33,7 @@ from gpuctl.ops.metrics._write import (
     verdict_columns,
 )
 
+VERDICTS = tuple(Verdict)
 LIVE_JOB_STATES = ("queued", "running", "held")  # per-job series: only these (cardinality)
 
 
@@ -174,16 +177,49 @@ class GpuReading:
     jobs: tuple[tuple[str, str], ...] = ()  # (job id, job name) of the jobs holding it
 
 
-def gpu_labels(g: GpuReading) -> str:
-    """The GPU's label text, `node="…",Hostname="…",gpu="…",UUID="…"`."""
-    return _gpu_labels(g.node, g.hostname or g.node, g.index, g.uuid or "")
+def _each(items: Sequence[object], *attrs: str) -> list[Iterable[object]]:
+    """A column per attribute, read in C (for `map` over several)."""
+    return [map(operator.attrgetter(a), items) for a in attrs]
 
 
 @functools.lru_cache(maxsize=LABELS_KEPT)
-def _gpu_labels(node: str, hostname: str, index: int, uuid: str) -> str:
-    """Kept while the GPU's names stay the same (they rarely change; escaping them was most of
-    an exposition's work)."""
-    return label_text((("node", node), ("Hostname", hostname), ("gpu", index), ("UUID", uuid)))
+def _gpu_labels(node: str, hostname: str | None, index: int, uuid: str | None) -> str:
+    """The GPU's label text, `node="…",Hostname="…",gpu="…",UUID="…"` (the node's name when its
+    hostname is unknown). Kept while the GPU's names stay the same (they rarely change)."""
+    return label_text(
+        (("node", node), ("Hostname", hostname or node), ("gpu", index), ("UUID", uuid or ""))
+    )
+
+
+# the names of the last exposition's GPUs and their label texts (base, and gpuctl_gpu_info's)
+_LAST_GPUS: list[tuple[tuple[tuple[object, ...], ...], list[str], list[str]]] = []
+
+
+def _gpu_bases(gpus: Sequence[GpuReading]) -> tuple[list[str], list[str]]:
+    """Each GPU's label text and gpuctl_gpu_info's, as the last exposition's while the GPUs'
+    names are the same (they rarely change)."""
+    names = tuple(
+        map(tuple, _each(gpus, "node", "hostname", "index", "uuid", "model", "pci_bus_id"))
+    )
+    last = _LAST_GPUS[0] if _LAST_GPUS else None
+    if last is not None and last[0] == names:
+        return last[1], last[2]
+    bases = list(map(_gpu_labels, *names[:4]))
+    info = list(map(_info_labels, bases, *names[4:]))
+    _LAST_GPUS[:] = [(names, bases, info)]
+    return bases, info
+
+
+def _having(
+    gpus: Sequence[GpuReading], bases: Sequence[str], attr: str
+) -> Iterable[tuple[GpuReading, str]]:
+    """(GPU, its label text) of the GPUs whose `attr` is not empty."""
+    return itertools.compress(zip(gpus, bases, strict=True), map(operator.attrgetter(attr), gpus))
+
+
+@functools.lru_cache(maxsize=LABELS_KEPT)
+def _info_labels(base: str, model: str | None, pci_bus_id: str | None) -> str:
+    return f"{base},{label_text((('model', model or ''), ('pci_bus_id', pci_bus_id or '')))}"
 
 
 # (name, HELP, the value of a GPU): gpuctl's own per-GPU gauges
@@ -215,15 +251,12 @@ GPU_GAUGES: tuple[tuple[str, str, str, str], ...] = (
 def gpu_text(gpus: Sequence[GpuReading], out: list[bytes]) -> None:
     """Every per-GPU family: gpuctl's views, the probe's readings (power, ECC, retired pages,
     remapped rows, thermal slowdown, XIDs) and the jobs holding each GPU."""
-    bases = [gpu_labels(g) for g in gpus]
+    bases, info = _gpu_bases(gpus)
     family(
         "gpuctl_gpu_info",
         "1 per GPU, with its model and PCI address (dcgm-exporter's pci_bus_id).",
         "gauge",
-        [
-            f"{b},{_info_labels(g.model or '', g.pci_bus_id or '')}"
-            for g, b in zip(gpus, bases, strict=True)
-        ],
+        info,
         [1] * len(gpus),
         out,
     )
@@ -236,12 +269,11 @@ def gpu_text(gpus: Sequence[GpuReading], out: list[bytes]) -> None:
         "gauge",
         out,
     )
-    verdict_columns(
-        "gpuctl_gpu_health", bases, [g.verdict for g in gpus], tuple(Verdict), "verdict", out
-    )
-    observed = [(g.card, b) for g, b in zip(gpus, bases, strict=True) if g.card is not None]
-    observed_bases = [b for _, b in observed]
-    cards = [c for c, _ in observed]
+    verdict_columns("gpuctl_gpu_health", bases, column(gpus, "verdict"), VERDICTS, "verdict", out)
+    cards: list[GpuSnapshot] = list(map(operator.attrgetter("card"), gpus))
+    seen = list(map(operator.is_not, cards, itertools.repeat(None)))
+    observed_bases = list(itertools.compress(bases, seen))
+    cards = list(itertools.compress(cards, seen))
     for name, help_text, kind, columns in CARD_SERIES:
         header(name, help_text, kind, out)
         for extra, attr in columns:
@@ -253,11 +285,11 @@ def gpu_text(gpus: Sequence[GpuReading], out: list[bytes]) -> None:
         "dcgm-exporter's DCGM_FI_DEV_XID_ERRORS.",
         "gauge",
         bases,
-        [g.last_xid for g in gpus],
+        column(gpus, "last_xid"),
         out,
     )
     xid_bases, xid_counts = [], []
-    for g, b in zip(gpus, bases, strict=True):
+    for g, b in _having(gpus, bases, "xids"):
         for code, count in g.xids:
             xid_bases.append(f'{b},xid="{code}"')
             xid_counts.append(count)
@@ -270,7 +302,7 @@ def gpu_text(gpus: Sequence[GpuReading], out: list[bytes]) -> None:
         out,
     )
     job_bases = [
-        f"{b},{job_labels(*job)}" for g, b in zip(gpus, bases, strict=True) for job in g.jobs
+        f"{b},{job_labels(*job)}" for g, b in _having(gpus, bases, "jobs") for job in g.jobs
     ]
     family(
         "gpuctl_gpu_job_info",
@@ -282,26 +314,28 @@ def gpu_text(gpus: Sequence[GpuReading], out: list[bytes]) -> None:
     )
 
 
-@functools.lru_cache(maxsize=LABELS_KEPT)
-def _info_labels(model: str, pci_bus_id: str) -> str:
-    return label_text((("model", model), ("pci_bus_id", pci_bus_id)))
-
-
 # --- jobs ----------------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=LABELS_KEPT)
+def _placed(base: str, node: str | None) -> str:
+    return f'{base},node="{escape(node or "")}"'
+
+
+@functools.lru_cache(maxsize=LABELS_KEPT)
+def _stated(placed: str, state: str, tier: str) -> str:
+    return f'{placed},state="{escape(state)}",tier="{escape(tier)}"'
 
 
 def job_text(jobs: Sequence[JobReading], out: list[bytes]) -> None:
     """Per-job series of the live jobs, and how many are held."""
-    bases = [job_labels(j.id, j.name) for j in jobs]
-    placed = [f'{b},node="{escape(j.node or "")}"' for j, b in zip(jobs, bases, strict=True)]
+    bases = list(map(job_labels, *_each(jobs, "id", "name")))
+    placed = list(map(_placed, bases, *_each(jobs, "node")))
     family(
         "gpuctl_job_state",
         "1 per live job (queued, running, held), with its state, tier and node (empty: none).",
         "gauge",
-        [
-            f'{p},state="{escape(j.state)}",tier="{escape(j.tier)}"'
-            for j, p in zip(jobs, placed, strict=True)
-        ],
+        list(map(_stated, placed, *_each(jobs, "state", "tier"))),
         [1] * len(jobs),
         out,
     )
