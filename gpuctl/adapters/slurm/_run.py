@@ -21,7 +21,12 @@ MAX_OUTPUT_BYTES = 64 * 1024 * 1024
 
 
 class SlurmError(GpuctlError):
-    """A Slurm command could not be run or failed (one line naming the command)."""
+    """A Slurm command could not be run or failed (one line naming the command; `stderr`: what
+    a command that exited non-zero wrote there, at most 4 KiB)."""
+
+    def __init__(self, message: str, *, hint: str | None = None, stderr: str = "") -> None:
+        super().__init__(message, hint=hint)
+        self.stderr = stderr
 
 
 class SlurmCommands:
@@ -87,7 +92,10 @@ class SlurmCommands:
         if code != 0:
             why = _first_line(err) or _first_line(out) or "no message"
             where = f" on {self.source.login.name}" if self.source.login is not None else ""
-            raise SlurmError(f"`{shown}`{where} failed (exit {code}): {why}")
+            raise SlurmError(
+                f"`{shown}`{where} failed (exit {code}): {why}",
+                stderr=err[:4096].decode("utf-8", "replace"),
+            )
         return out.decode("utf-8", "replace")
 
 

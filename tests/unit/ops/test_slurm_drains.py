@@ -26,7 +26,8 @@ def node(name: str, state: list[str], reason: str | None = None, by: str | None 
 
 
 class Cluster:
-    """`sinfo --version`, `scontrol show nodes --json` and `scontrol update` on the login."""
+    """`sinfo --version`, `scontrol show nodes --json` (23.11's v0.0.40 pinned) and `scontrol
+    update` on the login."""
 
     def __init__(self, *nodes: Any) -> None:
         self.nodes = list(nodes)
@@ -36,7 +37,7 @@ class Cluster:
         assert spec.name == "login01"
         if command == "sinfo --version":
             out = "slurm 23.11.4\n"
-        elif command == "scontrol show nodes --json":
+        elif command == "scontrol show nodes --json=v0.0.40":
             out = json.dumps({"nodes": self.nodes, "meta": {"slurm": {"release": "23.11.4"}}})
         elif command.startswith("scontrol update "):
             self.updates.append(command)
