@@ -278,3 +278,81 @@ def exact_allocation(nodes: Sequence[OpenbNode], pods: Sequence[OpenbPod]) -> in
     if result.status != 0:
         raise RuntimeError(f"HiGHS did not solve the exact MIP: {result.message}")
     return round(-float(result.fun))
+
+
+# --- the consolidation benchmark's packing ceiling ----------------------------------------------
+
+
+def packing_ceiling(
+    arrivals: Sequence[OpenbPod], must: int, capacity_milli: int, cards: int
+) -> float:
+    """An upper bound on the allocation (% of capacity, 2 decimals) of any run over `arrivals`
+    that places each of the first `must` arrivals, however its pods are moved meanwhile.
+
+    The assumption, not a theorem: a run places every pod that arrived before its first failed
+    pod (a run's own first failure gives `must`), so any consolidation of that run, or any
+    better run one compares it with, places those pods too. Then the cards holding slices (a
+    pod's share of a card under a whole one) hold the slices among the first `must` arrivals
+    and any of the later ones; the free milli on those cards is at least the least waste of a
+    packing of such slices onto at most `cards` cards: a linear program over card patterns
+    (Gilmore and Gomory), solved by HiGHS, with CPU, memory, card models, nodes and whole-card
+    pods ignored (each only adds constraints). A pod over several cards counts as a slice per
+    card, each optional apart, which also only relaxes. The allocation is at most the
+    capacity less that waste. `ceiling` counts only the holes beside slices of 800 milli or
+    more; this one counts every hole that no packing of the slices can fill.
+    """
+    opt = _scipy("scipy.optimize")
+    sparse = _scipy("scipy.sparse")
+    every: Counter[int] = Counter()
+    needed: Counter[int] = Counter()
+    for i, p in enumerate(arrivals):
+        if p.num_gpu and p.gpu_milli < MILLI_PER_GPU:
+            every[p.gpu_milli] += p.num_gpu
+            if i < must and p.num_gpu == 1:
+                needed[p.gpu_milli] += 1
+    if not needed:
+        return 100.0
+    sizes = sorted(every, reverse=True)
+    patterns = _patterns(sizes, [every[s] for s in sizes])
+    rows: list[int] = []
+    cols: list[int] = []
+    vals: list[float] = []
+    for j, pattern in enumerate(patterns):
+        for i, k in enumerate(pattern):
+            if k:
+                rows += [i, len(sizes) + i]
+                cols += [j, j]
+                vals += [-float(k), float(k)]
+        rows.append(2 * len(sizes))
+        cols.append(j)
+        vals.append(1.0)
+    rhs = [-float(needed[s]) for s in sizes] + [float(every[s]) for s in sizes] + [float(cards)]
+    waste = np.array(
+        [float(MILLI_PER_GPU - sum(k * s for k, s in zip(p, sizes, strict=True))) for p in patterns]
+    )
+    matrix = sparse.csr_array((vals, (rows, cols)), shape=(len(rhs), len(patterns)))
+    result = opt.linprog(waste, A_ub=matrix, b_ub=np.array(rhs), bounds=(0, None), method="highs")
+    if result.status != 0:
+        raise RuntimeError(f"HiGHS did not solve the packing ceiling's LP: {result.message}")
+    # The least waste, with room for the solver's tolerance, rounded up to whole milli.
+    least = max(0, math.ceil(float(result.fun) * (1 - 1e-9) - 1e-6))
+    return round(100.0 * (capacity_milli - least) / capacity_milli, 2)
+
+
+def _patterns(sizes: Sequence[int], counts: Sequence[int]) -> list[tuple[int, ...]]:
+    """Every non-empty multiset of the sizes (at most `counts` of each) that fits on one card."""
+    out: list[tuple[int, ...]] = []
+    current: list[int] = []
+
+    def walk(i: int, left: int) -> None:
+        if i == len(sizes):
+            if any(current):
+                out.append(tuple(current))
+            return
+        for k in range(min(left // sizes[i], counts[i]) + 1):
+            current.append(k)
+            walk(i + 1, left - k * sizes[i])
+            current.pop()
+
+    walk(0, MILLI_PER_GPU)
+    return out

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
+from gpuctl.bench import bound
 from gpuctl.bench.openb import MILLI_PER_GPU, OpenbNode, OpenbPod
 from gpuctl.bench.protocol import (
     arrival_sequence,
@@ -54,6 +55,9 @@ class ConsolidationRun:
     seconds: float
     planner_seconds: float
     ceiling_pct: float  # no placement reaches more with the pods this run placed (see `ceiling`)
+    # no run placing the pods that arrived before this run's first failure reaches more
+    # (`bound.packing_ceiling`); None without scipy
+    packing_ceiling_pct: float | None = None
     curve: tuple[float | None, ...] = ()  # allocation per column x = 0..130
 
     @property
@@ -199,6 +203,7 @@ def replay_consolidating(
     cluster = Cluster(ordered)
     scores = Scores(fleet_policy(policy, ordered), workload, len(ordered))
     arrived = used = placed = moves = passes = 0
+    before_failure: int | None = None  # arrivals before the first pod that found no room
     planner = 0.0
     arrived_log: list[int] = []
     used_log: list[int] = []
@@ -210,6 +215,8 @@ def replay_consolidating(
             cluster.place(chosen[0], pod, chosen[1])
             placed += 1
             used += pod.gpu_request_milli
+        elif before_failure is None:
+            before_failure = k - 1
         arrived_log.append(arrived)
         used_log.append(used)
         if every and k % every == 0:
@@ -234,6 +241,14 @@ def replay_consolidating(
         seconds=time.perf_counter() - started,
         planner_seconds=planner,
         ceiling_pct=ceiling(placed_pods, arrivals, capacity),
+        packing_ceiling_pct=bound.packing_ceiling(
+            arrivals,
+            len(arrivals) if before_failure is None else before_failure,
+            capacity,
+            sum(n.gpus for n in nodes),
+        )
+        if bound.available()
+        else None,
         curve=curve,
     )
 

@@ -85,7 +85,28 @@ def run_matrix(
     ]
 
 
-FIELDS = ("alloc_100", "alloc_130", "moves", "moved_pct", "ceiling_pct", "seconds")
+FIELDS = (
+    "alloc_100",
+    "alloc_130",
+    "moves",
+    "moved_pct",
+    "ceiling_pct",
+    "packing_ceiling_pct",
+    "seconds",
+)
+
+
+def gap_closed(rows: Sequence[Row], row: Row, ceiling: str) -> float | None:
+    """The share (%) of the gap at x=130 from the same policy without consolidation up to that
+    run's ceiling (`ceiling_pct` or `packing_ceiling_pct`, mean over seeds) that `row` closes;
+    None for a row without consolidation or where the gap is empty or unknown."""
+    base = next((r for r in rows if r.policy == row.policy and not r.every), None)
+    if not row.every or base is None or not base.values(ceiling) or not row.values("alloc_130"):
+        return None
+    gap = base.mean(ceiling) - base.mean("alloc_130")
+    if not gap > 0:
+        return None
+    return 100.0 * (row.mean("alloc_130") - base.mean("alloc_130")) / gap
 
 
 def report_document(rows: Sequence[Row], workload: str, tune: float) -> dict[str, object]:
@@ -107,24 +128,30 @@ def report_document(rows: Sequence[Row], workload: str, tune: float) -> dict[str
                     None if (v := getattr(r, f)) is None else round(float(v), 2) for r in row.runs
                 ],
             }
+        entry["gap_closed_pct"] = {
+            name: None if (g := gap_closed(rows, row, f)) is None else round(g, 1)
+            for name, f in (("ceiling", "ceiling_pct"), ("packing_ceiling", "packing_ceiling_pct"))
+        }
         out.append(entry)
     return {"workload": workload, "tune": tune, "rows": out}
 
 
 def render_table(rows: Sequence[Row], workload: str) -> str:
-    """A Markdown table: allocation at x=100 and x=130, moves, the ceiling, time per run."""
+    """A Markdown table: allocation at x=100 and x=130, moves, both ceilings and the share of the
+    gap to each that consolidation closes, time per run."""
     head = (
         "| policy | consolidation | alloc@100 | alloc@130 | moves (% of placed) "
-        "| ceiling@130 | s/run |"
+        "| ceiling@130 | packing ceiling@130 | gap closed (ceiling / packing) | s/run |"
     )
     lines = [f"workload {workload}, seeds {_span([r.seed for r in rows[0].runs])}", "", head]
-    lines.append("|" + "---|" * 7)
+    lines.append("|" + "---|" * 9)
     for row in rows:
         how = f"every {row.every}, ≤ {row.max_moves_pct:g}% moved" if row.every else "none"
         lines.append(
             f"| {row.policy} | {how} | {_stat(row, 'alloc_100')} | {_stat(row, 'alloc_130')} "
             f"| {row.mean('moves'):.0f} ({row.mean('moved_pct'):.2f}%) "
-            f"| {row.mean('ceiling_pct'):.2f} | {row.mean('seconds'):.0f} |"
+            f"| {row.mean('ceiling_pct'):.2f} | {_mean(row, 'packing_ceiling_pct')} "
+            f"| {_gaps(rows, row)} | {row.mean('seconds'):.0f} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -133,6 +160,19 @@ def _stat(row: Row, field: str) -> str:
     if not row.values(field):
         return "N/A"
     return f"{row.mean(field):.2f} ± {row.std(field):.2f}"
+
+
+def _mean(row: Row, field: str) -> str:
+    return f"{row.mean(field):.2f}" if row.values(field) else "N/A"
+
+
+def _gaps(rows: Sequence[Row], row: Row) -> str:
+    gaps = [gap_closed(rows, row, f) for f in ("ceiling_pct", "packing_ceiling_pct")]
+    return (
+        "-"
+        if gaps == [None, None]
+        else " / ".join("N/A" if g is None else f"{g:.0f}%" for g in gaps)
+    )
 
 
 def _span(seeds: Sequence[int]) -> str:

@@ -155,3 +155,61 @@ def test_in_trace_order_the_pods_arrive_as_listed_each_once() -> None:
     for seed in range(5):
         run = replay(nodes, pods, policy, NumpyRng(seed), seed=seed, order="trace")
         assert (run.pods, run.placed, run.alloc_end) == (2, 1, 60.0)
+
+
+# --- the consolidation benchmark's packing ceiling ----------------------------------------------
+
+WHOLE_AND_700S = [pod("w1", 1, 1000), pod("w2", 1, 1000), pod("a", 1, 700), pod("b", 1, 700)]
+WHOLE_AND_700S.append(pod("c", 1, 300))
+
+
+@pytest.mark.parametrize(
+    ("cards", "pods", "must", "expected"),
+    [
+        # two slices of 600 that every run places: one card each, 400 milli lost on each, and the
+        # third, optional, fits nowhere (exact optimum 1200 of 2000)
+        ((2,), [pod(f"p{i}", 1, 600) for i in range(3)], 2, 60.0),
+        # whole cards aside, the 700s hold a card each; one later 300 fills one hole of 300
+        (
+            (4,),
+            WHOLE_AND_700S,
+            4,
+            92.5,
+        ),
+        # 470 + 470 leaves 60 on a card that no slice of the trace can fill (the empty third card
+        # is not counted: the exact optimum is 1940 of 3000)
+        ((2, 1), [pod("a", 1, 470), pod("b", 1, 470), pod("c", 1, 650), pod("d", 1, 350)], 4, 98.0),
+    ],
+)
+def test_the_packing_ceiling_counts_every_hole_no_packing_of_the_slices_fills(
+    cards: tuple[int, ...], pods: list[OpenbPod], must: int, expected: float
+) -> None:
+    nodes = [node(f"n{i}", c) for i, c in enumerate(cards)]
+    capacity = gpu_capacity_milli(nodes)
+    packing = bound.packing_ceiling(pods, must, capacity, sum(cards))
+    exact = round(100 * bound.exact_allocation(nodes, pods) / capacity, 2)
+    assert packing == expected
+    assert exact <= packing < bench_ceiling(pods[:must], pods, capacity)
+
+
+def bench_ceiling(placed: list[OpenbPod], arrivals: list[OpenbPod], capacity: int) -> float:
+    from gpuctl.bench.consolidation import ceiling
+
+    return ceiling(placed, arrivals, capacity)
+
+
+def test_the_packing_ceiling_is_never_under_what_a_replay_reaches() -> None:
+    # Random small fleets filled past capacity by each policy: the run's allocation at the end
+    # (every pod before its first failure placed, by construction) never exceeds the ceiling.
+    from gpuctl.bench.consolidation import run_one
+
+    rng = np.random.default_rng(7)
+    for trial in range(6):
+        kinds = rng.choice(len(NODE_KINDS), size=3)
+        nodes = tuple(node(f"n{i}", *NODE_KINDS[k]) for i, k in enumerate(kinds))
+        sizes = (1000, 810, 650, 470, 320, 230, 110)
+        pods = tuple(pod(f"p{i}", 1, int(rng.choice(sizes)), cpu=500, spec="") for i in range(12))
+        for name in POLICIES:
+            run = run_one(nodes, pods, name, trial, 0, 0.0)
+            assert run.packing_ceiling_pct is not None
+            assert max(v for v in run.curve if v is not None) <= run.packing_ceiling_pct

@@ -154,3 +154,35 @@ def test_bench_placement_consolidate_every_prints_both_rows_per_policy() -> None
     result = CliRunner().invoke(app, [*args, "--consolidate-every", "3", "--max-moves-pct", "101"])
     assert result.exit_code == 2
     assert result.stderr.startswith("error: --max-moves-pct must be from 0 to 100, got 101.0")
+
+
+def test_the_report_gives_both_ceilings_and_the_gap_closed_against_each() -> None:
+    def run(every: int, alloc: float, ceiling: float, packing: float) -> bench.ConsolidationRun:
+        return bench.ConsolidationRun(
+            "gpuctl", 42, every, 5.0, alloc, alloc, 0, 0, 1, 1, 1.0, 0.0, ceiling, packing
+        )
+
+    rows = [
+        report.Row("gpuctl", 0, 0.0, (run(0, 95.97, 97.09, 96.46),)),
+        report.Row("gpuctl", 100, 5.0, (run(100, 96.26, 97.08, 96.45),)),
+    ]
+    doc = report.report_document(rows, "default", 1.3)
+    entries: Any = doc["rows"]
+    assert entries[0]["packing_ceiling_pct"]["per_seed"] == [96.46]
+    # against the baseline's ceilings: (96.26 - 95.97) / (97.09 - 95.97) and / (96.46 - 95.97)
+    assert entries[1]["gap_closed_pct"] == {"ceiling": 25.9, "packing_ceiling": 59.2}
+    assert entries[0]["gap_closed_pct"] == {"ceiling": None, "packing_ceiling": None}
+    table = report.render_table(rows, "default").splitlines()
+    assert "| packing ceiling@130 | gap closed (ceiling / packing) |" in table[2]
+    assert table[4].endswith("| 97.09 | 96.46 | - | 1 |")
+    assert table[5].endswith("| 97.08 | 96.45 | 26% / 59% | 1 |")
+
+
+def test_the_replay_bounds_its_allocation_with_the_slices_before_its_first_failure() -> None:
+    # One card, slices of 600 arriving: the first fits, the next fails, so the first is placed
+    # by any run and no other can share its card: the packing ceiling is 60%, where `ceiling`
+    # sees no large slice (100%).
+    nodes = [OpenbNode("a", 32_000, 131_072, 1, "T4")]
+    run = bench.run_one(tuple(nodes), (pod("a", 1, 600),), "fgd", 1, 0, 0.0)
+    assert run.placed == 1 and run.pods > 1 and run.ceiling_pct == 100.0
+    assert run.packing_ceiling_pct == 60.0
