@@ -16,6 +16,7 @@ from gpuctl.cli.reconcile import _stream, _watch
 from gpuctl.cli.reconcile_stream import Stream
 from gpuctl.cli.render import Output
 from gpuctl.core.health.autodrain import AutoDrainPolicy
+from gpuctl.errors import StoreConflict
 from gpuctl.ops.loop import Action, PassReport
 from gpuctl.testing.drainkit import Kit
 from gpuctl.testing.memstore import MemoryStore
@@ -57,7 +58,11 @@ class Passes:
         return self.kit.loop.on_action
 
     def watch(
-        self, interval_s: float, stop: threading.Event, on_report: Callable[[PassReport], None]
+        self,
+        interval_s: float,
+        stop: threading.Event,
+        on_report: Callable[[PassReport], None],
+        on_skip: Callable[[StoreConflict], None] | None = None,
     ) -> int:
         for _ in range(self.n):
             self.kit.clock.advance(5)
