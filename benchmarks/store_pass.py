@@ -108,8 +108,9 @@ def populate(
     now = cluster.clock.now()
     nodes = list(cluster.inventory().nodes)
     slots = [(n, k // 2) for k in range(GPUS * 2) for n in nodes]  # node after node
-    then, home, card = now - 86_400.0, nodes[0].name, GPUS - 1
+    then, card = now - 86_400.0, GPUS - 1
     for i in range(finished):
+        home = nodes[i % len(nodes)].name  # spread: a card's grants are checked against its past
         job = Job(f"done-{i:06x}", "done", spec, JobState.QUEUED, 0, "standard", then,
                   updated_at=then, owner="bench")  # fmt: skip
         store.add_job(job, Event(then, "bench", "submit", f"submitted {job.id}", job.id))
