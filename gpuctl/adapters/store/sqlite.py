@@ -285,26 +285,38 @@ class SqliteStore:
             if own is not None:
                 capacity_mib = {**own.capacity(), **capacity_mib}
                 c.execute("DELETE FROM reservations WHERE job_id = ?", (inc.job_id,))
-            c.execute(
-                f"INSERT INTO incarnations ({codec.INC_COLS}) VALUES ({_marks(codec.INC_N)})",
-                values,
-            )
-            c.executemany(
-                "INSERT INTO allocations (job_id, n, node, card, mib, whole, capacity_mib) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                [
-                    (inc.job_id, inc.n, inc.node, card, inc.mib_per_card, int(inc.whole), cap)
-                    for card in inc.cards
-                    for cap in [capacity_mib.get((inc.node, card))]
-                ],
-            )
-            c.execute(
-                "UPDATE jobs SET state = ?, incarnation = ?, reason = NULL, updated_at = ?, "
-                f"first_started_at = COALESCE(first_started_at, ?){self._bump} WHERE id = ?",
-                (JobState.RUNNING.value, inc.n, event.at, inc.started_at, inc.job_id),
-            )
-            self._append(c, event)
-            updated = self._job_row(c, inc.job_id)
+            return self._grant(c, inc, values, capacity_mib, event)
+
+    def _grant(
+        self,
+        c: sqlite3.Connection,
+        inc: Incarnation,
+        values: Sequence[Any],
+        capacity_mib: Mapping[tuple[str, int], int],
+        event: Event,
+    ) -> Job:
+        """Inside the caller's transaction: write `inc`, the rows of its cards, its job running
+        at it, and `event`; the job as it is then."""
+        c.execute(
+            f"INSERT INTO incarnations ({codec.INC_COLS}) VALUES ({_marks(codec.INC_N)})",
+            values,
+        )
+        c.executemany(
+            "INSERT INTO allocations (job_id, n, node, card, mib, whole, capacity_mib) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            [
+                (inc.job_id, inc.n, inc.node, card, inc.mib_per_card, int(inc.whole), cap)
+                for card in inc.cards
+                for cap in [capacity_mib.get((inc.node, card))]
+            ],
+        )
+        c.execute(
+            "UPDATE jobs SET state = ?, incarnation = ?, reason = NULL, updated_at = ?, "
+            f"first_started_at = COALESCE(first_started_at, ?){self._bump} WHERE id = ?",
+            (JobState.RUNNING.value, inc.n, event.at, inc.started_at, inc.job_id),
+        )
+        self._append(c, event)
+        updated = self._job_row(c, inc.job_id)
         assert updated is not None
         return updated
 
@@ -317,28 +329,7 @@ class SqliteStore:
         launch.check_run(inc)
         with self._tx() as c:
             clashes = launch.check_record(c, inc)
-            c.execute(
-                f"INSERT INTO incarnations ({codec.INC_COLS}) VALUES ({_marks(codec.INC_N)})",
-                codec.inc_values(inc),
-            )
-            c.executemany(
-                "INSERT INTO allocations (job_id, n, node, card, mib, whole, capacity_mib) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                [
-                    (inc.job_id, inc.n, inc.node, card, inc.mib_per_card, int(inc.whole), cap)
-                    for card in inc.cards
-                    for cap in [capacity_mib.get((inc.node, card))]
-                ],
-            )
-            c.execute(
-                "UPDATE jobs SET state = ?, incarnation = ?, reason = NULL, updated_at = ?, "
-                f"first_started_at = COALESCE(first_started_at, ?){self._bump} WHERE id = ?",
-                (JobState.RUNNING.value, inc.n, event.at, inc.started_at, inc.job_id),
-            )
-            self._append(c, event)
-            updated = self._job_row(c, inc.job_id)
-        assert updated is not None
-        return updated, clashes
+            return self._grant(c, inc, codec.inc_values(inc), capacity_mib, event), clashes
 
     def update_incarnation(
         self,
