@@ -197,7 +197,10 @@ def test_the_checker_reads_a_real_store(tmp_path: Path) -> None:
                 "state, started_at, run_dir) VALUES ('b-000002', 1, 'n1', '[0]', '[]', 20000, 0, "
                 "'running', 3.0, '/r')"
             )
-            raw.execute("UPDATE jobs SET state = 'running', incarnation = 1 WHERE id = 'b-000002'")
+            raw.execute(  # every writer of a job row raises its version (schema v7)
+                "UPDATE jobs SET state = 'running', incarnation = 1, version = version + 1 "
+                "WHERE id = 'b-000002'"
+            )
         raw.close()
         assert check_invariants(store, capacity_mib=CAP) == [
             "card 0 of n1: 50000 MiB held (a-000001#1, b-000002#1) on a 40000 MiB card"
