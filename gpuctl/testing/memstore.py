@@ -200,21 +200,26 @@ class MemoryStore:
             for card in inc.cards:
                 self._check_card(inc.node, card, inc.mib_per_card, inc.whole, capacity_mib, job.id)
             self._reservations.pop(job.id, None)
-            self._incs[(inc.job_id, inc.n)] = inc
-            job = dataclasses.replace(
-                job,
-                state=JobState.RUNNING,
-                incarnation=inc.n,
-                reason=None,
-                version=job.version + 1,
-                first_started_at=(
-                    job.first_started_at if job.first_started_at is not None else inc.started_at
-                ),
-                updated_at=inc.started_at,
-            )
-            self._jobs[job.id] = job
-            self._append(event)
+            job = self._running_at(job, inc, inc.started_at, event)
             return job
+
+    def _running_at(self, job: Job, inc: Incarnation, updated_at: float, event: Event) -> Job:
+        """Under the lock: `inc` written, its job running at it, `event` appended."""
+        self._incs[(inc.job_id, inc.n)] = inc
+        job = dataclasses.replace(
+            job,
+            state=JobState.RUNNING,
+            incarnation=inc.n,
+            reason=None,
+            version=job.version + 1,
+            first_started_at=(
+                job.first_started_at if job.first_started_at is not None else inc.started_at
+            ),
+            updated_at=updated_at,
+        )
+        self._jobs[job.id] = job
+        self._append(event)
+        return job
 
     @_write
     def record_run(
@@ -247,20 +252,7 @@ class MemoryStore:
                 for node, cards, other, n in held
                 if other != job.id and node == inc.node and card in cards
             )
-            self._incs[(inc.job_id, inc.n)] = inc
-            job = dataclasses.replace(
-                job,
-                state=JobState.RUNNING,
-                incarnation=inc.n,
-                reason=None,
-                version=job.version + 1,
-                first_started_at=(
-                    job.first_started_at if job.first_started_at is not None else inc.started_at
-                ),
-                updated_at=event.at,
-            )
-            self._jobs[job.id] = job
-            self._append(event)
+            job = self._running_at(job, inc, event.at, event)
             return job, clashes
 
     @_write
