@@ -120,8 +120,9 @@ def epoch(value: object) -> float | None:
 
 def is_time_key(key: str) -> bool:
     """Document keys that hold an instant, by the house's naming: `at`, `*_at`, `since`,
-    `*_since` (as `_s` says seconds and `_mib` MiB)."""
-    return key in ("at", "since") or key.endswith(("_at", "_since"))
+    `*_since` (as `_s` says seconds and `_mib` MiB), and `now`, the instant the fleet numbers
+    describe (a name playbook conditions use)."""
+    return key in ("at", "since", "now") or key.endswith(("_at", "_since"))
 
 
 def machine_times(doc: Any) -> Any:

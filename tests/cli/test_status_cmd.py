@@ -9,6 +9,7 @@ from typer.testing import CliRunner
 
 from gpuctl.cli.context import AppContext
 from gpuctl.cli.main import app
+from gpuctl.core.timefmt import parse_rfc3339
 from gpuctl.errors import ConnectRefused, HostKeyChanged, HostKeyUnknown, TransportTimeout
 from gpuctl.testing.fakes import FakeTransport, ShellTransport, fake_node_env
 from tests.unit.adapters.test_ssh_keys import write_key
@@ -223,6 +224,7 @@ def test_status_json_carries_the_fleet_numbers(inventory: Path, node_env: dict[s
     assert numbers["observed_util_pct"] == 0.0
     assert numbers["queue_waiting"] == 0
     assert numbers["failover_success_pct"] is None
+    assert parse_rfc3339(numbers["now"]) > 0  # the numbers' instant, as every JSON time
     assert not (inventory.parent / "state").exists()  # a read-only look creates nothing
 
 
