@@ -118,8 +118,12 @@ class Controller:
                     self._step_down(exc)
                     continue
                 except StoreConflict as exc:  # a write lost a race: the next pass sees why
-                    wait_s = self.settings.interval_s
-                    self.say(f"a pass was cut short: {exc.message}")
+                    if self.leading:
+                        wait_s = self.settings.interval_s
+                        self.say(f"a pass was cut short: {exc.message}")
+                    else:  # a standby's heartbeat waited on a lock: it ran no pass to cut
+                        wait_s = self.settings.renew_s
+                        self.say(f"the store was busy: {exc.message}; trying again in {wait_s:g}s")
                 except StateError as exc:
                     wait_s = backoff.next_s()
                     self.say(f"the store failed: {exc.message}; trying again in {wait_s:.1f}s")

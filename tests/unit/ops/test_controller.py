@@ -173,3 +173,39 @@ def test_a_standby_whose_lease_attempt_times_out_on_a_lock_says_so_and_tries_aga
         "leading (token 1, lease 3s)",
     ]
     assert not any("pass" in line for line in said)  # a standby runs no pass to cut short
+
+
+class BusyBeat(Paused):
+    """A store whose first heartbeat waits on a lock past the lock timeout."""
+
+    def __init__(self, inner: MemoryStore) -> None:
+        super().__init__(inner)
+        self.beats = 0
+
+    def heartbeat(self, *args: Any, **kwargs: Any) -> Any:
+        self.beats += 1
+        if self.beats == 1:
+            raise StoreConflict("db:5432/gpuctl: canceling statement due to lock timeout")
+        return self.inner.heartbeat(*args, **kwargs)
+
+
+def test_a_standby_whose_heartbeat_times_out_on_a_lock_says_the_store_was_busy() -> None:
+    said: list[str] = []
+    shared = MemoryStore()
+    shared.acquire_lease("a", 3600.0)  # another controller leads for the whole test
+    busy = BusyBeat(shared)
+    c = controller(busy, "b", said)
+    stop = threading.Event()
+    run = threading.Thread(target=c.run, args=(stop,))
+    run.start()
+    try:
+        assert wait_for(lambda: busy.beats >= 2 and len(said) >= 2, timeout_s=10), said
+    finally:
+        stop.set()
+        run.join(timeout=10)
+    assert said[:2] == [
+        "the store was busy: db:5432/gpuctl: canceling statement due to lock timeout; "
+        "trying again in 1s",
+        "standby: a leads (token 1)",
+    ]
+    assert not any("pass" in line for line in said)  # a standby runs no pass to cut short
