@@ -101,3 +101,26 @@ def test_watch_prints_the_rate_limit_line_once_while_each_report_lists_it(
         for r in reports
     ]
     assert [len(x) for x in limited] == [0, 1, 1, 1]  # the report of each pass still lists it
+
+
+def test_watch_says_the_network_suspicion_once_and_that_it_cleared_only_when_nodes_answer(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    k = Kit.make(MemoryStore(), ("n1", "n2", "n3"), gpus=1)
+    k.loop.on_action = _stream()
+    k.step()
+    k.cluster.partition("n1")
+    k.cluster.partition("n2")
+    with pytest.raises(typer.Exit):
+        _watch(cast(Any, Passes(k, 4)), 5.0, Output.TABLE)  # most nodes silent all along
+    suspect = [line for line in capsys.readouterr().err.splitlines() if "suspect" in line]
+    assert suspect == [
+        "suspect_network: 2 of 3 nodes do not answer at once: suspecting gpuctl's own network; "
+        "no job is requeued until most nodes answer again"
+    ]
+    assert [e.kind for e in k.store.events(kinds=["suspect_network"])] == ["suspect_network"]
+    k.cluster.heal("n1")
+    k.cluster.heal("n2")
+    with pytest.raises(typer.Exit):
+        _watch(cast(Any, Passes(k, 1)), 5.0, Output.TABLE)
+    assert "suspect_network: cleared (was: 2 of 3 nodes" in capsys.readouterr().err

@@ -38,14 +38,16 @@ def gather(p: Pass) -> None:
     )
     failing = sum(1 for ok in answered.values() if not ok)
     p.suspect = suspect_own_network(failing, total, p.settings.mass_failure_fraction)
-    if p.suspect and not suspect_own_network(prev_failing, total, p.settings.mass_failure_fraction):
-        p.act(
-            "suspect_network",
+    if p.suspect:
+        message = (
             f"{failing} of {total} nodes do not answer at once: suspecting gpuctl's own "
-            "network; no job is requeued until most nodes answer again",
-            outcome="waiting",
-            data={"failing": failing, "total": total},
+            "network; no job is requeued until most nodes answer again"
         )
+        if not suspect_own_network(prev_failing, total, p.settings.mass_failure_fraction):
+            data = {"failing": failing, "total": total}
+            p.act("suspect_network", message, outcome="waiting", data=data)  # the event, once
+        else:  # still suspect: reported every pass (so a watch does not say it cleared)
+            p.note("suspect_network", message)
     ups = [
         update_liveness(
             prev.get(node.name),
