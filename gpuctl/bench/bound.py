@@ -177,6 +177,117 @@ def allocation_bound(nodes: Sequence[OpenbNode], pods: Sequence[OpenbPod]) -> Bo
     return Bound(milli, arrived, time.perf_counter() - started)
 
 
+def forced_bound(nodes: Sequence[OpenbNode], pods: Sequence[OpenbPod], forced: int) -> Bound:
+    """An upper bound on the GPU (milli) any placement of `pods` onto `nodes` that places each
+    of the first `forced` pods allocates (the others are optional). Raises ValueError when no
+    placement places the forced pods.
+
+    The LP of `allocation_bound` over node types, with three changes:
+
+    * each class has a lower bound too: its pods among the first `forced` are placed. Pods
+      without GPU among them are in it (they take CPU and memory); later ones are left out;
+    * the cards of a node type hold card patterns (Gilmore and Gomory): y[t, p] cards of type t
+      hold the slices of pattern p (sizes summing to at most one card; only maximal ones, as a
+      pattern with a free slot only relaxes), the slices of each size placed on t are at most
+      the patterns' slots for it, and patterns and whole-card pods share the type's cards. A
+      card's holes that no slice of the pods can fill are counted, where the dual-feasible cuts
+      see only some;
+    * the per-node rows are those of `allocation_bound` (cards in card units, CPU, memory, under
+      each dual-feasible function).
+
+    A pod of several slices counts as that many slices, each on some card of the type (their
+    being on distinct cards of one node is relaxed).
+    """
+    opt = _scipy("scipy.optimize")
+    sparse = _scipy("scipy.sparse")
+    started = time.perf_counter()
+    classes: dict[_PodKey, list[int]] = {}  # class -> [at least, at most] placed
+    for i, p in enumerate(pods):
+        if p.num_gpu or i < forced:
+            bounds = classes.setdefault(_pod_key(p), [0, 0])
+            bounds[0] += i < forced
+            bounds[1] += 1
+    cpu_only = any(not k[2] for k in classes)
+    types = Counter(_node_key(n) for n in nodes if n.gpus or cpu_only)
+    arrived = sum(p.gpu_request_milli for p in pods)
+    pod_keys, type_keys = sorted(classes), sorted(types)
+    xs = [(k, t) for k, pk in enumerate(pod_keys) for t, tk in enumerate(type_keys)]
+    xs = [(k, t) for k, t in xs if _fits(pod_keys[k], type_keys[t])]
+    placeable = {k for k, _ in xs}
+    if any(classes[pk][0] and k not in placeable for k, pk in enumerate(pod_keys)):
+        raise ValueError("no placement places every forced pod: one fits no node")
+    if not xs:
+        return Bound(0, arrived, time.perf_counter() - started)
+    # the card patterns of each type, over the slice sizes of the classes that fit it
+    ys: list[tuple[int, dict[int, int]]] = []
+    for t, tk in enumerate(type_keys):
+        sizes = sorted(
+            {pod_keys[k][3] for k, tt in xs if tt == t and _slice(pod_keys[k])}, reverse=True
+        )
+        if not sizes or not tk[2]:
+            continue
+        for pattern in _patterns(sizes, [MILLI_PER_GPU // s for s in sizes]):
+            used = sum(n * s for n, s in zip(pattern, sizes, strict=True))
+            if MILLI_PER_GPU - used < sizes[-1]:  # maximal: no further slice fits
+                ys.append((t, {s: n for n, s in zip(pattern, sizes, strict=True) if n}))
+    rows: list[int] = []
+    cols: list[int] = []
+    vals: list[float] = []
+    rhs: list[float] = []
+
+    def row(entries: Sequence[tuple[int, float]], limit: float) -> None:
+        r = len(rhs)
+        for j, v in entries:
+            if v:
+                rows.append(r)
+                cols.append(j)
+                vals.append(v)
+        rhs.append(limit)
+
+    y0 = len(xs)  # the y columns follow the x columns
+    for k, pk in enumerate(pod_keys):
+        mine = [j for j, (kk, _) in enumerate(xs) if kk == k]
+        low, high = classes[pk]
+        row([(j, 1.0) for j in mine], high)
+        if low:
+            row([(j, -1.0) for j in mine], -low)
+    for t, tk in enumerate(type_keys):
+        here = [(j, pod_keys[k]) for j, (k, tt) in enumerate(xs) if tt == t]
+        patterns = [(y0 + j, slots) for j, (tt, slots) in enumerate(ys) if tt == t]
+        count, (cpu, mem, cards, _) = types[tk], tk
+        if cards:
+            for s in sorted({p[3] for _, p in here if _slice(p)}):
+                slices = [(j, float(p[2])) for j, p in here if _slice(p) and p[3] == s]
+                row(slices + [(j, -float(slots.get(s, 0))) for j, slots in patterns], 0)
+            whole = [(j, float(p[2])) for j, p in here if _whole(p)]
+            row(whole + [(j, 1.0) for j, _ in patterns], count * cards)
+        for f in DFFS:
+            if cards:
+                row([(j, float(f(_units(p) / cards))) for j, p in here], count)
+            row([(j, float(f(Fraction(p[0], cpu or 1)))) for j, p in here], count)
+            row([(j, float(f(Fraction(p[1], mem or 1)))) for j, p in here], count)
+    gain = np.array([-float(pod_keys[k][2] * pod_keys[k][3]) for k, _ in xs] + [0.0] * len(ys))
+    matrix = sparse.csr_array((vals, (rows, cols)), shape=(len(rhs), len(gain)))
+    result = opt.linprog(gain, A_ub=matrix, b_ub=np.array(rhs), bounds=(0, None), method="highs")
+    if result.status == 2:
+        raise ValueError("no placement places every forced pod (the bound's LP is infeasible)")
+    if result.status != 0:
+        raise RuntimeError(f"HiGHS did not solve the forced bound's LP: {result.message}")
+    value = -float(result.fun)
+    milli = min(arrived, math.floor(value * (1 + 1e-9) + 1e-6))
+    return Bound(milli, arrived, time.perf_counter() - started)
+
+
+def _slice(pod: _PodKey) -> bool:
+    """A pod holding part of each of its cards (a share of no card takes no slot)."""
+    return bool(pod[2]) and 0 < pod[3] < MILLI_PER_GPU
+
+
+def _units(pod: _PodKey) -> Fraction:
+    """A pod's GPU in card units, over all its cards."""
+    return pod[2] * (Fraction(1) if _whole(pod) else Fraction(pod[3], MILLI_PER_GPU))
+
+
 def _card_units(pod: _PodKey) -> Fraction:
     return Fraction(pod[2]) if _whole(pod) else Fraction(pod[3], MILLI_PER_GPU)
 
@@ -214,15 +325,43 @@ def column_bound(
     return round(100 * bound.milli / capacity, 2), bound.seconds
 
 
+def forced_ceiling(
+    nodes: Sequence[OpenbNode], arrivals: Sequence[OpenbPod], must: int, x: int = 130
+) -> float | None:
+    """An upper bound on the KPI at column x (% of capacity, 2 decimals) of any run over
+    `arrivals` that places each of the first `must` arrivals, however its pods are moved
+    meanwhile; None when no arrival falls in that column.
+
+    The same assumption as `packing_ceiling`: a run places every pod that arrived before its
+    first failed pod (a run's own first failure gives `must`), so any consolidation of that run,
+    or any better run one compares it with, places them too. Then the node-type LP of
+    `allocation_bound` holds those pods (GPU and CPU-only ones: these take CPU and memory)
+    placed and the later arrivals of the column optional. Unlike the packing ceiling it sees
+    nodes, CPU, memory, card models and multi-GPU pods; unlike the packing ceiling it sees a
+    card's holes only through the dual-feasible cuts. The lower of the two is the ceiling.
+    """
+    capacity = gpu_capacity_milli(nodes)
+    prefix = column_prefix(arrivals, capacity, x)
+    if prefix is None:
+        return None
+    bound = forced_bound(nodes, prefix, min(must, len(prefix)))
+    return round(100 * bound.milli / capacity, 2)
+
+
 # --- the exact optimum, for small instances ----------------------------------------------------
 
 
-def exact_allocation(nodes: Sequence[OpenbNode], pods: Sequence[OpenbPod]) -> int:
+def exact_allocation(
+    nodes: Sequence[OpenbNode], pods: Sequence[OpenbPod], *, forced: int = 0
+) -> int:
     """The most GPU (milli) any placement of `pods` onto `nodes` allocates, exactly: a MIP over
-    single nodes and cards (HiGHS through scipy). For checking the bound on small instances."""
+    single nodes and cards (HiGHS through scipy), the first `forced` pods placed (those without
+    GPU too). For checking the bound on small instances. Raises ValueError when no placement
+    places the forced pods."""
     opt = _scipy("scipy.optimize")
     sparse = _scipy("scipy.sparse")
-    gpu_pods = [p for p in pods if p.num_gpu]
+    gpu_pods = [p for i, p in enumerate(pods) if p.num_gpu or i < forced]
+    must = [i < forced for i, p in enumerate(pods) if p.num_gpu or i < forced]
     names: list[tuple[str, int, int, int]] = []  # ("y", pod, node, -1) or ("z", pod, node, card)
     for i, p in enumerate(gpu_pods):
         for n, node in enumerate(nodes):
@@ -230,6 +369,8 @@ def exact_allocation(nodes: Sequence[OpenbNode], pods: Sequence[OpenbPod]) -> in
                 continue
             names.append(("y", i, n, -1))
             names.extend(("z", i, n, c) for c in range(node.gpus))
+    if any(m and not any(k[1] == i for k in names) for i, m in enumerate(must)):
+        raise ValueError("no placement places every forced pod: one fits no node")
     if not names:
         return 0
     index = {key: j for j, key in enumerate(names)}
@@ -253,7 +394,7 @@ def exact_allocation(nodes: Sequence[OpenbNode], pods: Sequence[OpenbPod]) -> in
 
     for i, p in enumerate(gpu_pods):
         ys = [(index[key], 1.0) for key in names if key[0] == "y" and key[1] == i]
-        row(ys, 0, 1)
+        row(ys, 1 if must[i] else 0, 1)
         for j, _ in ys:
             _, _, n, _ = names[j]
             zs = [(index[("z", i, n, c)], 1.0) for c in range(nodes[n].gpus)]
@@ -275,6 +416,8 @@ def exact_allocation(nodes: Sequence[OpenbNode], pods: Sequence[OpenbPod]) -> in
         integrality=np.ones(len(names)),
         bounds=opt.Bounds(0, 1),
     )
+    if result.status == 2:
+        raise ValueError("no placement places every forced pod")
     if result.status != 0:
         raise RuntimeError(f"HiGHS did not solve the exact MIP: {result.message}")
     return round(-float(result.fun))

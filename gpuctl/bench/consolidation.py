@@ -55,14 +55,26 @@ class ConsolidationRun:
     seconds: float
     planner_seconds: float
     ceiling_pct: float  # no placement reaches more with the pods this run placed (see `ceiling`)
+    # The two below rest on an assumption (see `bound.packing_ceiling`): the lowest of the three
+    # is the run's ceiling (`lowest_ceiling`).
     # no run placing the pods that arrived before this run's first failure reaches more
     # (`bound.packing_ceiling`); None without scipy
     packing_ceiling_pct: float | None = None
+    # the same, from the node-type LP with those pods placed (`bound.forced_ceiling`): nodes,
+    # CPU, memory, card models and multi-GPU pods counted; None without scipy
+    forced_ceiling_pct: float | None = None
+    before_failure: int | None = None  # arrivals before the first pod that found no room
     curve: tuple[float | None, ...] = ()  # allocation per column x = 0..130
 
     @property
     def moved_pct(self) -> float:
         return 0.0 if self.placed == 0 else 100.0 * self.moves / self.placed
+
+    @property
+    def lowest_ceiling_pct(self) -> float:
+        """The lowest of the run's ceilings (those known)."""
+        known = (self.packing_ceiling_pct, self.forced_ceiling_pct)
+        return min([self.ceiling_pct, *(c for c in known if c is not None)])
 
 
 class Cluster:
@@ -226,6 +238,7 @@ def replay_consolidating(
             planner += time.perf_counter() - t0
             passes += 1
     curve = allocation_curve(arrived_log, used_log, capacity)
+    must = len(arrivals) if before_failure is None else before_failure
     placed_pods = [pod for _, _, pod in cluster.where.values()]
     return ConsolidationRun(
         policy=policy.name,
@@ -242,13 +255,14 @@ def replay_consolidating(
         planner_seconds=planner,
         ceiling_pct=ceiling(placed_pods, arrivals, capacity),
         packing_ceiling_pct=bound.packing_ceiling(
-            arrivals,
-            len(arrivals) if before_failure is None else before_failure,
-            capacity,
-            sum(n.gpus for n in nodes),
+            arrivals, must, capacity, sum(n.gpus for n in nodes)
         )
         if bound.available()
         else None,
+        forced_ceiling_pct=bound.forced_ceiling(nodes, arrivals, must)
+        if bound.available()
+        else None,
+        before_failure=before_failure,
         curve=curve,
     )
 

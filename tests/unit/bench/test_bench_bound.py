@@ -213,3 +213,91 @@ def test_the_packing_ceiling_is_never_under_what_a_replay_reaches() -> None:
             run = run_one(nodes, pods, name, trial, 0, 0.0)
             assert run.packing_ceiling_pct is not None
             assert max(v for v in run.curve if v is not None) <= run.packing_ceiling_pct
+
+
+# --- the forced bound: the node-type LP with the pods before the first failure placed -----------
+
+
+def first_failure(nodes: list[OpenbNode], pods: list[OpenbPod], name: str, seed: int) -> int:
+    """The arrivals before the first pod that policy `name` finds no room for."""
+    policy, spec = bench_policy(name)
+    rng = NumpyRng(seed)
+    rng.discard(1)
+    by_name = sorted(nodes, key=lambda n: n.name)
+    prio = node_priority(by_name, rng)
+    placed = simulate(
+        by_name, pods, policy, target_workload(pods, spec), [prio[n.name] for n in by_name]
+    )
+    return next((i for i, at in enumerate(placed) if at.node is None), len(pods))
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_forced_bound_is_above_the_exact_optimum_with_the_same_pods_forced(seed: int) -> None:
+    nodes, pods = small_instance(seed)
+    for name in ("fgd", "gpuctl"):
+        must = first_failure(nodes, pods, name, seed)
+        best = bound.exact_allocation(nodes, pods, forced=must)
+        assert (
+            bound.forced_bound(nodes, pods, must).milli >= best >= reached(nodes, pods, name, seed)
+        )
+        assert best <= bound.exact_allocation(nodes, pods)
+
+
+def test_the_forced_ceiling_is_never_under_a_replay_with_or_without_consolidation() -> None:
+    # Openb-like small fleets (CPU-only, multi-GPU and model-bound pods among them), each policy
+    # with no consolidation and with a pass every 3 arrivals: the allocation at x=130 never
+    # exceeds the run's forced ceiling (its pods before its first failure placed).
+    from gpuctl.bench.consolidation import run_one
+
+    compared = moves = 0
+    for seed in range(8):
+        nodes, pods = small_instance(seed)
+        for name in POLICIES:
+            for every, pct in ((0, 0.0), (3, 50.0)):
+                run = run_one(tuple(nodes), tuple(pods), name, seed, every, pct)
+                if run.alloc_130 is None:
+                    continue
+                assert run.forced_ceiling_pct is not None
+                assert run.alloc_130 <= run.forced_ceiling_pct, (seed, name, every)
+                assert run.lowest_ceiling_pct <= run.forced_ceiling_pct
+                compared += 1
+                moves += run.moves
+    assert compared >= 16 and moves > 0
+
+
+def test_forcing_the_pods_before_the_first_failure_tightens_the_bound() -> None:
+    # A slice of 600 arrives first and is placed by every run; the whole-card pod after it can
+    # then go nowhere. allocation_bound may drop the slice for the whole card (1000).
+    nodes = [node("a", 1)]
+    pods = [pod("slice", 1, 600), pod("whole", 1, 1000)]
+    assert bound.allocation_bound(nodes, pods).milli == 1000
+    assert bound.forced_bound(nodes, pods, 1).milli == 600
+    assert bound.exact_allocation(nodes, pods, forced=1) == 600
+
+
+def test_the_forced_bound_counts_cpu_only_pods_multi_gpu_pods_and_card_models() -> None:
+    capacity = 4000
+    # A CPU-only pod placed before the first failure takes most of node a's CPU: no GPU pod
+    # that needs 8 cores fits beside it, where the packing ceiling (slices only) sees 100%.
+    nodes = [node("a", 2, cpu=16_000), node("b", 2, cpu=16_000)]
+    pods = [pod("cpu", 0, 0, cpu=12_000), *(pod(f"g{i}", 1, 1000, cpu=8000) for i in range(4))]
+    assert bound.forced_bound(nodes, pods, 1).milli == 2000
+    assert bound.exact_allocation(nodes, pods, forced=1) == 2000
+    assert bound.allocation_bound(nodes, pods).milli == 4000
+    assert bound.packing_ceiling(pods, 1, capacity, 4) == 100.0
+    # A two-card pod bound to the T4 node leaves it no card for the slices; those on node b
+    # (V100) share its two cards: 2 x 700 cannot share one, so 2 x 700 + 2000 at most.
+    nodes = [node("a", 2, model="T4"), node("b", 2, model="V100M16")]
+    pods = [pod("pair", 2, 1000, spec="T4"), *(pod(f"s{i}", 1, 700) for i in range(4))]
+    assert bound.forced_bound(nodes, pods, 1).milli == 3400
+    assert bound.exact_allocation(nodes, pods, forced=1) == 3400
+
+
+def test_no_placement_of_the_forced_pods_is_an_error() -> None:
+    nodes = [node("a", 1, model="T4")]
+    with pytest.raises(ValueError, match="forced pod"):
+        bound.forced_bound(nodes, [pod("g2", 1, 500, spec="G2")], 1)
+    with pytest.raises(ValueError, match="forced pod"):
+        bound.exact_allocation(nodes, [pod("g2", 1, 500, spec="G2")], forced=1)
+    with pytest.raises(ValueError, match="forced pod"):
+        bound.forced_bound(nodes, [pod("a", 1, 600), pod("b", 1, 600)], 2)

@@ -156,26 +156,32 @@ def test_bench_placement_consolidate_every_prints_both_rows_per_policy() -> None
     assert result.stderr.startswith("error: --max-moves-pct must be from 0 to 100, got 101.0")
 
 
-def test_the_report_gives_both_ceilings_and_the_gap_closed_against_each() -> None:
-    def run(every: int, alloc: float, ceiling: float, packing: float) -> bench.ConsolidationRun:
+def test_the_report_gives_every_ceiling_and_the_gap_closed_against_each() -> None:
+    def run(every: int, alloc: float, *ceilings: float) -> bench.ConsolidationRun:
         return bench.ConsolidationRun(
-            "gpuctl", 42, every, 5.0, alloc, alloc, 0, 0, 1, 1, 1.0, 0.0, ceiling, packing
+            "gpuctl", 42, every, 5.0, alloc, alloc, 0, 0, 1, 1, 1.0, 0.0, *ceilings
         )
 
     rows = [
-        report.Row("gpuctl", 0, 0.0, (run(0, 95.97, 97.09, 96.46),)),
-        report.Row("gpuctl", 100, 5.0, (run(100, 96.26, 97.08, 96.45),)),
+        report.Row("gpuctl", 0, 0.0, (run(0, 95.97, 97.09, 96.46, 96.41),)),
+        report.Row("gpuctl", 100, 5.0, (run(100, 96.26, 97.08, 96.45, 96.40),)),
     ]
     doc = report.report_document(rows, "default", 1.3)
     entries: Any = doc["rows"]
     assert entries[0]["packing_ceiling_pct"]["per_seed"] == [96.46]
-    # against the baseline's ceilings: (96.26 - 95.97) / (97.09 - 95.97) and / (96.46 - 95.97)
-    assert entries[1]["gap_closed_pct"] == {"ceiling": 25.9, "packing_ceiling": 59.2}
-    assert entries[0]["gap_closed_pct"] == {"ceiling": None, "packing_ceiling": None}
+    assert entries[0]["lowest_ceiling_pct"]["per_seed"] == [96.41]
+    # against the baseline's ceilings: (96.26 - 95.97) / (97.09 - 95.97), / (96.46 - 95.97), ...
+    assert entries[1]["gap_closed_pct"] == {
+        "ceiling": 25.9,
+        "packing_ceiling": 59.2,
+        "forced_ceiling": 65.9,
+        "lowest_ceiling": 65.9,
+    }
+    assert set(entries[0]["gap_closed_pct"].values()) == {None}
     table = report.render_table(rows, "default").splitlines()
-    assert "| packing ceiling@130 | gap closed (ceiling / packing) |" in table[2]
-    assert table[4].endswith("| 97.09 | 96.46 | - | 1 |")
-    assert table[5].endswith("| 97.08 | 96.45 | 26% / 59% | 1 |")
+    assert "| forced ceiling@130 | gap closed (lowest ceiling) |" in table[2]
+    assert table[4].endswith("| 97.09 | 96.46 | 96.41 | - | 1 |")
+    assert table[5].endswith("| 97.08 | 96.45 | 96.40 | 66% | 1 |")
 
 
 def test_the_replay_bounds_its_allocation_with_the_slices_before_its_first_failure() -> None:
