@@ -194,7 +194,8 @@ def list_keys(
     known_hosts: Path | None = KNOWN_HOSTS_OPTION,
     output: Output = OUTPUT_OPTION,
 ) -> None:
-    """The keys recorded for each node and where (no network). Exit 1 when a node has none."""
+    """The keys recorded for each node and where, and for the jump hosts it is reached through
+    (no network). Exit 1 when a node or one of its jump hosts has none."""
     from gpuctl.adapters.ssh import known_hosts as kh
 
     nodes = _nodes(ctx, names, all_nodes=not names)
@@ -203,20 +204,28 @@ def list_keys(
     missing = False
     with transport:
         for node in nodes:
-            keys = transport.recorded_keys(node)
+            *hops, (target, keys) = transport.recorded_route_keys(node)
+            jumps = []
+            for leg, leg_keys in hops:
+                where = kh.host_key_name(leg.node.host, leg.node.port)
+                jumps.append({"host": where, "keys": _key_docs(leg_keys)})
+                missing = missing or not leg_keys
+                _print_keys(output, node.name, f"via {where}", _key_docs(leg_keys))
+            host = kh.host_key_name(target.node.host, target.node.port)  # ssh_config's names
             missing = missing or not keys
-            dialled = transport.route(node).target.node  # ssh_config's HostName and Port
-            host = kh.host_key_name(dialled.host, dialled.port)
-            found = [
-                {"type": k.key_type, "fingerprint": k.fingerprint, "where": k.where} for k in keys
-            ]
-            rows.append({"name": node.name, "host": host, "keys": found})
-            if output not in (Output.JSON, Output.YAML):
-                for k in found or [{"type": "-", "fingerprint": "(none)", "where": "-"}]:
-                    typer.echo(
-                        f"{safe(node.name)}\t{host}\t{k['type']}\t{k['fingerprint']}\t"
-                        f"{safe(k['where'])}"
-                    )
+            rows.append({"name": node.name, "host": host, "keys": _key_docs(keys), "jumps": jumps})
+            _print_keys(output, node.name, host, _key_docs(keys))
     if output in (Output.JSON, Output.YAML):
         emit_document({"nodes": rows}, output)
     raise typer.Exit(int(ExitCode.ERROR if missing else ExitCode.OK))
+
+
+def _key_docs(keys: Sequence[KnownKey]) -> list[dict[str, str]]:
+    return [{"type": k.key_type, "fingerprint": k.fingerprint, "where": k.where} for k in keys]
+
+
+def _print_keys(output: Output, name: str, host: str, found: list[dict[str, str]]) -> None:
+    if output in (Output.JSON, Output.YAML):
+        return
+    for k in found or [{"type": "-", "fingerprint": "(none)", "where": "-"}]:
+        typer.echo(f"{safe(name)}\t{host}\t{k['type']}\t{k['fingerprint']}\t{safe(k['where'])}")

@@ -1,5 +1,6 @@
 """`gpuctl hosts trust|list` against real lab nodes: trust is explicit and shows fingerprints."""
 
+import json
 import stat
 import subprocess
 from collections.abc import Iterator
@@ -157,3 +158,41 @@ def test_trust_without_an_answer_or_yes_is_a_usage_error_and_records_nothing(
         "hint: pass --yes to apply without a terminal\n"
     )
     assert not own_known_hosts.exists()
+
+
+def test_list_shows_the_keys_of_the_jump_hosts_a_node_is_reached_through(
+    tmp_path: Path, own_known_hosts: Path
+) -> None:
+    """No network: the route comes from ssh_config, the keys from known_hosts."""
+    ssh_config = tmp_path / "ssh_config"
+    ssh_config.write_text(
+        "Host gpu-behind\n  HostName 10.9.0.2\n  Port 2222\n  ProxyJump bastion\n"
+        "Host bastion\n  HostName 127.0.0.1\n  Port 2201\n"
+    )
+    inventory = tmp_path / "fleet.yaml"
+    inventory.write_text("nodes:\n  - {name: gpu01, host: gpu-behind}\n")
+    public_line = generate_ed25519(tmp_path / "key", "test")
+    (tmp_path / "key.pub").write_text(public_line + "\n")
+    public = public_line.split()[:2]
+    own_known_hosts.parent.mkdir(parents=True)
+    own_known_hosts.write_text(f"[10.9.0.2]:2222 {' '.join(public)}\n")
+    env = {
+        "GPUCTL_STATE_DIR": str(tmp_path / "state"),
+        "HOME": str(tmp_path / "home"),
+        "GPUCTL_SSH_CONFIG": str(ssh_config),
+    }
+    run = CliRunner().invoke
+    result = run(app, ["-i", str(inventory), "hosts", "list", "-o", "json"], env=env)
+    assert result.exit_code == 1  # the bastion's key is not recorded
+    (node,) = json.loads(result.stdout)["nodes"]
+    assert node["host"] == "[10.9.0.2]:2222" and len(node["keys"]) == 1
+    assert node["jumps"] == [{"host": "[127.0.0.1]:2201", "keys": []}]
+    with own_known_hosts.open("a") as f:
+        f.write(f"[127.0.0.1]:2201 {' '.join(public)}\n")
+    result = run(app, ["-i", str(inventory), "hosts", "list"], env=env)
+    assert result.exit_code == 0, result.stderr
+    fp = fingerprint(tmp_path / "key.pub")
+    assert result.stdout.splitlines() == [
+        f"gpu01\tvia [127.0.0.1]:2201\tssh-ed25519\t{fp}\t{own_known_hosts}:2",
+        f"gpu01\t[10.9.0.2]:2222\tssh-ed25519\t{fp}\t{own_known_hosts}:1",
+    ]

@@ -248,6 +248,13 @@ class SshTransport(SessionAsks):
         HostName and Port, as OpenSSH looks it up, through jump hosts too)."""
         return self._recorded(self.route(node).target.node)
 
+    def recorded_route_keys(
+        self, node: NodeSpec
+    ) -> tuple[tuple[Leg, tuple[kh.KnownKey, ...]], ...]:
+        """Per leg of the node's route (its jump hosts first, then the node), the keys recorded
+        for it under the name it is dialled by. No network."""
+        return tuple((leg, self._recorded(leg.node)) for leg in self.route(node).legs)
+
     def _recorded(self, leg: NodeSpec) -> tuple[kh.KnownKey, ...]:
         name = kh.host_key_name(leg.host, leg.port)
         return self._known.for_host(self.known_hosts_files(leg), name)
