@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import heapq
 import itertools
+import math
 import select
 import threading
 import time
@@ -144,13 +145,21 @@ def read_channel(chan: Channel, deadline: float, max_output_bytes: int) -> ReadR
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return out
-        select.select([chan], [], [], remaining)
+        _wait_readable(chan, remaining)
     if out.pgid is None and head:  # no marker (odd login shell): keep what was printed
         _append(out.stdout, bytes(head), max_output_bytes, out)
     if chan.status_event.wait(max(0.0, deadline - time.monotonic())):
         out.finished = True
         out.exit_code = chan.exit_status if chan.exit_status >= 0 else None
     return out
+
+
+def _wait_readable(chan: Channel, timeout_s: float) -> None:
+    """Wait until the channel has something to read (or `timeout_s` passes). poll(), not
+    select(): a controller holding a fleet's connections has descriptors past select's 1024."""
+    poller = select.poll()
+    poller.register(chan.fileno(), select.POLLIN)
+    poller.poll(max(0, math.ceil(timeout_s * 1000)))
 
 
 def _take_pgid(out: ReadResult, head: bytearray) -> bytes:

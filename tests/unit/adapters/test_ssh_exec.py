@@ -159,3 +159,67 @@ def test_a_timer_due_before_every_pending_one_fires_on_time() -> None:
         assert not late.is_set() and far.cancel() is False
     finally:
         dog.close()
+
+
+class PipeChannel:
+    """What `read_channel` uses of a paramiko Channel, over a pipe whose read end is `fd`."""
+
+    def __init__(self, fd: int, write_fd: int) -> None:
+        self.fd, self.write_fd = fd, write_fd
+        self.data = b""
+        self.eof_received = False
+        self.closed = False
+        self.status_event = threading.Event()
+        self.exit_status = -1
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def recv_ready(self) -> bool:
+        if not self.data:
+            try:
+                os.set_blocking(self.fd, False)
+                self.data = os.read(self.fd, 4096)
+            except BlockingIOError:
+                return False
+            if not self.data:  # the writer closed: the command's end
+                self.eof_received = True
+                self.exit_status = 0
+                self.status_event.set()
+        return bool(self.data)
+
+    def recv(self, n: int) -> bytes:
+        out, self.data = self.data[:n], self.data[n:]
+        return out
+
+    def recv_stderr_ready(self) -> bool:
+        return False
+
+    def recv_stderr(self, n: int) -> bytes:
+        return b""
+
+
+def test_a_channel_whose_descriptor_is_past_1024_is_read_to_its_end() -> None:
+    """A controller pooling a fleet's connections holds more than 1024 descriptors; select()
+    refused such a channel ("filedescriptor out of range") and the command failed."""
+    read_fd, write_fd = os.pipe()
+    high = os.dup2(read_fd, 1500)
+    os.close(read_fd)
+    chan = PipeChannel(high, write_fd)
+    mark = exec_wrapper.PGID_MARK.decode()
+
+    def command() -> None:
+        os.write(write_fd, f"{mark}4242\nhello ".encode())
+        time.sleep(0.2)  # the reader has to wait for the rest: the wait is what is tested
+        os.write(write_fd, b"world\n")
+        os.close(write_fd)
+
+    writer = threading.Thread(target=command)
+    writer.start()
+    try:
+        out = ssh_exec.read_channel(chan, time.monotonic() + 10, 1 << 20)  # type: ignore[arg-type]
+    finally:
+        writer.join()
+        os.close(high)
+    assert bytes(out.stdout) == b"hello world\n"
+    assert out.pgid == 4242 and out.finished and out.exit_code == 0
