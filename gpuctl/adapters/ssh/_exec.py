@@ -145,7 +145,7 @@ def read_channel(chan: Channel, deadline: float, max_output_bytes: int) -> ReadR
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return out
-        _wait_readable(chan, remaining)
+        wait_readable(chan, remaining)
     if out.pgid is None and head:  # no marker (odd login shell): keep what was printed
         _append(out.stdout, bytes(head), max_output_bytes, out)
     if chan.status_event.wait(max(0.0, deadline - time.monotonic())):
@@ -154,7 +154,7 @@ def read_channel(chan: Channel, deadline: float, max_output_bytes: int) -> ReadR
     return out
 
 
-def _wait_readable(chan: Channel, timeout_s: float) -> None:
+def wait_readable(chan: Channel, timeout_s: float) -> None:
     """Wait until the channel has something to read (or `timeout_s` passes). poll(), not
     select(): a controller holding a fleet's connections has descriptors past select's 1024."""
     poller = select.poll()

@@ -9,12 +9,12 @@ new one); a partial answer is never returned.
 
 from __future__ import annotations
 
-import select
 import threading
 import time
 from typing import TYPE_CHECKING
 
 from gpuctl.adapters.exec_wrapper import PGID_MARK, AnswerFramingError, take_answer
+from gpuctl.adapters.ssh._exec import wait_readable
 
 if TYPE_CHECKING:
     from paramiko import Channel, SSHClient
@@ -66,7 +66,7 @@ class Session:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise Late
-            select.select([self.chan], [], [], remaining)
+            wait_readable(self.chan, remaining)
 
     def send(self, request: bytes) -> None:
         self.received = 0
