@@ -127,6 +127,36 @@ class Bound:
     seconds: float
 
 
+class _Rows:
+    """The rows of a linear program, built one at a time: `low <= sum(v * x[j]) <= high`."""
+
+    def __init__(self) -> None:
+        self.rows: list[int] = []
+        self.cols: list[int] = []
+        self.vals: list[float] = []
+        self.low: list[float] = []
+        self.high: list[float] = []
+
+    def between(self, entries: Sequence[tuple[int, float]], low: float, high: float) -> None:
+        r = len(self.high)
+        for j, v in entries:
+            if v:
+                self.rows.append(r)
+                self.cols.append(j)
+                self.vals.append(v)
+        self.low.append(low)
+        self.high.append(high)
+
+    def at_most(self, entries: Sequence[tuple[int, float]], high: float) -> None:
+        self.between(entries, -math.inf, high)
+
+    def upper(self, sparse: Any, columns: int) -> tuple[Any, Any]:
+        """The matrix (scipy's `sparse` module builds it) and the upper limits."""
+        shape = (len(self.high), columns)
+        matrix = sparse.csr_array((self.vals, (self.rows, self.cols)), shape=shape)
+        return matrix, np.array(self.high)
+
+
 def allocation_bound(nodes: Sequence[OpenbNode], pods: Sequence[OpenbPod]) -> Bound:
     """An upper bound on the GPU (milli) any placement of `pods` onto `nodes` allocates."""
     opt = _scipy("scipy.optimize")
@@ -140,19 +170,8 @@ def allocation_bound(nodes: Sequence[OpenbNode], pods: Sequence[OpenbPod]) -> Bo
     columns = [(k, t) for k, t in columns if _fits(pod_keys[k], type_keys[t])]
     if not columns:
         return Bound(0, arrived, time.perf_counter() - started)
-    rows: list[int] = []
-    cols: list[int] = []
-    vals: list[float] = []
-    rhs: list[float] = []
-
-    def row(entries: Sequence[tuple[int, float]], limit: float) -> None:
-        r = len(rhs)
-        for j, v in entries:
-            if v:
-                rows.append(r)
-                cols.append(j)
-                vals.append(v)
-        rhs.append(limit)
+    lp = _Rows()
+    row = lp.at_most
 
     for k, pk in enumerate(pod_keys):
         row([(j, 1.0) for j, (kk, _) in enumerate(columns) if kk == k], classes[pk])
@@ -167,8 +186,8 @@ def allocation_bound(nodes: Sequence[OpenbNode], pods: Sequence[OpenbPod]) -> Bo
             row([(j, float(f(Fraction(p[0], cpu or 1)))) for j, p in here], count)
             row([(j, float(f(Fraction(p[1], mem or 1)))) for j, p in here], count)
     gain = np.array([-float(pod_keys[k][2] * pod_keys[k][3]) for k, _ in columns])
-    matrix = sparse.csr_array((vals, (rows, cols)), shape=(len(rhs), len(columns)))
-    result = opt.linprog(gain, A_ub=matrix, b_ub=np.array(rhs), bounds=(0, None), method="highs")
+    matrix, rhs = lp.upper(sparse, len(columns))
+    result = opt.linprog(gain, A_ub=matrix, b_ub=rhs, bounds=(0, None), method="highs")
     if result.status != 0:
         raise RuntimeError(f"HiGHS did not solve the bound's LP: {result.message}")
     # The LP's optimum, with room for the solver's tolerance, rounded down to whole milli.
@@ -230,19 +249,8 @@ def forced_bound(nodes: Sequence[OpenbNode], pods: Sequence[OpenbPod], forced: i
             used = sum(n * s for n, s in zip(pattern, sizes, strict=True))
             if MILLI_PER_GPU - used < sizes[-1]:  # maximal: no further slice fits
                 ys.append((t, {s: n for n, s in zip(pattern, sizes, strict=True) if n}))
-    rows: list[int] = []
-    cols: list[int] = []
-    vals: list[float] = []
-    rhs: list[float] = []
-
-    def row(entries: Sequence[tuple[int, float]], limit: float) -> None:
-        r = len(rhs)
-        for j, v in entries:
-            if v:
-                rows.append(r)
-                cols.append(j)
-                vals.append(v)
-        rhs.append(limit)
+    lp = _Rows()
+    row = lp.at_most
 
     y0 = len(xs)  # the y columns follow the x columns
     for k, pk in enumerate(pod_keys):
@@ -267,8 +275,8 @@ def forced_bound(nodes: Sequence[OpenbNode], pods: Sequence[OpenbPod], forced: i
             row([(j, float(f(Fraction(p[0], cpu or 1)))) for j, p in here], count)
             row([(j, float(f(Fraction(p[1], mem or 1)))) for j, p in here], count)
     gain = np.array([-float(pod_keys[k][2] * pod_keys[k][3]) for k, _ in xs] + [0.0] * len(ys))
-    matrix = sparse.csr_array((vals, (rows, cols)), shape=(len(rhs), len(gain)))
-    result = opt.linprog(gain, A_ub=matrix, b_ub=np.array(rhs), bounds=(0, None), method="highs")
+    matrix, rhs = lp.upper(sparse, len(gain))
+    result = opt.linprog(gain, A_ub=matrix, b_ub=rhs, bounds=(0, None), method="highs")
     if result.status == 2:
         raise ValueError("no placement places every forced pod (the bound's LP is infeasible)")
     if result.status != 0:
@@ -374,20 +382,8 @@ def exact_allocation(
     if not names:
         return 0
     index = {key: j for j, key in enumerate(names)}
-    rows: list[int] = []
-    cols: list[int] = []
-    vals: list[float] = []
-    lo: list[float] = []
-    hi: list[float] = []
-
-    def row(entries: Sequence[tuple[int, float]], low: float, high: float) -> None:
-        r = len(lo)
-        for j, v in entries:
-            rows.append(r)
-            cols.append(j)
-            vals.append(v)
-        lo.append(low)
-        hi.append(high)
+    lp = _Rows()
+    row = lp.between
 
     def use(p: OpenbPod) -> int:
         return MILLI_PER_GPU if p.gpu_milli >= MILLI_PER_GPU else p.gpu_milli
@@ -409,10 +405,10 @@ def exact_allocation(
     gain = np.array(
         [-float(gpu_pods[k[1]].gpu_request_milli) if k[0] == "y" else 0.0 for k in names]
     )
-    matrix = sparse.csr_array((vals, (rows, cols)), shape=(len(lo), len(names)))
+    matrix, hi = lp.upper(sparse, len(names))
     result = opt.milp(
         gain,
-        constraints=opt.LinearConstraint(matrix, np.array(lo), np.array(hi)),
+        constraints=opt.LinearConstraint(matrix, np.array(lp.low), hi),
         integrality=np.ones(len(names)),
         bounds=opt.Bounds(0, 1),
     )
