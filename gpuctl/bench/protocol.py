@@ -108,4 +108,6 @@ def node_free(node: OpenbNode) -> NodeFree:
         cpu_free_milli=node.cpu_milli,
         mem_free_mib=node.memory_mib,
         gpu_model=node.model,
+        cpu_milli=node.cpu_milli,
+        mem_mib=node.memory_mib,
     )

@@ -31,7 +31,7 @@ from gpuctl.bench.protocol import (
 from gpuctl.bench.rng import Rng
 from gpuctl.core.placement.fit import Choice, Demand, NodeFree, Workload, take
 from gpuctl.core.placement.fragmentation import index_for
-from gpuctl.core.placement.policies import Policy, for_fleet
+from gpuctl.core.placement.policies import NodeKind, Policy, for_fleet
 
 IntArray = npt.NDArray[np.int64]
 
@@ -144,11 +144,15 @@ class _Answers:
 
 
 def fleet_policy(policy: Policy, nodes: Sequence[OpenbNode]) -> Policy:
-    """`policy` bound to the fleet's cards per model, as the engine binds it (`for_fleet`)."""
+    """`policy` bound to the fleet's cards per model and nodes per kind, as the engine binds it
+    (`for_fleet`)."""
     cards: dict[str, int] = {}
+    hosts: dict[NodeKind, int] = {}
     for n in nodes:
         cards[n.model] = cards.get(n.model, 0) + n.gpus
-    return for_fleet(policy, cards)
+        kind = NodeKind.of(node_free(n))
+        hosts[kind] = hosts.get(kind, 0) + 1
+    return for_fleet(policy, cards, hosts)
 
 
 def simulate(

@@ -40,7 +40,7 @@ from gpuctl.core.placement.plan import (
     Unplaced,
     successor_version,
 )
-from gpuctl.core.placement.policies import Policy, for_fleet, get_policy
+from gpuctl.core.placement.policies import NodeKind, Policy, for_fleet, get_policy
 from gpuctl.core.placement.shape import added_mib, decide_shape, demand_on, limit_mib, request_text
 from gpuctl.core.units import format_mib
 from gpuctl.errors import PlanError
@@ -119,12 +119,19 @@ class _Engine:
         except KeyError as exc:
             raise PlanError(str(exc.args[0])) from None
         cards_per_model: dict[str, int] = {}
+        hosts: dict[NodeKind, int] = {}
         for n in state.nodes:
             for c in n.cards:
                 if c.model:
                     cards_per_model[c.model] = cards_per_model.get(c.model, 0) + 1
+            if n.schedulable and n.cards:
+                on = {c.model for c in n.cards}
+                model = on.pop() if len(on) == 1 else None
+                top = max(c.capacity_mib for c in n.cards)
+                kind = NodeKind(model or None, len(n.cards), top, n.cpu_milli, n.host_mem_mib)
+                hosts[kind] = hosts.get(kind, 0) + 1
         self.models = tuple(sorted(cards_per_model))
-        self.policy: Policy = for_fleet(policy, cards_per_model)
+        self.policy: Policy = for_fleet(policy, cards_per_model, hosts)
         self.workload = workload
         self.work: dict[str, _NodeWork] = {}
         for n in sorted(state.nodes, key=lambda n: n.name):
@@ -255,7 +262,14 @@ class _Engine:
         pinned = bool(shape.gpus and shape.gpu_models)
         model = models[0] if models and (pinned or len(set(on)) == 1) else None
         nf = NodeFree(
-            node.name, free, caps, cpu_free_milli=cpu_free, mem_free_mib=mem_free, gpu_model=model
+            node.name,
+            free,
+            caps,
+            cpu_free_milli=cpu_free,
+            mem_free_mib=mem_free,
+            gpu_model=model,
+            cpu_milli=node.cpu_milli,
+            mem_mib=node.host_mem_mib,
         )
         choice = self.policy.choose(nf, demand, self._workload_for(caps))
         if choice is None:

@@ -21,6 +21,8 @@ class NodeFree:
     cpu_free_milli: int | None = None  # None: not tracked, never limits
     mem_free_mib: int | None = None  # host memory; None: not tracked
     gpu_model: str | None = None  # the node's card model; None: unknown
+    cpu_milli: int | None = None  # host CPU capacity; None: unknown
+    mem_mib: int | None = None  # host memory capacity; None: unknown
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

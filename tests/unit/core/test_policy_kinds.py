@@ -1,0 +1,58 @@
+"""The default policy keeps node kinds that big jobs need for them: a job that fits a smaller
+node stays off the only kind a wide, CPU-hungry job fits."""
+
+from gpuctl.core.placement import Card, FleetState, JobRequest, JobShape, PlacementNode, Settings
+from gpuctl.core.placement.engine import plan
+from gpuctl.core.placement.fit import Demand, NodeFree
+from gpuctl.core.placement.plan import Placed
+from gpuctl.core.placement.policies import Gpuctl, NodeKind
+from gpuctl.core.units import MemPerCard
+
+GIB = 1024
+H100 = "NVIDIA H100 80GB HBM3"
+OPEN = Settings(policy="default", band_max=1.0, headroom=0.0)
+
+
+def node(name: str, cpu_cores: int) -> PlacementNode:
+    cards = tuple(Card(i, 80 * GIB, uuid=f"GPU-{name}-{i}", model=H100) for i in range(4))
+    return PlacementNode(name=name, cards=cards, cpu_milli=cpu_cores * 1000)
+
+
+def job(name: str, gpus: int, cpu_cores: int, priority: int) -> JobRequest:
+    shape = JobShape(gpus=gpus, mem_per_card=MemPerCard.whole_card(), cpu_milli=cpu_cores * 1000)
+    return JobRequest(name=name, shape=shape, priority=priority)
+
+
+def test_a_job_that_fits_a_smaller_node_leaves_the_big_node_to_the_job_only_it_fits() -> None:
+    # Without the kind term the first job goes to the 64-core node (the 32-core one would be
+    # left with 2 cores for 2 cards), and the 4-card, 48-core job then finds no node.
+    state = FleetState(nodes=(node("big", 64), node("small", 32)), allocations=())
+    jobs = [job("two", 2, 30, priority=3), job("wide", 4, 48, priority=2), job("late", 2, 8, 1)]
+    p = plan(state, jobs, OPEN)
+    where = {o.job: o.allocation.node for o in p.jobs if isinstance(o, Placed)}
+    assert where == {"two": "small", "wide": "big"}
+
+
+def test_only_whole_card_jobs_with_a_choice_of_kind_pay_for_a_pressed_kind() -> None:
+    big = NodeKind(model=None, cards=4, card_units=1000, cpu_milli=64_000, mem_mib=None)
+    small = NodeKind(model=None, cards=4, card_units=1000, cpu_milli=32_000, mem_mib=None)
+    wide = Demand(gpus=4, mib_per_card=1000, whole=True, cpu_milli=48_000)
+    one = Demand(gpus=1, mib_per_card=1000, whole=True, cpu_milli=4_000)
+    part = Demand(gpus=1, mib_per_card=500, cpu_milli=4_000)
+    workload = ((wide, 0.25), (one, 0.5), (part, 0.25))
+    bound = Gpuctl().for_fleet({}, {big: 1, small: 1})
+    # per card of the workload: wide's 1 fits only big, one's 0.5 and part's 0.125 spread
+    # evenly, so 1.3125 on big and 0.3125 on small out of 1.625; each kind has half the cards
+    pressure = bound.kind_pressure(workload)
+    assert round(pressure[big], 6) == round(2 * 1.3125 / 1.625, 6)
+    assert round(pressure[small], 6) == round(2 * 0.3125 / 1.625, 6)
+
+    def fresh(cpu: int) -> NodeFree:
+        return NodeFree("n", (1000,) * 4, (1000,) * 4, cpu_free_milli=cpu, cpu_milli=cpu)
+
+    unbound = Gpuctl()
+    on_big, on_small = fresh(64_000), fresh(32_000)
+    assert bound.choose(on_big, one, workload).score < unbound.choose(on_big, one, workload).score  # type: ignore[union-attr]
+    assert bound.choose(on_small, one, workload) == unbound.choose(on_small, one, workload)
+    assert bound.choose(on_big, part, workload) == unbound.choose(on_big, part, workload)
+    assert bound.choose(on_big, wide, workload) == unbound.choose(on_big, wide, workload)
