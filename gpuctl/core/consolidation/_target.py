@@ -12,13 +12,14 @@ whose name sorts first.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
+import math
 from collections.abc import Mapping
 
 from gpuctl.core.consolidation._work import WNode, Work, pin_reason
 from gpuctl.core.consolidation.model import JobFacts, Migration, Pinned, TargetOutcome
 from gpuctl.core.placement.constraints import clash, model_ok
+from gpuctl.core.placement.fit import Demand
 from gpuctl.core.placement.fragmentation import WorkloadIndex
 from gpuctl.core.placement.model import Allocation, FleetState, JobRequest, Settings
 from gpuctl.core.placement.shape import demand_on, limit_mib, request_text
@@ -57,28 +58,31 @@ def make_room(
     )
     failures: dict[str, list[str]] = {}
     best: tuple[tuple[int, int, str], list[Migration], WNode, tuple[int, ...]] | None = None
-    for node in list(work.nodes.values()):
-        options = _options(work, node, request, settings, me, movable)
-        if isinstance(options, str):
-            failures.setdefault(options, []).append(node.name)
-            continue
-        found = None
-        for evict, positions in options:
-            if len(evict) > max_moves:
-                why = f"needs {len(evict)} moves, more than the maximum of {max_moves}"
-                failures.setdefault(why, []).append(node.name)
-                break
-            moves = _relocate(work, node, evict, facts)
-            if moves is not None:
-                stranded = sum(work.stranded(n) for n in work.nodes.values())
-                found = ((len(moves), stranded, node.name), moves, positions)
-                _undo(work, moves)
-                break
-        else:
-            if options:
-                failures.setdefault("the jobs to move fit nowhere else", []).append(node.name)
-        if found is not None and (best is None or found[0] < best[0]):
-            best = (found[0], found[1], node, found[2])
+    demands: dict[int, Demand] = {}
+    # A node needs at least `_least_moves` moves: visit them fewest first and stop once no node
+    # left can match the best plan, or needs more than `max_moves`. Only when no node makes room
+    # are the rest visited, for the reasons why.
+    bounds = sorted(
+        (_least_moves(work, node, request, settings, me, demands), node.name)
+        for node in work.nodes.values()
+    )
+    left = []
+    for at, (least, name) in enumerate(bounds):
+        if least > min(max_moves, best[0][0] if best is not None else max_moves):
+            left = bounds[at:]
+            break
+        found = _try(work, work.nodes[name], request, settings, me, movable, facts, max_moves)
+        if isinstance(found, str):
+            failures.setdefault(found, []).append(name)
+        elif best is None or found[0] < best[0]:
+            best = (found[0], found[1], work.nodes[name], found[2])
+    if best is None:
+        for _, name in left:
+            found = _try(work, work.nodes[name], request, settings, me, movable, facts, max_moves)
+            assert isinstance(found, str), "a node the bound skipped made room"
+            failures.setdefault(found, []).append(name)
+        for nodes in failures.values():
+            nodes.sort()
     if best is None:
         parts = "; ".join(
             f"{len(nodes)} node(s): {why}"
@@ -97,6 +101,116 @@ def make_room(
     if band:
         reason = f"{reason}; {band}"
     return moves, pinned, TargetOutcome(shape_text, True, node.name, cards, reason)
+
+
+def _try(
+    work: Work,
+    node: WNode,
+    request: JobRequest,
+    settings: Settings,
+    me: Allocation,
+    movable: set[str],
+    facts: Mapping[str, JobFacts],
+    max_moves: int,
+) -> tuple[tuple[int, int, str], list[Migration], tuple[int, ...]] | str:
+    """Make room on `node` with the fewest moves: ((moves, stranded after, name), the moves, the
+    target's card positions), or why it cannot. Leaves `work` as it found it."""
+    options = _options(work, node, request, settings, me, movable)
+    if isinstance(options, str):
+        return options
+    for evict, positions in options:
+        if len(evict) > max_moves:
+            return f"needs {len(evict)} moves, more than the maximum of {max_moves}"
+        moves = _relocate(work, node, evict, facts)
+        if moves is not None:
+            found = ((len(moves), work.total_stranded(), node.name), moves, positions)
+            _undo(work, moves)
+            return found
+    return "the jobs to move fit nowhere else"
+
+
+def _least_moves(
+    work: Work,
+    node: WNode,
+    request: JobRequest,
+    settings: Settings,
+    me: Allocation,
+    demands: dict[int, Demand],
+) -> float:
+    """A lower bound on the jobs `_options` moves off `node` for the target, cheaply: the fewest
+    jobs that free enough cards (whole cards: the cards with the fewest jobs; a slice: the
+    largest slices of a card), CPU and host memory, and the jobs it may not share a node with;
+    infinite where `_options` finds no way."""
+    shape = request.shape
+    if (node.cpu_cap is not None and node.cpu_cap < shape.cpu_milli) or (
+        node.mem_cap is not None and node.mem_cap < shape.host_mem_mib
+    ):
+        return math.inf
+    if not all(r.matches(node.labels) for r in request.node_affinity) or any(
+        r.matches(node.labels) for r in request.node_anti_affinity
+    ):
+        return math.inf
+    mib = shape.mem_per_card.mib
+    usable = [
+        p
+        for p in range(len(node.caps))
+        if node.healthy[p]
+        and model_ok(shape.gpu_models, node.models[p])
+        and (mib is None or node.caps[p] >= mib)
+    ]
+    if len(usable) < shape.gpus:
+        return math.inf
+    least = 0
+    if shape.gpus:
+        cap_ref = max((node.caps[p] for p in usable), default=0)
+        demand = demands.get(cap_ref)
+        if demand is None:
+            demand = demands[cap_ref] = demand_on(shape, cap_ref, settings)
+        on: dict[int, list[int]] = {p: [] for p in usable}
+        for a in node.jobs.values():
+            for p in node.positions(a):
+                if p in on:
+                    on[p].append(_units(node, a, p))
+        if demand.whole:
+            counts = sorted(len(on[p]) for p in usable if not node.ghost[p])
+            if len(counts) < demand.gpus:
+                return math.inf
+            least = counts[demand.gpus - 1]
+        else:
+            free = node.free_now()
+            fewest = math.inf
+            for p in usable:
+                if node.caps[p] - node.ghost[p] < demand.mib_per_card:
+                    continue
+                need = demand.mib_per_card - free[p]
+                n = 0
+                for units in sorted(on[p], reverse=True):
+                    if need <= 0:
+                        break
+                    n += 1
+                    need -= units
+                if need <= 0:
+                    fewest = min(fewest, n)
+            if fewest == math.inf:
+                return math.inf
+            least = int(fewest)
+    jobs = node.jobs.values()
+    for free_now, short, key in (
+        (node.cpu_free(), shape.cpu_milli, lambda a: a.cpu_milli),
+        (node.mem_free(), shape.host_mem_mib, lambda a: a.host_mem_mib),
+    ):
+        if free_now is None or free_now >= short:
+            continue
+        need, n = short - free_now, 0
+        for size in sorted(map(key, jobs), reverse=True):
+            if need <= 0:
+                break
+            n += 1
+            need -= size
+        if need > 0:
+            return math.inf
+        least = max(least, n)
+    return max(least, sum(1 for a in jobs if clash(me, a)))
 
 
 def _options(
@@ -224,12 +338,9 @@ def _relocate(
         f = facts[a.job]
         form = work.form(a, f, node)
         best: tuple[int, str, tuple[int, ...]] | None = None
-        for other in work.nodes.values():
-            if other is node:
-                continue
-            found = work.add_cost(other, form)
-            if found is not None and (best is None or (found[0], other.name) < best[:2]):
-                best = (found[0], other.name, found[1])
+        for name, found in work.destinations(form).items():
+            if name != node.name and (best is None or (found[0], name) < best[:2]):
+                best = (found[0], name, found[1])
         if best is None:
             _undo(work, moves)
             return None
@@ -257,11 +368,7 @@ def _relocate(
 
 def _undo(work: Work, moves: list[Migration]) -> None:
     for m in reversed(moves):
-        now = work.allocs[m.job]
-        back = dataclasses.replace(now, node=m.from_node, cards=m.from_cards)
-        work.nodes[m.to_node].release(now)
-        work.nodes[m.from_node].hold(back)
-        work.allocs[m.job] = back
+        work.put_back(m.job, m.from_node, m.from_cards)
 
 
 def _band_note(

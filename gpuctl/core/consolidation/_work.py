@@ -154,6 +154,11 @@ class Work:
         self.unschedulable = {n.name: n.reason for n in state.nodes if not n.schedulable}
         self.allocs = {a.job: a for a in state.allocations}
         self._stranded: dict[str, tuple[int, int]] = {}
+        self._changed: list[str] = []  # the nodes a move or its undoing changed, in order
+        # per form: how far into `_changed` it is up to date, and where it fits (add_cost)
+        self._fits: dict[Form, tuple[int, dict[str, tuple[int, tuple[int, ...]]]]] = {}
+        self._total: tuple[int, int] | None = None  # (log position, stranded of every node)
+        self._seen: dict[str, int] = {}
         avoided_groups = {g for a in state.allocations for g in a.avoid_groups}
         avoided_jobs = {j for a in state.allocations for j in a.avoid_jobs}
         self.involved = {
@@ -169,6 +174,19 @@ class Work:
         value = self.index.stranded_num(node.view(node.free()))
         self._stranded[node.name] = (node.version, value)
         return value
+
+    def total_stranded(self) -> int:
+        """The stranded amount of every node, kept up to date through the moves' log."""
+        if self._total is None:
+            self._seen = {n.name: self.stranded(n) for n in self.nodes.values()}
+            self._total = (len(self._changed), sum(self._seen.values()))
+        at, total = self._total
+        for name in set(self._changed[at:]):
+            value = self.stranded(self.nodes[name])
+            total += value - self._seen[name]
+            self._seen[name] = value
+        self._total = (len(self._changed), total)
+        return total
 
     def form(self, a: Allocation, f: JobFacts, node: WNode) -> Form:
         per = a.mib_per_card
@@ -275,12 +293,41 @@ class Work:
                 best = (gain, (p,))
         return best
 
+    def destinations(self, form: Form) -> Mapping[str, tuple[int, tuple[int, ...]]]:
+        """Every node `form` can be added to, with `add_cost`'s answer: computed once per form,
+        then kept up to date by re-evaluating only the nodes moves changed since. Read only."""
+        at, fits = self._fits.get(form, (-1, {}))
+        if at < 0:
+            for node in self.nodes.values():
+                found = self.add_cost(node, form)
+                if found is not None:
+                    fits[node.name] = found
+        else:
+            for name in set(self._changed[at:]):
+                found = self.add_cost(self.nodes[name], form)
+                if found is None:
+                    fits.pop(name, None)
+                else:
+                    fits[name] = found
+        self._fits[form] = (len(self._changed), fits)
+        return fits
+
     def move(self, a: Allocation, src: WNode, dst: WNode, positions: tuple[int, ...]) -> Allocation:
         src.release(a)
         moved = dataclasses.replace(a, node=dst.name, cards=tuple(dst.index[p] for p in positions))
         dst.hold(moved)
         self.allocs[a.job] = moved
+        self._changed += (src.name, dst.name)
         return moved
+
+    def put_back(self, job: str, node: str, cards: tuple[int, ...]) -> None:
+        """Undo a simulated move: `job` back on `node`'s `cards`."""
+        now = self.allocs[job]
+        back = dataclasses.replace(now, node=node, cards=cards)
+        self.nodes[now.node].release(now)
+        self.nodes[node].hold(back)
+        self.allocs[job] = back
+        self._changed += (now.node, node)
 
 
 def pin_reason(a: Allocation, facts: JobFacts | None, work: Work, now: float) -> str | None:

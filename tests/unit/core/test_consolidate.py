@@ -335,6 +335,42 @@ def test_target_blocked_by_jobs_that_may_not_move_says_why() -> None:
     assert "2 node(s): a job there may not move" in p.target.reason
 
 
+def test_target_on_a_big_full_fleet_weighs_each_node_once_per_job_shape(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Drain-and-refill on a fleet where every node could make room but the job to move fits
+    nowhere: each node is weighed as a destination once per job shape, not once per node that
+    could make room (on the 1,213-node openb fleet that took over a minute per plan)."""
+    from gpuctl.core.consolidation import _work
+
+    calls = 0
+    add_cost = _work.Work.add_cost
+
+    def counted(self: _work.Work, *args: object, **kw: object) -> object:
+        nonlocal calls
+        calls += 1
+        return add_cost(self, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_work.Work, "add_cost", counted)
+    names = [f"n{i:03d}" for i in range(150)]
+    allocs = [slice_(f"j{i:03d}", n, 0, 600) for i, n in enumerate(names)]
+    state = fleet(dict.fromkeys(names, 1), allocs)
+    target = JobShape(gpus=1, mem_per_card=MemPerCard(mib=500))
+    p = plan(state, facts(allocs), target=target, max_moves=2)
+    assert p.target is not None and not p.target.fits and p.moves == ()
+    assert "150 node(s): the jobs to move fit nowhere else" in p.target.reason
+    assert calls <= 2 * len(names)
+    # a spare node with a 300 slice: every node can make room for 800 with one move (its slice
+    # to the spare, or the spare's slice anywhere)
+    calls = 0
+    spare_allocs = [*allocs, slice_("s", "spare", 0, 300)]
+    spare = fleet({**dict.fromkeys(names, 1), "spare": 1}, spare_allocs)
+    target = JobShape(gpus=1, mem_per_card=MemPerCard(mib=800))
+    p = plan(spare, facts(spare_allocs), target=target, max_moves=2)
+    assert p.target is not None and p.target.fits and len(p.moves) == 1
+    assert calls <= 5 * len(names)
+
+
 def test_target_respects_max_moves_and_its_own_affinity() -> None:
     allocs = [slice_("a", "n1", 0, 200), slice_("b", "n1", 1, 200), slice_("c", "n2", 0, 100)]
     labels = {"n1": {"pool": "big"}, "n2": {"pool": "small"}}
