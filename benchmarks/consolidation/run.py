@@ -5,6 +5,9 @@ greedy planner against an exact CP-SAT optimum on small fleets. Prints Markdown 
         --policy fgd,gpuctl --seeds 42-44 --consolidate-every 500 --max-moves-pct 5 --jobs 2 \
         --exact-nodes 8,12,16,20 --exact-seeds 2 --exact-moves 1,2 --time-limit 120
 
+`--room-moves 2` makes room (drain-and-refill, at most 2 moves) for each pod that finds none,
+within the same cap; with `--consolidate-every 0` that alone.
+
 The exact part needs OR-Tools (`pip install ortools`, a benchmark-only dependency); without it
 the script says so and skips that part.
 """
@@ -33,6 +36,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tune", type=float, default=1.3)
     ap.add_argument("--consolidate-every", type=int, default=500)
     ap.add_argument("--max-moves-pct", type=float, default=5.0)
+    ap.add_argument(
+        "--room-moves",
+        type=int,
+        default=0,
+        help="drain-and-refill (at most this many moves) for each pod that finds no room; "
+        "with --consolidate-every 0, alone",
+    )
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--skip-replay", action="store_true")
     ap.add_argument("--exact-nodes", default="", help="fleet sizes for the exact comparison")
@@ -55,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
             tune=args.tune,
             jobs=args.jobs,
             progress=_progress,
+            room_moves=args.room_moves,
         )
         sys.stdout.write(report.render_table(rows, name) + "\n")
         if args.json:
@@ -81,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _progress(run: bench.ConsolidationRun) -> None:
     how = f"every {run.every}" if run.every else "none"
+    if run.room_moves:
+        how += f" + room ({run.room_plans} plans, {run.planner_seconds:.0f} s)"
     sys.stderr.write(
         f"{run.policy} seed {run.seed} consolidation {how}: {run.alloc_100:.2f} @100, "
         f"{run.alloc_130:.2f} @130, {run.moves} moves ({run.seconds:.0f} s)\n"

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -34,8 +34,18 @@ from gpuctl.bench.replay import allocation_curve, fleet_policy
 from gpuctl.bench.rng import Rng
 from gpuctl.core.consolidation import JobFacts, plan_consolidation
 from gpuctl.core.placement.fit import Choice, Demand, NodeFree, Workload
-from gpuctl.core.placement.model import Allocation, Card, FleetState, PlacementNode
+from gpuctl.core.placement.model import (
+    WHOLE,
+    Allocation,
+    Card,
+    FleetState,
+    JobRequest,
+    JobShape,
+    PlacementNode,
+    Settings,
+)
 from gpuctl.core.placement.policies import Policy
+from gpuctl.core.units import MemPerCard
 
 IntArray = npt.NDArray[np.int64]
 
@@ -65,6 +75,8 @@ class ConsolidationRun:
     forced_ceiling_pct: float | None = None
     before_failure: int | None = None  # arrivals before the first pod that found no room
     curve: tuple[float | None, ...] = ()  # allocation per column x = 0..130
+    room_moves: int = 0  # drain-and-refill for each pod that finds no room, within this; 0: off
+    room_plans: int = 0  # drain-and-refill plans made
 
     @property
     def moved_pct(self) -> float:
@@ -187,6 +199,46 @@ def consolidate(
     return len(plan.moves)
 
 
+# The replay's slices stay slices whatever their size (a pod of 1000 milli takes whole cards).
+SETTINGS = Settings(whole_card_over=1.0)
+
+
+def pod_request(pod: OpenbPod) -> JobRequest:
+    """A pod as the planner's target (`gpuctl consolidate --for-job`)."""
+    per = WHOLE if pod.gpu_milli >= MILLI_PER_GPU else MemPerCard(mib=pod.gpu_milli)
+    shape = JobShape(
+        gpus=pod.num_gpu,
+        mem_per_card=per if pod.num_gpu else WHOLE,
+        gpu_models=pod_demand(pod).gpu_models,
+        cpu_milli=pod.cpu_milli,
+        host_mem_mib=pod.memory_mib,
+    )
+    return JobRequest(pod.name, shape)
+
+
+def make_room(
+    cluster: Cluster, pod: OpenbPod, workload: Workload, max_moves: int, index_of: dict[str, int]
+) -> int | None:
+    """Drain-and-refill for a pod that found no room: the planner's plan is applied and the pod
+    placed where it made room. Returns the moves made, or None where no plan within `max_moves`
+    makes room (nothing changes)."""
+    plan = plan_consolidation(
+        cluster.fleet_state(),
+        facts_of(cluster),
+        max_moves=max_moves,
+        workload=workload,
+        settings=SETTINGS,
+        now=0.0,
+        target=pod_request(pod),
+    )
+    if plan.target is None or not plan.target.fits or plan.target.node is None:
+        return None
+    for m in plan.moves:
+        cluster.move(m.job, index_of[m.to_node], m.to_cards)
+    cluster.place(index_of[plan.target.node], pod, plan.target.cards)
+    return len(plan.moves)
+
+
 def replay_consolidating(
     nodes: Sequence[OpenbNode],
     pods: Sequence[OpenbPod],
@@ -198,11 +250,13 @@ def replay_consolidating(
     max_moves_pct: float,
     tune: float = 1.3,
     policy_workload: Workload | None = None,
+    room_moves: int = 0,
 ) -> ConsolidationRun:
-    """Replay with a consolidation pass every `every` arrivals (0: none). The policy sees
+    """Replay with a consolidation pass every `every` arrivals (0: none) and, with `room_moves`,
+    drain-and-refill (at most that many moves) for each pod that finds no room. The policy sees
     `policy_workload` (default: the paper's); the planner always measures against the paper's."""
-    if every < 0 or not 0 <= max_moves_pct <= 100:
-        raise ValueError("every must be >= 0 and max_moves_pct in [0, 100]")
+    if every < 0 or room_moves < 0 or not 0 <= max_moves_pct <= 100:
+        raise ValueError("every and room_moves must be >= 0 and max_moves_pct in [0, 100]")
     started = time.perf_counter()
     capacity = gpu_capacity_milli(nodes)
     paper = target_workload(pods)
@@ -217,14 +271,31 @@ def replay_consolidating(
     arrived = used = placed = moves = passes = 0
     before_failure: int | None = None  # arrivals before the first pod that found no room
     planner = 0.0
+    plans = 0  # drain-and-refill plans
+    hopeless: set[tuple[Demand, int]] = set()
     arrived_log: list[int] = []
     used_log: list[int] = []
     for k, pod in enumerate(arrivals, start=1):
         demand = pod_demand(pod)
         arrived += pod.gpu_request_milli
         chosen = scores.best(cluster, demand, rank)
+        made: int | None = None
         if chosen is not None:
             cluster.place(chosen[0], pod, chosen[1])
+        elif room_moves:
+            budget = min(room_moves, math.floor(max_moves_pct * placed / 100) - moves)
+            # the same plan fails again for the same request while nothing changed
+            key = (demand, int(cluster.version.sum()))
+            if budget > 0 and key not in hopeless:
+                t0 = time.perf_counter()
+                made = make_room(cluster, pod, paper, budget, index_of)
+                planner += time.perf_counter() - t0
+                plans += 1
+                if made is None:
+                    hopeless.add(key)
+                else:
+                    moves += made
+        if chosen is not None or made is not None:
             placed += 1
             used += pod.gpu_request_milli
         elif before_failure is None:
@@ -264,6 +335,8 @@ def replay_consolidating(
         else None,
         before_failure=before_failure,
         curve=curve,
+        room_moves=room_moves,
+        room_plans=plans,
     )
 
 
@@ -338,6 +411,7 @@ def run_one(
     every: int,
     max_moves_pct: float,
     tune: float = 1.3,
+    room_moves: int = 0,
 ) -> ConsolidationRun:
     """One replay of policy `name` (as the placement benchmark configures it)."""
     from gpuctl.bench.rng import NumpyRng
@@ -354,5 +428,44 @@ def run_one(
         max_moves_pct=max_moves_pct,
         tune=tune,
         policy_workload=target_workload(pods, spec),
+        room_moves=room_moves,
     )
     return dataclasses.replace(run, policy=name)
+
+
+def failed_pods(
+    nodes: Sequence[OpenbNode],
+    pods: Sequence[OpenbPod],
+    name: str,
+    seed: int,
+    which: Sequence[int],
+    tune: float = 1.3,
+) -> Iterator[tuple[int, OpenbPod, Cluster, dict[str, int], Workload]]:
+    """The replay of policy `name` without consolidation, stopped at its `which`-th failed pods
+    (1: the first): (arrival number, the pod, the cluster then, node indexes, the paper's
+    workload). The cluster is the replay's own: read it before the next one is yielded."""
+    from gpuctl.bench.rng import NumpyRng
+    from gpuctl.bench.runner import bench_policy
+
+    policy, spec = bench_policy(name)
+    rng = NumpyRng(seed)
+    arrivals = arrival_sequence(pods, rng, round(tune * gpu_capacity_milli(nodes)))
+    ordered = sorted(nodes, key=lambda n: n.name)
+    prio = node_priority(ordered, rng)
+    rank = np.array([prio[n.name] for n in ordered], dtype=np.int64)
+    cluster = Cluster(ordered)
+    scores = Scores(fleet_policy(policy, ordered), target_workload(pods, spec), len(ordered))
+    index_of = {n.name: i for i, n in enumerate(ordered)}
+    paper = target_workload(pods)
+    wanted, failed = set(which), 0
+    for k, pod in enumerate(arrivals, start=1):
+        if not wanted:
+            return
+        chosen = scores.best(cluster, pod_demand(pod), rank)
+        if chosen is not None:
+            cluster.place(chosen[0], pod, chosen[1])
+            continue
+        failed += 1
+        if failed in wanted:
+            wanted.discard(failed)
+            yield k, pod, cluster, index_of, paper

@@ -27,6 +27,20 @@ class Row:
     every: int
     max_moves_pct: float
     runs: tuple[ConsolidationRun, ...]
+    room_moves: int = 0  # drain-and-refill for each pod that finds no room (0: off)
+
+    @property
+    def consolidating(self) -> bool:
+        return bool(self.every or self.room_moves)
+
+    def how(self) -> str:
+        """The consolidation in words."""
+        parts = [f"every {self.every}"] if self.every else []
+        if self.room_moves:
+            parts.append(f"room for failed pods (≤ {self.room_moves} moves)")
+        if not parts:
+            return "none"
+        return f"{' + '.join(parts)}, ≤ {self.max_moves_pct:g}% moved"
 
     def values(self, field: str) -> list[float]:
         return [float(v) for r in self.runs if (v := getattr(r, field)) is not None]
@@ -51,37 +65,46 @@ def run_matrix(
     tune: float = 1.3,
     jobs: int = 1,
     progress: Callable[[ConsolidationRun], None] | None = None,
+    room_moves: int = 0,
 ) -> list[Row]:
-    """Each policy without consolidation, then with a pass every `every` arrivals."""
-    if every < 1:
+    """Each policy without consolidation, then with a pass every `every` arrivals (0: none
+    where `room_moves` makes room for each pod that finds no room)."""
+    if every < (0 if room_moves else 1):
         raise UsageError(f"--consolidate-every must be 1 or more, got {every}")
     if not 0 <= max_moves_pct <= 100:
         raise UsageError(f"--max-moves-pct must be from 0 to 100, got {max_moves_pct}")
+    kinds = ((0, 0.0, 0), (every, max_moves_pct, room_moves))
     tasks = [
-        (name, seed, k, pct)
+        (name, seed, k, pct, room)
         for name in policy_names
-        for k, pct in ((0, 0.0), (every, max_moves_pct))
+        for k, pct, room in kinds
         for seed in seeds
     ]
     results: dict[tuple[str, int, int], ConsolidationRun] = {}
 
     def record(run: ConsolidationRun) -> None:
-        results[(run.policy, run.seed, run.every)] = run
+        results[(run.policy, run.seed, run.every if run.every or run.room_moves else -1)] = run
         if progress is not None:
             progress(run)
 
     if jobs <= 1:
-        for name, seed, k, pct in tasks:
-            record(run_one(nodes, pods, name, seed, k, pct, tune))
+        for name, seed, k, pct, room in tasks:
+            record(run_one(nodes, pods, name, seed, k, pct, tune, room))
     else:
         with ProcessPoolExecutor(max_workers=min(jobs, len(tasks))) as pool:
-            futures = [pool.submit(run_one, nodes, pods, *t, tune) for t in tasks]
+            futures = [pool.submit(run_one, nodes, pods, *t[:4], tune, t[4]) for t in tasks]
             for future in futures:
                 record(future.result())
     return [
-        Row(name, k, pct, tuple(results[(name, seed, k)] for seed in seeds))
+        Row(
+            name,
+            k,
+            pct,
+            tuple(results[(name, seed, k if k or room else -1)] for seed in seeds),
+            room,
+        )
         for name in policy_names
-        for k, pct in ((0, 0.0), (every, max_moves_pct))
+        for k, pct, room in kinds
     ]
 
 
@@ -103,8 +126,13 @@ def gap_closed(rows: Sequence[Row], row: Row, ceiling: str) -> float | None:
     run's ceiling (`ceiling_pct`, `packing_ceiling_pct`, `forced_ceiling_pct` or the lowest of
     them, `lowest_ceiling_pct`; mean over seeds) that `row` closes;
     None for a row without consolidation or where the gap is empty or unknown."""
-    base = next((r for r in rows if r.policy == row.policy and not r.every), None)
-    if not row.every or base is None or not base.values(ceiling) or not row.values("alloc_130"):
+    base = next((r for r in rows if r.policy == row.policy and not r.consolidating), None)
+    if (
+        not row.consolidating
+        or base is None
+        or not base.values(ceiling)
+        or not row.values("alloc_130")
+    ):
         return None
     gap = base.mean(ceiling) - base.mean("alloc_130")
     if not gap > 0:
@@ -127,7 +155,8 @@ def report_document(rows: Sequence[Row], workload: str, tune: float) -> dict[str
         entry: dict[str, object] = {
             "policy": row.policy,
             "consolidate_every": row.every or None,
-            "max_moves_pct": row.max_moves_pct if row.every else None,
+            "max_moves_pct": row.max_moves_pct if row.consolidating else None,
+            "room_moves": row.room_moves or None,
             "seeds": [r.seed for r in row.runs],
         }
         for f in FIELDS:
@@ -158,7 +187,7 @@ def render_table(rows: Sequence[Row], workload: str) -> str:
     lines = [f"workload {workload}, seeds {_span([r.seed for r in rows[0].runs])}", "", head]
     lines.append("|" + "---|" * 10)
     for row in rows:
-        how = f"every {row.every}, ≤ {row.max_moves_pct:g}% moved" if row.every else "none"
+        how = row.how()
         lines.append(
             f"| {row.policy} | {how} | {_stat(row, 'alloc_100')} | {_stat(row, 'alloc_130')} "
             f"| {row.mean('moves'):.0f} ({row.mean('moved_pct'):.2f}%) "

@@ -55,6 +55,29 @@ def test_a_pass_moves_a_slice_so_a_whole_card_pod_fits() -> None:
     assert bench.consolidate(cluster, workload, 0, {"a": 0, "b": 1}) == 0
 
 
+def test_making_room_moves_a_slice_and_places_the_pod_that_found_no_room() -> None:
+    nodes = [OpenbNode("a", 8000, 8192, 1, "T4"), OpenbNode("b", 8000, 8192, 1, "T4")]
+    cluster = bench.Cluster(nodes)
+    cluster.place(0, pod("s1", 1, 300), (0,))
+    cluster.place(1, pod("s2", 1, 600), (0,))
+    big = pod("big", 1, 800)
+    workload = ((Demand(gpus=1, mib_per_card=300), 1.0),)
+    assert bench.make_room(cluster, big, workload, 0, {"a": 0, "b": 1}) is None
+    assert bench.make_room(cluster, big, workload, 1, {"a": 0, "b": 1}) == 1
+    assert sorted(cluster.free) == [[100], [200]]
+    assert cluster.where["big"][0] == 0 and cluster.where["s1"][0] == 1
+
+
+@pytest.mark.parametrize("pct", [0.0, 10.0, 50.0])
+def test_a_run_making_room_places_at_least_as_many_within_its_share(pct: float) -> None:
+    base = bench.run_one(NODES, PODS, "fgd", 3, 0, 0.0)
+    run = bench.run_one(NODES, PODS, "fgd", 3, 0, pct, room_moves=2)
+    assert run.moves <= pct * run.placed / 100
+    assert run.placed >= base.placed and run.passes == 0
+    if pct == 0.0:
+        assert (run.curve, run.room_plans) == (base.curve, 0)
+
+
 @pytest.mark.parametrize("pct", [0.0, 10.0, 50.0])
 def test_a_run_never_moves_more_than_its_share_of_placed_pods(pct: float) -> None:
     run = bench.run_one(NODES, PODS, "fgd", 3, 2, pct)
