@@ -124,15 +124,20 @@ def plan_consolidation(
             state, by_job, index, request, settings, max_moves=max_moves, now=now
         )
         reason = target_outcome.reason
-    after = _moved(state, moves)
+    version, before = consolidation_version(state), fleet_figures(state, index)
+    if moves:
+        after = _moved(state, moves)
+        version_after, figures_after = consolidation_version(after), fleet_figures(after, index)
+    else:  # nothing moves: the fleet after is the fleet before
+        version_after, figures_after = version, before
     return ConsolidationPlan(
-        version=consolidation_version(state),
-        version_after=consolidation_version(after),
+        version=version,
+        version_after=version_after,
         snapshot_version=state.version,
         max_moves=max_moves,
         moves=tuple(moves),
-        before=fleet_figures(state, index),
-        after=fleet_figures(after, index),
+        before=before,
+        after=figures_after,
         pinned=tuple(pinned),
         reason=reason,
         target=target_outcome,

@@ -298,7 +298,15 @@ class Work:
         then kept up to date by re-evaluating only the nodes moves changed since. Read only."""
         at, fits = self._fits.get(form, (-1, {}))
         if at < 0:
+            need = form.per_card if form.gpus else 0
             for node in self.nodes.values():
+                # add_cost's cheapest refusals first, without calling it
+                if node.cpu_cap is not None and node.cpu_cap - node.cpu_alloc < form.cpu:
+                    continue
+                if node.mem_cap is not None and node.mem_cap - node.mem_alloc < form.mem:
+                    continue
+                if need and max(node.free_now(), default=0) < need:
+                    continue
                 found = self.add_cost(node, form)
                 if found is not None:
                     fits[node.name] = found
