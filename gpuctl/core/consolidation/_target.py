@@ -142,23 +142,8 @@ def _least_moves(
     largest slices of a card), CPU and host memory, and the jobs it may not share a node with;
     infinite where `_options` finds no way."""
     shape = request.shape
-    if (node.cpu_cap is not None and node.cpu_cap < shape.cpu_milli) or (
-        node.mem_cap is not None and node.mem_cap < shape.host_mem_mib
-    ):
-        return math.inf
-    if not all(r.matches(node.labels) for r in request.node_affinity) or any(
-        r.matches(node.labels) for r in request.node_anti_affinity
-    ):
-        return math.inf
-    mib = shape.mem_per_card.mib
-    usable = [
-        p
-        for p in range(len(node.caps))
-        if node.healthy[p]
-        and model_ok(shape.gpu_models, node.models[p])
-        and (mib is None or node.caps[p] >= mib)
-    ]
-    if len(usable) < shape.gpus:
+    usable = _usable(node, request)
+    if isinstance(usable, str):
         return math.inf
     least = 0
     if shape.gpus:
@@ -224,26 +209,9 @@ def _options(
     """Ways to make room on `node` (jobs to move, the target's card positions), fewest first;
     or why the node cannot take the target at all."""
     shape = request.shape
-    for r in request.node_affinity:
-        if not r.matches(node.labels):
-            return f"lacks label {r.text()}"
-    for r in request.node_anti_affinity:
-        if r.matches(node.labels):
-            return f"has label {r.text()}"
-    if node.cpu_cap is not None and node.cpu_cap < shape.cpu_milli:
-        return "too few CPU cores"
-    if node.mem_cap is not None and node.mem_cap < shape.host_mem_mib:
-        return "too little host memory"
-    mib = shape.mem_per_card.mib
-    usable = [
-        p
-        for p in range(len(node.caps))
-        if node.healthy[p]
-        and model_ok(shape.gpu_models, node.models[p])
-        and (mib is None or node.caps[p] >= mib)
-    ]
-    if len(usable) < shape.gpus:
-        return "too few usable cards"
+    usable = _usable(node, request)
+    if isinstance(usable, str):
+        return usable
     must = [a for a in node.jobs.values() if clash(me, a)]
     cap_ref = max((node.caps[p] for p in usable), default=0)
     demand = demand_on(shape, cap_ref, settings)
@@ -282,6 +250,31 @@ def _options(
         return "a job there may not move" if sets else "no card can be freed for it"
     out.sort(key=lambda ep: (len(ep[0]), sum(a.mib_per_card * len(a.cards) for a in ep[0]), ep[1]))
     return out
+
+
+def _usable(node: WNode, request: JobRequest) -> list[int] | str:
+    """The card positions of `node` that could hold one share of the target, or why the node
+    cannot take it even empty (labels, host CPU or memory, too few such cards)."""
+    shape = request.shape
+    for r in request.node_affinity:
+        if not r.matches(node.labels):
+            return f"lacks label {r.text()}"
+    for r in request.node_anti_affinity:
+        if r.matches(node.labels):
+            return f"has label {r.text()}"
+    if node.cpu_cap is not None and node.cpu_cap < shape.cpu_milli:
+        return "too few CPU cores"
+    if node.mem_cap is not None and node.mem_cap < shape.host_mem_mib:
+        return "too little host memory"
+    mib = shape.mem_per_card.mib
+    usable = [
+        p
+        for p in range(len(node.caps))
+        if node.healthy[p]
+        and model_ok(shape.gpu_models, node.models[p])
+        and (mib is None or node.caps[p] >= mib)
+    ]
+    return "too few usable cards" if len(usable) < shape.gpus else usable
 
 
 def _combos(node: WNode, usable: list[int], k: int) -> list[tuple[int, ...]]:
