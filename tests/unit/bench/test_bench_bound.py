@@ -12,7 +12,7 @@ import pytest
 from gpuctl.bench import bound
 from gpuctl.bench.openb import OpenbNode, OpenbPod
 from gpuctl.bench.protocol import gpu_capacity_milli, node_priority, target_workload
-from gpuctl.bench.replay import replay, simulate
+from gpuctl.bench.replay import Placement, replay, simulate
 from gpuctl.bench.rng import NumpyRng
 from gpuctl.bench.runner import bench_policy, run_bench
 
@@ -91,15 +91,22 @@ def small_instance(seed: int) -> tuple[list[OpenbNode], list[OpenbPod]]:
     return nodes, pods
 
 
-def reached(nodes: list[OpenbNode], pods: list[OpenbPod], name: str, seed: int) -> int:
+def placements(
+    nodes: list[OpenbNode], pods: list[OpenbPod], name: str, seed: int
+) -> list[Placement]:
+    """Where policy `name` puts each pod, in order, ties broken by the seed's node order."""
     policy, spec = bench_policy(name)
     rng = NumpyRng(seed)
     rng.discard(1)
     by_name = sorted(nodes, key=lambda n: n.name)
     prio = node_priority(by_name, rng)
-    placed = simulate(
+    return simulate(
         by_name, pods, policy, target_workload(pods, spec), [prio[n.name] for n in by_name]
     )
+
+
+def reached(nodes: list[OpenbNode], pods: list[OpenbPod], name: str, seed: int) -> int:
+    placed = placements(nodes, pods, name, seed)
     return sum(
         p.gpu_request_milli for p, at in zip(pods, placed, strict=True) if at.node is not None
     )
@@ -220,14 +227,7 @@ def test_the_packing_ceiling_is_never_under_what_a_replay_reaches() -> None:
 
 def first_failure(nodes: list[OpenbNode], pods: list[OpenbPod], name: str, seed: int) -> int:
     """The arrivals before the first pod that policy `name` finds no room for."""
-    policy, spec = bench_policy(name)
-    rng = NumpyRng(seed)
-    rng.discard(1)
-    by_name = sorted(nodes, key=lambda n: n.name)
-    prio = node_priority(by_name, rng)
-    placed = simulate(
-        by_name, pods, policy, target_workload(pods, spec), [prio[n.name] for n in by_name]
-    )
+    placed = placements(nodes, pods, name, seed)
     return next((i for i, at in enumerate(placed) if at.node is None), len(pods))
 
 
