@@ -12,7 +12,8 @@ primitive (checkpoint, stop, restart elsewhere), saying each job's outcome as it
 
 This front re-exports the package's public names: the values in `model` (which the dashboard's
 services import without the rest), `FleetActions` with the drain plan's text (`_fleet`) and
-the plans over several nodes at once (`_batch`).
+the plans over one node or several at once (`_batch`: the dashboard's keys and the commands plan
+the same way).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 value of an `ActionPlan`), one confirmation, then each node in turn, its outcome a value
 (`NodeOutcome`): a node that fails does not stop the others, and the result says which did what.
 Node lists in the text are folded (`gpu[01-04,07]`). With one node the text and the messages
-are those of the single-node plans."""
+are what the single node did."""
 
 from __future__ import annotations
 
@@ -222,12 +222,14 @@ def _drain(
         outcomes.append(outcome)
         if progress is not None and len(batch.drains) > 1:
             progress(outcome.message)
-    said = f"{fold(batch.nodes)}: {moved} of {total} job(s) moved; cordoned"
+    if len(outcomes) == 1:  # one node: what it did, or why not
+        return _applied(outcomes[0].message, outcomes)
+    said = f"{fold(list(written))}: {moved} of {total} job(s) moved; cordoned" if written else ""
     failed = [o.node for o in outcomes if o.outcome == "failed"]
-    if failed:
+    if failed and said:
         said += f"; failed on {fold(failed)}"
     left = [o.node for o in outcomes if o.outcome == "left_jobs"]
-    if left and len(outcomes) > 1:
+    if left:
         said += f"; jobs left on {fold(left)}"
     return _applied(said, outcomes)
 
@@ -242,15 +244,16 @@ def _applied(said: str, outcomes: list[NodeOutcome]) -> Applied:
 def _cordon_text(
     actions: FleetActions, names: tuple[str, ...], reason: str, cordons: tuple[Cordon, ...]
 ) -> str:
-    if len(names) == 1:
-        return actions.plan_cordon(names[0], reason).text
+    one = len(names) == 1
+    which = names[0] if one else f"{fold(names)} ({len(names)} nodes)"
     lines = [
-        f"cordon {fold(names)} ({len(names)} nodes): no new work lands there; running jobs stay.",
+        f"cordon {which}: no new work lands there; running jobs stay.",
         f"  reason:   {reason}",
         f"  operator: {actions.operator} (source: operator)",
     ]
     lines += [
-        f"  replaces: {c.node}: the cordon by {c.operator} ({c.source}): {c.reason}"
+        f"  replaces: {'' if one else f'{c.node}: '}the cordon by {c.operator} ({c.source}): "
+        f"{c.reason}"
         for c in cordons
     ]
     return "\n".join(lines)

@@ -10,14 +10,13 @@ from typing import TYPE_CHECKING
 
 from gpuctl.adapters.protocols import Clock, JobRunner, Store
 from gpuctl.core.jobs.migration import DEFAULT_TIMEOUT_S
-from gpuctl.core.jobs.model import Cordon, JobState, NodeVersion
+from gpuctl.core.jobs.model import JobState
 from gpuctl.core.model import Inventory
 from gpuctl.core.timefmt import duration
 from gpuctl.ops.action_plans import ACTIONS, ActionPlan, ActionRefused, Applied, Progress
 from gpuctl.ops.actions._jobs import JOB_ACTIONS, CancelOrder, carry_out_cancel, plan_cancel
 from gpuctl.ops.loop import control_loop
 from gpuctl.ops.parts import FleetReader, minute_of_day, sleep_of
-from gpuctl.ops.slurm import SlurmDrains
 from gpuctl.ops.stores import SessionStore
 
 if TYPE_CHECKING:
@@ -102,64 +101,20 @@ class FleetActions:
         if not target:
             raise ActionRefused(f"{action} needs a node")
         why = (reason or "").strip() or f"from gpuctl dash by {self.operator}"
-        if action == "cordon":
-            return self.plan_cordon(target, why)
-        if action == "drain":
-            return self.plan_drain(target, why)
-        return self.plan_uncordon(target)
+        return self.plan_nodes(action, [target], None if action == "uncordon" else why)
 
     def apply(self, plan: ActionPlan, progress: Progress | None = None) -> str:
-        return self.carry_out(plan, progress).message
+        """Carry out a dashboard key's plan: what it did, or an error where it failed on the
+        node (another operator's change since the plan: the same outcome `gpuctl cordon` reports
+        for that node)."""
+        from gpuctl.ops.actions._batch import NodeBatch
+
+        done = self.carry_out(plan, progress)
+        if isinstance(plan.value, NodeBatch) and any(o.outcome == "failed" for o in done.value):
+            raise ActionRefused(done.message)
+        return done.message
 
     # --- plans --------------------------------------------------------------------------------
-
-    def plan_cordon(self, node: str, reason: str) -> ActionPlan:
-        """`value`: the node's cordon version now (the cordon refuses to replace a newer one)."""
-        current, seen = self._cordon_of(node)
-        lines = [
-            f"cordon {node}: no new work lands there; running jobs stay.",
-            f"  reason:   {reason}",
-            f"  operator: {self.operator} (source: operator)",
-        ]
-        if current is not None:
-            lines.append(
-                f"  replaces: the cordon by {current.operator} ({current.source}): {current.reason}"
-            )
-        return ActionPlan("cordon", node, "\n".join(lines), reason, value=seen)
-
-    def plan_uncordon(self, node: str) -> ActionPlan:
-        """`value`: the cordon it lifts and the node's cordon version (the plan is not
-        applicable when there is none)."""
-        current, seen = self._cordon_of(node)
-        if current is None:
-            text = f"uncordon {node}: it is not cordoned; nothing to do."
-            return ActionPlan("uncordon", node, text, None, applicable=False)
-        text = (
-            f"uncordon {node}: new work may land there again.\n"
-            f"  lifts:    the cordon by {current.operator} ({current.source}): {current.reason}"
-        )
-        return ActionPlan("uncordon", node, text, current.reason, value=(current, seen))
-
-    def plan_drain(
-        self,
-        node: str,
-        reason: str,
-        *,
-        grace_s: float | None = None,
-        checkpoint_wait_s: float | None = None,
-        timeout_s: float = DEFAULT_TIMEOUT_S,
-        parallel: int = 2,
-    ) -> ActionPlan:
-        """Each job on `node` and where it goes, on a fresh gather (`value`: a `DrainOrder`)."""
-        from gpuctl.ops.moves import nodeops
-
-        self.known(node)
-        snapshot = self.fleet_reader().gather(self.inventory)
-        with self.open_store(False) as store:
-            loop = self.loop(store, dry_run=True)
-            drain = nodeops.plan_drain(nodeops.tick(loop, snapshot), node, reason=reason)
-        order = DrainOrder(drain, grace_s, checkpoint_wait_s, timeout_s, parallel)
-        return ActionPlan("drain", node, drain_text(drain), reason, value=order)
 
     def plan_consolidation(
         self,
@@ -216,61 +171,15 @@ class FleetActions:
         if not plan.applicable:
             raise ActionRefused(f"{plan.action}: nothing to apply")
         from gpuctl.ops.actions._batch import NodeBatch, carry_out_batch
-        from gpuctl.ops.moves import nodeops
 
         if isinstance(plan.value, NodeBatch):
             return carry_out_batch(self, plan, progress)
         if isinstance(plan.value, CancelOrder):
             return carry_out_cancel(self, plan.value)
 
-        if plan.action == "cordon" and plan.target is not None:
-            seen = plan.value.version if isinstance(plan.value, NodeVersion) else None
-            with self.open_store(True) as store:
-                done = nodeops.cordon(
-                    store, plan.target, reason=plan.reason or "", operator=self.operator,
-                    clock=self.clock, expect_version=seen,
-                    slurm=SlurmDrains.of(self.inventory),
-                )  # fmt: skip
-            return Applied(f"{plan.target} cordoned by {done.operator}: {done.reason}", done)
-        if plan.action == "uncordon" and plan.target is not None:
-            planned, version = plan.value if isinstance(plan.value, tuple) else (None, None)
-            with self.open_store(True) as store:
-                lifted = nodeops.uncordon(
-                    store,
-                    plan.target,
-                    operator=self.operator,
-                    clock=self.clock,
-                    expect_version=None if version is None else version.version,
-                    slurm=SlurmDrains.of(self.inventory),
-                )
-            was = lifted or planned
-            what = "" if was is None else f" (was: {was.reason}, by {was.operator})"
-            return Applied(f"{plan.target} uncordoned{what}", lifted)
-        if plan.action == "drain":
-            return self._drain(plan.value, progress)
         if plan.action == "consolidate":
             return self._consolidate(plan.value, progress)
         raise ActionRefused(f"{plan.action}: cannot apply")
-
-    def _drain(self, order: DrainOrder, progress: Progress | None) -> Applied:
-        from gpuctl.ops.moves import nodeops
-
-        with self.open_store(True) as store:
-            loop = self.loop(store, dry_run=False)
-            result = nodeops.drain(
-                loop,
-                order.plan,
-                operator=self.operator,
-                grace_s=order.grace_s,
-                checkpoint_wait_s=order.checkpoint_wait_s,
-                timeout_s=order.timeout_s,
-                parallel=order.parallel,
-                on_result=reporter(progress),
-                sleep=sleep_of(self.clock),
-            )
-        moved = sum(1 for r in result.results if r.moved)
-        said = f"{order.plan.node}: {moved} of {len(result.results)} job(s) moved; cordoned"
-        return Applied(said, result, result.complete)
 
     def _consolidate(self, order: ConsolidationOrder, progress: Progress | None) -> Applied:
         from gpuctl.ops.moves import consolidate as service
@@ -303,13 +212,6 @@ class FleetActions:
     def known(self, node: str) -> None:
         if node not in self.inventory.by_name():
             raise ActionRefused(f"{node} is not in the inventory")
-
-    def _cordon_of(self, node: str) -> tuple[Cordon | None, NodeVersion]:
-        """The node's cordon (None: not cordoned) and its cordon version, as one read."""
-        self.known(node)
-        with self.open_store(False) as store:
-            seen = store.node_versions().get(node) or NodeVersion(node)
-            return {c.node: c for c in store.cordons()}.get(node), seen
 
     def fleet_reader(self) -> FleetReader:
         if self.fleet is None:

@@ -13,8 +13,7 @@ import pytest
 
 from gpuctl.adapters.protocols import Store
 from gpuctl.core.health.autodrain import AutoDrainPolicy
-from gpuctl.errors import StalePlan
-from gpuctl.ops.actions import FleetActions
+from gpuctl.ops.actions import ActionRefused, FleetActions
 from gpuctl.testing.drainkit import Kit
 from tests.pg import STORES, open_test_store
 
@@ -49,10 +48,13 @@ def test_two_operators_cordoning_one_node_one_wins_the_other_is_told_who(store: 
     alices = alice.plan("cordon", "n1", reason="fan noise")
     bobs = bob.plan("cordon", "n1", reason="kernel update")
     assert alice.carry_out(alices).message == "n1 cordoned by alice: fan noise"
-    with pytest.raises(StalePlan) as refused:
-        bob.carry_out(bobs)
+    with pytest.raises(ActionRefused) as refused:  # the dashboard's key: an error
+        bob.apply(bobs)
     assert refused.value.message.startswith("n1 was cordoned by alice at ")
     assert refused.value.message.endswith("(reason: fan noise) since your plan; nothing changed")
+    done = bob.carry_out(bobs)  # what `gpuctl cordon` reports: n1 failed (exit 3)
+    assert not done.complete and [o.outcome for o in done.value] == ["failed"]
+    assert done.message == refused.value.message
     assert [(c.operator, c.reason) for c in store.cordons()] == [("alice", "fan noise")]
     assert [e.actor for e in store.events(kinds=["cordon"])] == ["alice"]
 
@@ -66,8 +68,8 @@ def test_an_uncordon_planned_before_another_operator_s_cordon_lifts_nothing(
     lift = bob.plan("uncordon", "n1")  # bob plans to lift alice's cordon ...
     kit.clock.advance(30)
     alice.carry_out(alice.plan("cordon", "n1", reason="ECC errors"))  # ... she makes it worse
-    with pytest.raises(StalePlan, match=r"n1 was cordoned by alice .*\(reason: ECC errors\)"):
-        bob.carry_out(lift)
+    with pytest.raises(ActionRefused, match=r"n1 was cordoned by alice .*\(reason: ECC errors\)"):
+        bob.apply(lift)
     assert [c.reason for c in store.cordons()] == ["ECC errors"]
 
 
@@ -79,13 +81,15 @@ def test_two_operators_draining_one_node_one_moves_its_jobs_the_other_moves_noth
     kit.step()
     node = kit.inc(jobs[0].id).node
     alice, bob = operator(kit, "alice"), operator(kit, "bob")
-    alices = alice.plan_drain(node, "kernel update", grace_s=5.0)
-    bobs = bob.plan_drain(node, "bad fan", grace_s=5.0)
+    alices = alice.plan_nodes("drain", [node], "kernel update", grace_s=5.0)
+    bobs = bob.plan("drain", node, reason="bad fan")  # the dashboard's key
     done = alice.carry_out(alices)
     assert done.complete
-    moved = {r.job_id: r.incarnation for r in done.value.results}
-    with pytest.raises(StalePlan, match=rf"{node} was cordoned by alice .*kernel update"):
-        bob.carry_out(bobs)
+    (outcome,) = done.value
+    assert outcome.drain is not None
+    moved = {r.job_id: r.incarnation for r in outcome.drain.results}
+    with pytest.raises(ActionRefused, match=rf"{node} was cordoned by alice .*kernel update"):
+        bob.apply(bobs)
     assert [(c.operator, c.reason) for c in store.cordons()] == [("alice", "kernel update")]
     assert {j: kit.job(j).incarnation for j in moved} == moved  # bob moved none of them again
     assert {e.actor for e in store.events(kinds=["reserve", "drain"])} == {"alice"}
@@ -99,10 +103,12 @@ def test_a_move_planned_before_the_job_changed_is_refused_saying_who_changed_it(
     kit.step()
     node = kit.inc(job.id).node
     alice = operator(kit, "alice")
-    plan = alice.plan_drain(node, "kernel update", grace_s=5.0)
+    plan = alice.plan_nodes("drain", [node], "kernel update", grace_s=5.0)
     kit.store.update_job(job.id, priority=5)  # another operator's change to the job meanwhile
     done = alice.carry_out(plan)
-    (result,) = done.value.results
+    (outcome,) = done.value
+    assert outcome.drain is not None and outcome.outcome == "left_jobs"
+    (result,) = outcome.drain.results
     assert result.outcome == "not_started" and not done.complete
     assert result.message.startswith(f"job {job.id} was changed")
     assert result.message.endswith("since your plan; nothing changed")
