@@ -134,15 +134,14 @@ class _Trust:
 
     def legs(self, found: Sequence[tuple[Leg, str, str, Any, tuple[KnownKey, ...]]]) -> str:
         for leg, key_type, fp, key, recorded in found:
-            outcome = self.leg(leg.node, leg.trust, key_type, fp, key, recorded)
+            outcome = self.leg(leg, key_type, fp, key, recorded)
             if outcome != "ok":
                 return outcome
         return "ok"
 
     def leg(
         self,
-        node: NodeSpec,
-        trust: str,
+        leg: Leg,
         key_type: str,
         fp: str,
         key: Any,
@@ -151,10 +150,11 @@ class _Trust:
         from gpuctl.adapters.ssh import known_hosts as kh
         from gpuctl.adapters.ssh.known_hosts import record_host_key
 
-        host = kh.host_key_name(node.host, node.port)
+        node, trust = leg.node, leg.trust
+        host = leg.key_name  # ssh_config's HostKeyAlias when it sets one, as OpenSSH records it
         if (host, fp) in self.shown:
             return self.shown[(host, fp)]
-        where = kh.node_where(node)
+        where = kh.node_where(node, leg.key_alias)
         typer.echo(f"{safe(node.name)}\t{host}\t{key_type}\t{fp}")
         verdict = kh.verdict(recorded, key_type, key.asbytes())
         outcome = "ok"
@@ -178,7 +178,7 @@ class _Trust:
             _note(f"{where}: not recorded")
             self.shown[(host, fp)] = "failed"
             return "failed"  # declined: not recorded
-        record_host_key(self.target, node, key, replace=changed)
+        record_host_key(self.target, node, key, replace=changed, alias=leg.key_alias)
         _note(f"{where}: recorded in {self.target}")
         stale = [k for k in verdict.recorded if k.path != str(self.target)]
         if stale:
@@ -196,8 +196,6 @@ def list_keys(
 ) -> None:
     """The keys recorded for each node and where, and for the jump hosts it is reached through
     (no network). Exit 1 when a node or one of its jump hosts has none."""
-    from gpuctl.adapters.ssh import known_hosts as kh
-
     nodes = _nodes(ctx, names, all_nodes=not names)
     transport, _ = _transport(ctx, known_hosts)
     rows: list[dict[str, object]] = []
@@ -207,11 +205,11 @@ def list_keys(
             *hops, (target, keys) = transport.recorded_route_keys(node)
             jumps = []
             for leg, leg_keys in hops:
-                where = kh.host_key_name(leg.node.host, leg.node.port)
+                where = leg.key_name
                 jumps.append({"host": where, "keys": _key_docs(leg_keys)})
                 missing = missing or not leg_keys
                 _print_keys(output, node.name, f"via {where}", _key_docs(leg_keys))
-            host = kh.host_key_name(target.node.host, target.node.port)  # ssh_config's names
+            host = target.key_name  # ssh_config's names: HostName and Port, or HostKeyAlias
             missing = missing or not keys
             rows.append({"name": node.name, "host": host, "keys": _key_docs(keys), "jumps": jumps})
             _print_keys(output, node.name, host, _key_docs(keys))

@@ -196,3 +196,41 @@ def test_list_shows_the_keys_of_the_jump_hosts_a_node_is_reached_through(
         f"gpu01\tvia [127.0.0.1]:2201\tssh-ed25519\t{fp}\t{own_known_hosts}:2",
         f"gpu01\t[10.9.0.2]:2222\tssh-ed25519\t{fp}\t{own_known_hosts}:1",
     ]
+
+
+def test_trust_records_the_key_under_ssh_configs_host_key_alias_and_a_poll_then_connects(
+    lab: LabFleet, own_known_hosts: Path, tmp_path: Path
+) -> None:
+    """As `ssh gpu-a` would: the alias as written, no `[127.0.0.1]:port`; list shows it."""
+    node = lab.lab.node("lab-01")
+    ssh_config = tmp_path / "ssh_config"
+    ssh_config.write_text(
+        f"Host gpu-a\n  HostName {node.host}\n  Port {node.port}\n  HostKeyAlias gpu-a-key\n"
+    )
+    inventory = tmp_path / "fleet.yaml"
+    inventory.write_text(
+        f"defaults: {{user: {lab.lab.user}, key_file: {lab.lab.key_path}}}\n"
+        "nodes:\n  - {name: lab-01, host: gpu-a}\n"
+    )
+    env = {
+        "GPUCTL_STATE_DIR": str(tmp_path / "state"),
+        "HOME": str(tmp_path / "home"),
+        "GPUCTL_SSH_CONFIG": str(ssh_config),
+    }
+    run = CliRunner().invoke
+    result = run(app, ["-i", str(inventory), "hosts", "trust", "lab-01", "--yes"], env=env)
+    assert result.exit_code == 0, result.stderr
+    expected = fingerprint(lab.host_key_public("lab-01"))
+    assert result.stdout == f"lab-01\tgpu-a-key\tssh-ed25519\t{expected}\n"
+    assert "lab-01 (gpu-a-key): recorded in" in result.stderr
+    public = lab.host_key_public("lab-01").read_text().split()[1]
+    assert own_known_hosts.read_text() == f"gpu-a-key ssh-ed25519 {public}\n"
+
+    listed = run(app, ["-i", str(inventory), "hosts", "list"], env=env)
+    assert listed.exit_code == 0, listed.stderr
+    assert listed.stdout == f"lab-01\tgpu-a-key\tssh-ed25519\t{expected}\t{own_known_hosts}:1\n"
+    with SshTransport(
+        own_known_hosts=own_known_hosts, system_known_hosts=(), ssh_config=ssh_config
+    ) as transport:
+        spec = lab.spec("lab-01", host="gpu-a", port_set=False, known_hosts=())
+        assert transport.run(spec, "echo trusted", timeout_s=5).stdout == b"trusted\n"

@@ -126,3 +126,50 @@ def test_a_dead_bastion_reports_its_node_unreachable_in_one_line(behind: Behind)
     assert "jump host bastion of lab-02" in node["error"]
     assert "\n" not in node["error"]
     assert "Traceback" not in err
+
+
+def test_host_key_aliases_name_the_bastion_and_the_node_for_trust_and_the_poll_after(
+    behind: Behind, tmp_path: Path
+) -> None:
+    """ssh_config's HostKeyAlias on both legs: `hosts trust` records each key under its alias
+    (as `ssh` would), and the poll then verifies both keys under those names."""
+    b = behind.b
+    behind.ssh_config.write_text(
+        f"Host keyed-bastion\n  HostName 127.0.0.1\n  Port {b.port}\n  User {b.user}\n"
+        f"  IdentityFile {b.key_path}\n  HostKeyAlias the-bastion\n\n"
+        f"Host keyed-node\n  HostName {b.node_addr}\n  Port {b.node_port}\n  User {b.user}\n"
+        f"  IdentityFile {b.key_path}\n  ProxyJump keyed-bastion\n  HostKeyAlias The-Node\n"
+    )
+    behind.inventory.write_text(
+        f"defaults: {{known_hosts: [{behind.known_hosts}]}}\n"
+        "nodes:\n  - {name: lab-02, host: keyed-node}\n"
+    )
+    behind.known_hosts.write_text(behind.bastion_line + behind.node_line)  # [host]:port only
+    code, doc, err = behind.status()
+    assert code == 5, err
+    (node,) = doc["nodes"]  # type: ignore[misc]
+    assert "jump host keyed-bastion of lab-02 (the-bastion): host key unknown" in node["error"]
+
+    behind.known_hosts.write_text("")
+    trusted = gpuctl(
+        behind.state,
+        behind.inventory,
+        "hosts",
+        "trust",
+        "lab-02",
+        "--yes",
+        "--known-hosts",
+        str(behind.known_hosts),
+        env=behind.env,
+    )
+    assert trusted.returncode == 0, trusted.stderr
+    bastion_key = " ".join(b.host_key_public.read_text().split()[:2])
+    node_key = " ".join(behind.node_line.split()[1:3])
+    assert behind.known_hosts.read_text() == (
+        f"the-bastion {bastion_key}\nthe-node {node_key}\n"  # lowercased, as OpenSSH
+    )
+    code, doc, err = behind.status()
+    assert code == 0, err
+    nodes = doc["nodes"]
+    assert isinstance(nodes, list)
+    assert [(n["name"], n["reach"]) for n in nodes] == [("lab-02", "ok")]

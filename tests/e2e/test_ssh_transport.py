@@ -221,6 +221,48 @@ def test_a_changed_host_key_names_both_fingerprints(
     assert err.value.reach == "host_key"
 
 
+def alias_config(tmp_path: Path, lab: LabFleet, name: str) -> Path:
+    """ssh_config: `gpu-alias` dials the lab node by HostName and Port; its key is named
+    `gpu-key` (HostKeyAlias)."""
+    node = lab.lab.node(name)
+    config = tmp_path / "ssh_config"
+    config.write_text(
+        f"Host gpu-alias\n  HostName {node.host}\n  Port {node.port}\n  HostKeyAlias gpu-key\n"
+    )
+    return config
+
+
+def test_a_node_whose_key_is_recorded_under_its_host_key_alias_is_reached(
+    lab: LabFleet, tmp_path: Path
+) -> None:
+    known = tmp_path / "known_hosts"
+    key = " ".join(lab.host_key_public("lab-01").read_text().split()[:2])
+    known.write_text(f"gpu-key {key}\n")  # as `ssh gpu-alias` records it: no [..]:port
+    spec = lab.spec("lab-01", host="gpu-alias", port_set=False, known_hosts=(str(known),))
+    config = alias_config(tmp_path, lab, "lab-01")
+    with SshTransport(own_known_hosts=known, system_known_hosts=(), ssh_config=config) as t:
+        assert t.run(spec, "echo $GPUCTL_LAB_NODE", timeout_s=10).stdout == b"lab-01\n"
+
+
+def test_with_a_host_key_alias_a_key_recorded_under_host_and_port_is_unknown(
+    lab: LabFleet, tmp_path: Path
+) -> None:
+    """As OpenSSH: the alias is the only name looked up (no fallback to `[host]:port`)."""
+    node = lab.lab.node("lab-02")
+    known = tmp_path / "known_hosts"
+    key = " ".join(lab.host_key_public("lab-02").read_text().split()[:2])
+    known.write_text(f"[{node.host}]:{node.port} {key}\n")
+    spec = lab.spec("lab-02", host="gpu-alias", port_set=False, known_hosts=(str(known),))
+    config = alias_config(tmp_path, lab, "lab-02")
+    with (
+        SshTransport(own_known_hosts=known, system_known_hosts=(), ssh_config=config) as t,
+        pytest.raises(HostKeyUnknown) as err,
+    ):
+        t.run(spec, "true", timeout_s=10)
+    expected = fingerprint(lab.host_key_public("lab-02"))
+    assert err.value.message == f"lab-02 (gpu-key): host key unknown: ssh-ed25519 {expected}"
+
+
 HOSTILE = (
     "job; touch {canary}",
     "$(touch {canary})",

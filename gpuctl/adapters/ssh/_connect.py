@@ -63,17 +63,30 @@ class _VerifyingPolicy(paramiko.MissingHostKeyPolicy):
     nothing is ever added (no AutoAddPolicy anywhere in gpuctl)."""
 
     def __init__(
-        self, node: NodeSpec, recorded: Sequence[kh.KnownKey], phase: _Phase, trust: str
+        self,
+        node: NodeSpec,
+        recorded: Sequence[kh.KnownKey],
+        phase: _Phase,
+        trust: str,
+        alias: str | None,
     ) -> None:
         self._node = node
         self._recorded = recorded
         self._phase = phase
         self._trust = trust
+        self._alias = alias
 
     def missing_host_key(
         self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey
     ) -> None:
-        kh.check(self._node, self._recorded, key.get_name(), key.asbytes(), trust=self._trust)
+        kh.check(
+            self._node,
+            self._recorded,
+            key.get_name(),
+            key.asbytes(),
+            trust=self._trust,
+            alias=self._alias,
+        )
         self._phase.value = "auth"
 
 
@@ -107,16 +120,19 @@ def open_client(
     key_files: Sequence[str] = (),
     agent: bool = True,
     trust: str | None = None,
+    key_alias: str | None = None,
 ) -> paramiko.SSHClient:
     """Handshake and authenticate over `sock` (from `open_socket`, or `open_tunnel` through a
     jump host) by `deadline`; the host key must be one of `recorded` (`trust`: the node the
-    hint names). Without `pkey`: `key_files` (ssh_config's IdentityFile), then, with `agent`,
-    ssh-agent and the default keys."""
+    hint names; `key_alias`: ssh_config's HostKeyAlias, which `recorded` was looked up by).
+    Without `pkey`: `key_files` (ssh_config's IdentityFile), then, with `agent`, ssh-agent and
+    the default keys."""
     where = kh.node_where(node)
     phase = _Phase()
     client = paramiko.SSHClient()
     client.set_log_channel(WIRE_LOG)
-    client.set_missing_host_key_policy(_VerifyingPolicy(node, recorded, phase, trust or node.name))
+    policy = _VerifyingPolicy(node, recorded, phase, trust or node.name, key_alias)
+    client.set_missing_host_key_policy(policy)
     timer = watchdog.arm(deadline, lambda: _shutdown(sock))
     slack = node.connect_timeout_s + 1.0  # paramiko's own timeouts: after our watchdog
 

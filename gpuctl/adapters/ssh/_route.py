@@ -4,8 +4,10 @@ first, the node last.
 
 What the inventory says wins over ssh_config (as ssh's command line wins over its config file):
 its `user`, `port`, `key_file` and `jump`. From ssh_config, for the node's `host`: `HostName`,
-`User`, `Port`, `IdentityFile` (several), `IdentitiesOnly` and `ProxyJump`; for each jump host,
-the same but `ProxyJump` (a jump host's own jump hosts are not followed). `ProxyCommand` and
+`User`, `Port`, `IdentityFile` (several), `IdentitiesOnly`, `HostKeyAlias` and `ProxyJump`; for
+each jump host, the same but `ProxyJump` (a jump host's own jump hosts are not followed).
+`HostKeyAlias` alone (lowercased, no `[..]:port`) names the leg's key in known_hosts instead of
+its HostName and Port, for checking and for `gpuctl hosts trust` (as OpenSSH). `ProxyCommand` and
 `Match exec` are refused: gpuctl runs no local command an SSH config names (everything it runs
 is quoted by itself). `Include` lines are read in place (globs, relative to ~/.ssh), 16 deep at
 most.
@@ -23,6 +25,7 @@ from typing import Any
 
 import paramiko
 
+from gpuctl.adapters.ssh.known_hosts import host_key_name
 from gpuctl.core.model import Hop, NodeSpec, parse_jump
 from gpuctl.errors import ConfigError
 
@@ -39,12 +42,19 @@ _MATCH_EXEC = re.compile(r"^\s*match\b.*\bexec\b", re.IGNORECASE)
 class Leg:
     """One SSH connection of a route. `node` is resolved (its `host`, `port` and `user` are
     the ones dialled; its `name` names it in messages); `identity_files`: ssh_config's, tried
-    when the inventory names no `key_file`; `agent`: ssh-agent and ~/.ssh/id_* are tried too."""
+    when the inventory names no `key_file`; `agent`: ssh-agent and ~/.ssh/id_* are tried too;
+    `key_alias`: ssh_config's HostKeyAlias, the name its key has in known_hosts."""
 
     node: NodeSpec
     identity_files: tuple[str, ...] = ()
     agent: bool = True
     trust: str = ""  # the inventory node whose `gpuctl hosts trust` records this leg's key
+    key_alias: str | None = None
+
+    @property
+    def key_name(self) -> str:
+        """The name this leg's key is looked up and recorded by in known_hosts."""
+        return host_key_name(self.node.host, self.node.port, self.key_alias)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -219,8 +229,17 @@ def _leg(node: NodeSpec, opts: dict[str, Any], source: str, bad: Any, *, port: i
             for f in opts.get("identityfile", ())
         )
     agent = str(opts.get("identitiesonly", "no")).lower() != "yes" or not files
+    key_alias = None
+    if "hostkeyalias" in opts:
+        # lowercased as OpenSSH does; a name only: no pattern, list or space reaches known_hosts
+        text = str(opts["hostkeyalias"])
+        if text.startswith("-") or not _HOST.match(text):
+            raise bad(alias, "HostKeyAlias", f"must be a host name (got {text!r})")
+        key_alias = text.lower()
     resolved = dataclasses.replace(node, host=host, port=port, user=user, port_set=True)
-    return Leg(node=resolved, identity_files=files, agent=agent, trust=node.name)
+    return Leg(
+        node=resolved, identity_files=files, agent=agent, trust=node.name, key_alias=key_alias
+    )
 
 
 def _port(opts: dict[str, Any], alias: str, bad: Any) -> int:

@@ -59,7 +59,7 @@ IDLE_WAKE_S = 5.0
 def _leg_key(leg: Leg) -> tuple[Any, ...]:
     node = leg.node
     return (node.host, node.port, node.user, node.key_file, leg.identity_files, leg.agent,
-            node.known_hosts, node.connect_timeout_s)  # fmt: skip
+            node.known_hosts, node.connect_timeout_s, leg.key_alias)  # fmt: skip
 
 
 class SshTransport(SessionAsks):
@@ -245,19 +245,19 @@ class SshTransport(SessionAsks):
 
     def recorded_keys(self, node: NodeSpec) -> tuple[kh.KnownKey, ...]:
         """The keys recorded for the node under the name it is dialled by (ssh_config's
-        HostName and Port, as OpenSSH looks it up, through jump hosts too)."""
-        return self._recorded(self.route(node).target.node)
+        HostName and Port, or its HostKeyAlias, as OpenSSH looks it up, through jump hosts
+        too)."""
+        return self._recorded(self.route(node).target)
 
     def recorded_route_keys(
         self, node: NodeSpec
     ) -> tuple[tuple[Leg, tuple[kh.KnownKey, ...]], ...]:
         """Per leg of the node's route (its jump hosts first, then the node), the keys recorded
-        for it under the name it is dialled by. No network."""
-        return tuple((leg, self._recorded(leg.node)) for leg in self.route(node).legs)
+        for it under the name it is dialled by (or its HostKeyAlias). No network."""
+        return tuple((leg, self._recorded(leg)) for leg in self.route(node).legs)
 
-    def _recorded(self, leg: NodeSpec) -> tuple[kh.KnownKey, ...]:
-        name = kh.host_key_name(leg.host, leg.port)
-        return self._known.for_host(self.known_hosts_files(leg), name)
+    def _recorded(self, leg: Leg) -> tuple[kh.KnownKey, ...]:
+        return self._known.for_host(self.known_hosts_files(leg.node), leg.key_name)
 
     def fetch_route_keys(
         self, node: NodeSpec
@@ -269,7 +269,7 @@ class SshTransport(SessionAsks):
         route = self.route(node)
         found = []
         for i, leg in enumerate(route.legs):
-            recorded = self._recorded(leg.node)
+            recorded = self._recorded(leg)
             timeout_s = leg.node.connect_timeout_s
             sock: Any = None
             if i:
@@ -344,11 +344,12 @@ class SshTransport(SessionAsks):
             sock,
             deadline=deadline,
             pkey=pkey,
-            recorded=self._recorded(node),
+            recorded=self._recorded(leg),
             watchdog=self._watchdog,
             key_files=key_files,
             agent=leg.agent,
             trust=leg.trust,
+            key_alias=leg.key_alias,
         )
 
     # -- exec ------------------------------------------------------------------------------

@@ -5,6 +5,10 @@ inventory names for the node, gpuctl's own, then the system's (OpenSSH's `~/.ssh
 `/etc/ssh/ssh_known_hosts`). Like OpenSSH: a key recorded for the host anywhere is trusted; a host
 with recorded keys that offers another one has a *changed* key; a host recorded nowhere is
 *unknown*. gpuctl never adds a key by itself: trust is `gpuctl hosts trust NODE`.
+
+A host is named `host` on port 22, `[host]:port` otherwise; one whose ssh_config sets
+`HostKeyAlias` is named by the alias alone, with no port, for lookup and recording alike
+(as OpenSSH's sshconnect.c does).
 """
 
 from __future__ import annotations
@@ -67,13 +71,16 @@ def fingerprint_of(blob: bytes) -> str:
     return "SHA256:" + digest.rstrip("=")
 
 
-def host_key_name(host: str, port: int) -> str:
-    """How known_hosts names a host: `host` on port 22, `[host]:port` otherwise."""
+def host_key_name(host: str, port: int, alias: str | None = None) -> str:
+    """How known_hosts names a host: ssh_config's HostKeyAlias when it has one (no port, as
+    OpenSSH), else `host` on port 22, `[host]:port` otherwise."""
+    if alias:
+        return alias
     return host if port == 22 else f"[{host}]:{port}"
 
 
-def node_where(node: NodeSpec) -> str:
-    return f"{node.name} ({host_key_name(node.host, node.port)})"
+def node_where(node: NodeSpec, alias: str | None = None) -> str:
+    return f"{node.name} ({host_key_name(node.host, node.port, alias)})"
 
 
 # -- reading -----------------------------------------------------------------------------------
@@ -180,22 +187,25 @@ def check(
     blob: bytes,
     *,
     trust: str | None = None,
+    alias: str | None = None,
 ) -> KnownKey:
     """The entry trusting the offered key, or HostKeyUnknown / HostKeyChanged. `trust`: the
-    inventory node whose `gpuctl hosts trust` records the key (a jump host's is its node's)."""
+    inventory node whose `gpuctl hosts trust` records the key (a jump host's is its node's);
+    `alias`: ssh_config's HostKeyAlias, the name `recorded` was looked up by (in messages)."""
     trust = trust or node.name
+    where = node_where(node, alias)
     result = verdict(recorded, key_type, blob)
     if result.trusted is not None:
         return result.trusted
     offered = f"{key_type} {fingerprint_of(blob)}"
     if not recorded:
         raise HostKeyUnknown(
-            f"{node_where(node)}: host key unknown: {offered}",
+            f"{where}: host key unknown: {offered}",
             hint=f"check that fingerprint with the node's owner, then: gpuctl hosts trust {trust}",
         )
     old = next((k for k in recorded if k.key_type == key_type), recorded[0])
     raise HostKeyChanged(
-        f"{node_where(node)}: HOST KEY CHANGED: it offers {offered}, but {old.where} holds "
+        f"{where}: HOST KEY CHANGED: it offers {offered}, but {old.where} holds "
         f"{old.key_type} {old.fingerprint}; nothing was sent",
         hint="if the node was reinstalled, check the new fingerprint, then: "
         f"gpuctl hosts trust --replace {trust}",
@@ -216,16 +226,27 @@ def preferred_key_types(recorded: Sequence[KnownKey], available: Sequence[str]) 
 # -- recording ---------------------------------------------------------------------------------
 
 
-def known_hosts_line(host: str, port: int, key_type: str, blob: bytes) -> str:
-    return f"{host_key_name(host, port)} {key_type} {base64.b64encode(blob).decode('ascii')}\n"
+def known_hosts_line(
+    host: str, port: int, key_type: str, blob: bytes, alias: str | None = None
+) -> str:
+    name = host_key_name(host, port, alias)
+    return f"{name} {key_type} {base64.b64encode(blob).decode('ascii')}\n"
 
 
 def record(
-    path: Path, host: str, port: int, key_type: str, blob: bytes, *, replace: bool = False
+    path: Path,
+    host: str,
+    port: int,
+    key_type: str,
+    blob: bytes,
+    *,
+    replace: bool = False,
+    alias: str | None = None,
 ) -> None:
-    """Add the key for host:port to `path` (folder 0700, file 0600). With `replace`, the host's
-    previous entries in this file (plain or hashed) are removed first."""
-    name = host_key_name(host, port)
+    """Add the key for host:port (or for `alias`, ssh_config's HostKeyAlias) to `path` (folder
+    0700, file 0600). With `replace`, the host's previous entries in this file (plain or hashed)
+    are removed first."""
+    name = host_key_name(host, port, alias)
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     try:
         old = path.read_text(encoding="utf-8", errors="replace")
@@ -238,15 +259,21 @@ def record(
         if replace and is_entry and hosts_match(fields[0], name):
             continue
         kept.append(raw if raw.endswith("\n") else raw + "\n")
-    text = "".join(kept) + known_hosts_line(host, port, key_type, blob)
+    text = "".join(kept) + known_hosts_line(host, port, key_type, blob, alias)
     _write_private(path, text)
 
 
 def record_host_key(
-    path: Path, node: NodeSpec, key: paramiko.PKey, *, replace: bool = False
+    path: Path,
+    node: NodeSpec,
+    key: paramiko.PKey,
+    *,
+    replace: bool = False,
+    alias: str | None = None,
 ) -> None:
-    """Record `key` for the node in `path` (`[host]:port` form off port 22; file 0600, dir 0700)."""
-    record(path, node.host, node.port, key.get_name(), key.asbytes(), replace=replace)
+    """Record `key` for the node in `path` (`[host]:port` form off port 22, `alias` alone when
+    ssh_config sets HostKeyAlias; file 0600, dir 0700)."""
+    record(path, node.host, node.port, key.get_name(), key.asbytes(), replace=replace, alias=alias)
 
 
 def _write_private(path: Path, text: str) -> None:

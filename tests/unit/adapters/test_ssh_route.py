@@ -145,6 +145,27 @@ def test_the_known_hosts_name_is_the_hostname_and_port_dialled(
     assert [k.hosts for k in transport.recorded_keys(node())] == ["[10.0.1.7]:2222"]
 
 
+def test_host_key_alias_names_the_key_of_the_node_and_of_its_jump_host_as_written(
+    home: Path,
+) -> None:
+    """As OpenSSH: the alias, lowercased and with no `[..]:port`, is the known_hosts name; the
+    HostName and Port dialled are not looked up at all."""
+    config = home / ".ssh/config"
+    config.write_text(
+        "Host gpu07\n  HostName 10.0.1.7\n  Port 2222\n  HostKeyAlias GPU07-Key\n"
+        "  ProxyJump bastion\n"
+        "Host bastion\n  HostName 10.9.0.1\n  Port 23\n  HostKeyAlias bastion-key\n"
+    )
+    key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl\n"
+    (home / "own").write_text(f"[10.0.1.7]:2222 {key}gpu07-key {key}[10.9.0.1]:23 {key}")
+    with SshTransport(own_known_hosts=home / "own", system_known_hosts=(), ssh_config=config) as t:
+        (bastion, bastion_keys), (target, target_keys) = t.recorded_route_keys(node())
+    assert (target.node.host, target.node.port) == ("10.0.1.7", 2222)  # still dialled there
+    assert (target.key_name, bastion.key_name) == ("gpu07-key", "bastion-key")
+    assert [k.hosts for k in target_keys] == ["gpu07-key"]
+    assert bastion_keys == ()  # recorded only under [10.9.0.1]:23: not its name
+
+
 @pytest.mark.parametrize(
     ("text", "error"),
     [
@@ -163,6 +184,14 @@ def test_the_known_hosts_name_is_the_hostname_and_port_dialled(
         (
             "Host gpu07\n  User -l\n",
             "Host gpu07: User: must be a user name (got '-l')",
+        ),
+        (
+            "Host gpu07\n  HostKeyAlias *.example.org\n",
+            "Host gpu07: HostKeyAlias: must be a host name (got '*.example.org')",
+        ),
+        (
+            "Host gpu07\n  ProxyJump bastion\nHost bastion\n  HostKeyAlias gpu07,other\n",
+            "Host bastion: HostKeyAlias: must be a host name (got 'gpu07,other')",
         ),
         (
             "Host gpu07\n  ProxyCommand nc %h %p\n",
