@@ -88,12 +88,45 @@ def test_gpuctl_sends_a_cpu_only_job_where_it_strands_no_card_and_fgd_cannot_tel
 def test_gpuctl_works_on_mib_cards_of_different_sizes() -> None:
     gib = 1024
     mixed = NodeFree("n", (80 * gib, 30 * gib, 24 * gib), (80 * gib, 40 * gib, 24 * gib))
-    workload = ((Demand(1, 20 * gib), 0.5), (Demand(1, 40 * gib), 0.5))
-    choice = Gpuctl().choose(mixed, Demand(1, 20 * gib), workload)
+    workload = ((Demand(1, 24 * gib), 0.5), (Demand(1, 40 * gib), 0.5))
+    choice = Gpuctl().choose(mixed, Demand(1, 24 * gib), workload)
     assert choice is not None and len(choice.cards) == 1
-    # 20 GiB on the 24 GiB card keeps the 80 GiB card whole for a 40 GiB job.
+    # 24 GiB fills the 24 GiB card and keeps the 80 GiB card whole for a 40 GiB job; on the
+    # 40 GiB card it would leave 6 GiB that no job of the workload fits.
     assert choice.cards == (2,)
     assert Gpuctl().choose(mixed, Demand(1, 81 * gib), workload) is None
+
+
+# Slices as openb has them: a few small ones, most of 300 to 810 milli.
+SHARING = (
+    (Demand(1, 100), 0.04),
+    (Demand(1, 300), 0.3),
+    (Demand(1, 400), 0.3),
+    (Demand(1, 810), 0.36),
+)
+
+
+def test_a_hole_fewer_than_one_in_twenty_sharing_jobs_fit_is_dead() -> None:
+    assert Gpuctl().dead_below(SHARING) == 300  # a hole under 300 fits only the 4 % of 100
+    assert Gpuctl().dead_below(((Demand(1, 100), 0.1), *SHARING[1:])) == 100
+    assert Gpuctl(dead_share=0.5).dead_below(SHARING) == 400
+    assert Gpuctl().dead_below(((Demand(1, 1000, whole=True), 1.0),)) == 0  # nothing shares
+
+
+def test_gpuctl_leaves_a_hole_that_jobs_fit_rather_than_one_almost_none_fit() -> None:
+    # 400 on the card with 600 free leaves 200, which only the rare 100 slices fit; on the
+    # empty card it leaves 600, which a 300 or 400 slice fits. FGD's measure, blind to which
+    # holes get used, prefers the first (it counts 600 free as worse than 200).
+    n = node((600, 1000))
+    fgd = Fgd().choose(n, Demand(1, 400), SHARING)
+    assert fgd is not None and fgd.cards == (0,)
+    fgd_like = Gpuctl(dead_weight=0).choose(n, Demand(1, 400), SHARING)
+    assert fgd_like is not None and fgd_like.cards == (0,)
+    choice = Gpuctl().choose(n, Demand(1, 400), SHARING)
+    assert choice is not None and choice.cards == (1,)
+    # and a slice that fills a card leaves no hole at all: it goes there
+    exact = Gpuctl().choose(node((400, 1000)), Demand(1, 400), SHARING)
+    assert exact is not None and exact.cards == (0,)
 
 
 demands = st.builds(
