@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -50,6 +51,20 @@ class Behind:
     def status(self) -> tuple[int, dict[str, object], str]:
         done = gpuctl(self.state, self.inventory, "status", "-o", "json", env=self.env)
         return done.returncode, json.loads(done.stdout or "{}"), done.stderr
+
+    def trust(self) -> subprocess.CompletedProcess[str]:
+        """`gpuctl hosts trust lab-02 --yes` into this test's known_hosts."""
+        return gpuctl(
+            self.state,
+            self.inventory,
+            "hosts",
+            "trust",
+            "lab-02",
+            "--yes",
+            "--known-hosts",
+            str(self.known_hosts),
+            env=self.env,
+        )
 
 
 @pytest.fixture
@@ -97,17 +112,7 @@ def test_an_unknown_bastion_key_is_refused_naming_the_bastion_until_trusted(
         f"jump host bastion of lab-02 ([127.0.0.1]:{behind.b.port}): host key unknown"
         in (node["error"])
     )
-    trusted = gpuctl(
-        behind.state,
-        behind.inventory,
-        "hosts",
-        "trust",
-        "lab-02",
-        "--yes",
-        "--known-hosts",
-        str(behind.known_hosts),
-        env=behind.env,
-    )
+    trusted = behind.trust()
     assert trusted.returncode == 0, trusted.stderr
     assert f"[127.0.0.1]:{behind.b.port}" in trusted.stdout
     assert behind.status()[0] == 0
@@ -151,17 +156,7 @@ def test_host_key_aliases_name_the_bastion_and_the_node_for_trust_and_the_poll_a
     assert "jump host keyed-bastion of lab-02 (the-bastion): host key unknown" in node["error"]
 
     behind.known_hosts.write_text("")
-    trusted = gpuctl(
-        behind.state,
-        behind.inventory,
-        "hosts",
-        "trust",
-        "lab-02",
-        "--yes",
-        "--known-hosts",
-        str(behind.known_hosts),
-        env=behind.env,
-    )
+    trusted = behind.trust()
     assert trusted.returncode == 0, trusted.stderr
     bastion_key = " ".join(b.host_key_public.read_text().split()[:2])
     node_key = " ".join(behind.node_line.split()[1:3])
