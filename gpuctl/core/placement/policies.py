@@ -378,7 +378,12 @@ class Gpuctl:
             return Choice(cards=cards, score=self._score(gain(_after(node, demand, cards))))
         below = self.dead_below(workload)
         best: Choice | None = None
+        seen: set[tuple[int, int]] = set()
         for i in fitting_cards(node, demand):
+            card = (node.free[i], node.capacity[i])
+            if card in seen:  # a card like one before scores the same (the measures ignore
+                continue  # card order), and ties keep the first
+            seen.add(card)
             score = self._score(gain(_after(node, demand, (i,)), i))
             if best is None or score > best.score:
                 best = Choice(cards=(i,), score=score)

@@ -106,6 +106,14 @@ SHARING = (
 )
 
 
+def test_gpuctl_takes_the_first_of_cards_alike_as_every_policy_does() -> None:
+    n = node((400, 1000, 700, 1000, 1000))
+    choice = Gpuctl().choose(n, Demand(1, 300), SHARING)  # 700 -> 400: a hole slices fit
+    assert choice is not None and choice.cards == (2,)
+    choice = Gpuctl().choose(node((1000,) * 4), Demand(1, 810), SHARING)
+    assert choice is not None and choice.cards == (0,)
+
+
 def test_a_hole_fewer_than_one_in_twenty_sharing_jobs_fit_is_dead() -> None:
     assert Gpuctl().dead_below(SHARING) == 300  # a hole under 300 fits only the 4 % of 100
     assert Gpuctl().dead_below(((Demand(1, 100), 0.1), *SHARING[1:])) == 100
