@@ -160,6 +160,15 @@ def test_trust_without_an_answer_or_yes_is_a_usage_error_and_records_nothing(
     assert not own_known_hosts.exists()
 
 
+def _ssh_config_env(tmp_path: Path, ssh_config: Path) -> dict[str, str]:
+    """A home and state of the test's own, and `ssh_config` as the operator's ssh config."""
+    return {
+        "GPUCTL_STATE_DIR": str(tmp_path / "state"),
+        "HOME": str(tmp_path / "home"),
+        "GPUCTL_SSH_CONFIG": str(ssh_config),
+    }
+
+
 def test_list_shows_the_keys_of_the_jump_hosts_a_node_is_reached_through(
     tmp_path: Path, own_known_hosts: Path
 ) -> None:
@@ -176,11 +185,7 @@ def test_list_shows_the_keys_of_the_jump_hosts_a_node_is_reached_through(
     public = public_line.split()[:2]
     own_known_hosts.parent.mkdir(parents=True)
     own_known_hosts.write_text(f"[10.9.0.2]:2222 {' '.join(public)}\n")
-    env = {
-        "GPUCTL_STATE_DIR": str(tmp_path / "state"),
-        "HOME": str(tmp_path / "home"),
-        "GPUCTL_SSH_CONFIG": str(ssh_config),
-    }
+    env = _ssh_config_env(tmp_path, ssh_config)
     run = CliRunner().invoke
     result = run(app, ["-i", str(inventory), "hosts", "list", "-o", "json"], env=env)
     assert result.exit_code == 1  # the bastion's key is not recorded
@@ -212,11 +217,7 @@ def test_trust_records_the_key_under_ssh_configs_host_key_alias_and_a_poll_then_
         f"defaults: {{user: {lab.lab.user}, key_file: {lab.lab.key_path}}}\n"
         "nodes:\n  - {name: lab-01, host: gpu-a}\n"
     )
-    env = {
-        "GPUCTL_STATE_DIR": str(tmp_path / "state"),
-        "HOME": str(tmp_path / "home"),
-        "GPUCTL_SSH_CONFIG": str(ssh_config),
-    }
+    env = _ssh_config_env(tmp_path, ssh_config)
     run = CliRunner().invoke
     result = run(app, ["-i", str(inventory), "hosts", "trust", "lab-01", "--yes"], env=env)
     assert result.exit_code == 0, result.stderr
