@@ -1,10 +1,11 @@
 """Consolidation: plans of migrations that free whole cards and nodes. Pure and deterministic.
 
 `plan_consolidation(state, facts, ...)` simulates moves on a copy of the fleet state and keeps
-those that strictly reduce stranded memory (free memory the target workload cannot use, measured
-by `gpuctl.core.placement.fragmentation`), best first, up to `max_moves`. With a `target` shape it
-solves the drain-and-refill case instead: make room for the target (a whole node, N whole cards, or
-a slice) with the fewest moves.
+those that strictly reduce its cost: stranded memory (free memory the target workload cannot use,
+measured by `gpuctl.core.placement.fragmentation`) plus `DEAD_WEIGHT` times the dead holes (card
+memory almost no card-sharing job fits, the default placement's measure too), best first, up to
+`max_moves`. With a `target` shape it solves the drain-and-refill case instead: make room for the
+target (a whole node, N whole cards, or a slice) with the fewest moves.
 
 Rules every plan keeps (the property tests check them):
 
@@ -16,9 +17,10 @@ Rules every plan keeps (the property tests check them):
   gpuctl has no facts about, and jobs on unschedulable nodes are never moved (they are listed as
   pinned, with the reason);
 * each job moves at most once per plan, and no plan has more than `max_moves` moves;
-* without a target, every move strictly reduces stranded memory, so fragmentation never grows.
+* without a target, every move strictly reduces the cost. Stranded memory may grow by a move
+  that closes more dead holes (`FleetFigures.dead_mib`) than it strands.
 
-Jobs are preferred by the stranded memory a move frees, discounted by the move's cost: a stale
+Jobs are preferred by the cost a move frees, discounted by the move's cost: a stale
 (or missing) checkpoint and a large footprint make a move dearer (`move_penalty`). Ties go to the
 job, then the node, whose name sorts first.
 

@@ -32,6 +32,7 @@ def _figures(f: FleetFigures) -> dict[str, Any]:
         "stranded_gib": round(f.stranded_gib, 3),
         "fragmentation_pct": None if pct is None else round(pct, 2),
         "capacity_mib": f.capacity_mib,
+        "dead_mib": f.dead_mib,
     }
 
 
@@ -96,6 +97,7 @@ def _figures_from(d: Mapping[str, Any]) -> FleetFigures:
         free_mib=int(d["free_mib"]),
         stranded_mib=float(d["stranded_mib"]),
         capacity_mib=int(d["capacity_mib"]),
+        dead_mib=int(d.get("dead_mib", 0)),  # plans written before dead holes were measured
     )
 
 
@@ -218,6 +220,7 @@ def consolidation_footer(plan: ConsolidationPlan) -> list[str]:
         ["whole free nodes", str(b.whole_free_nodes), str(a.whole_free_nodes)],
         ["stranded", format_mib(round(b.stranded_mib)), format_mib(round(a.stranded_mib))],
         ["fragmentation", _pct(b.fragmentation_pct), _pct(a.fragmentation_pct)],
+        ["dead holes", format_mib(b.dead_mib), format_mib(a.dead_mib)],
     ]
     lines = _table(["", "BEFORE", "AFTER"], figures)
     if plan.target is not None:

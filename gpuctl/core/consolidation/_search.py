@@ -1,4 +1,5 @@
-"""The greedy search over moves that strictly reduce stranded memory.
+"""The greedy search over moves that strictly reduce the cost (`Work.measure`: stranded memory
+plus weighted dead holes).
 
 The cost of adding each form to each node is computed once and kept in a heap per form; every
 job's best move is kept in one heap; a move re-evaluates only the two nodes it touched, the jobs
@@ -37,7 +38,7 @@ class _Candidate:
     weight: float  # 1 / (1 + move penalty)
     stamp: int = 0  # bumped at every re-evaluation; heap entries with another stamp are stale
     active: bool = True
-    removal: tuple[int, int] = (-1, 0)  # (src version, stranded freed by leaving it)
+    removal: tuple[int, int] = (-1, 0)  # (src version, cost freed by leaving it)
     local: tuple[int, tuple[int, tuple[int, ...]] | None] = (-1, None)  # (src version, in place)
 
 
@@ -95,7 +96,7 @@ def search(
     max_moves: int,
     now: float,
 ) -> tuple[list[Migration], list[Pinned], str]:
-    """Greedy: repeatedly take the move with the best weighted stranded reduction (> 0).
+    """Greedy: repeatedly take the move with the best weighted cost reduction (> 0).
 
     Every candidate's best move is kept in one heap; after a move only the candidates on the two
     nodes it touched, and those whose form's best destinations changed, are re-evaluated."""
@@ -162,9 +163,9 @@ def search(
     if len(moves) == max_moves:
         reason = f"stopped at the maximum of {max_moves} move(s)"
     elif moves:
-        reason = "no further move reduces stranded memory"
+        reason = "no further move reduces stranded memory and dead holes"
     else:
-        reason = "no move reduces stranded memory"
+        reason = "no move reduces stranded memory and dead holes"
     return moves, pinned, reason
 
 

@@ -5,8 +5,8 @@ cards, the set of `gpus` usable cards whose jobs are fewest to move (every such 
 movable; a card with ghost usage cannot be freed); for a slice, the card where moving the fewest
 (largest first) slices leaves enough free; then more jobs (largest first) if the node lacks CPU or
 host memory, and every job the target may not share a node with. The moved jobs are re-placed one
-by one (largest first) where they add the least stranded memory, never on the target's node. The
-node needing the fewest moves wins; ties go to the lower stranded memory after, then to the node
+by one (largest first) where they add the least cost (`Work.measure`), never on the target's
+node. The node needing the fewest moves wins; ties go to the lower cost after, then to the node
 whose name sorts first.
 """
 
@@ -123,7 +123,7 @@ def _try(
             return f"needs {len(evict)} moves, more than the maximum of {max_moves}"
         moves = _relocate(work, node, evict, facts)
         if moves is not None:
-            found = ((len(moves), work.total_stranded(), node.name), moves, positions)
+            found = ((len(moves), work.total_cost(), node.name), moves, positions)
             _undo(work, moves)
             return found
     return "the jobs to move fit nowhere else"
@@ -337,9 +337,9 @@ def _relocate(
         if best is None:
             _undo(work, moves)
             return None
-        before = work.stranded(node) + work.stranded(work.nodes[best[1]])
+        before = work.cost(node) + work.cost(work.nodes[best[1]])
         moved = work.move(a, node, work.nodes[best[1]], best[2])
-        after = work.stranded(node) + work.stranded(work.nodes[best[1]])
+        after = work.cost(node) + work.cost(work.nodes[best[1]])
         moves.append(
             Migration(
                 job=a.job,

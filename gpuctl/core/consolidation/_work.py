@@ -1,6 +1,6 @@
 """The working state consolidation simulates moves on: a mutable copy of the schedulable part of
-a `FleetState`, with the exact stranded amounts (`WorkloadIndex.stranded_num`) of its nodes and of
-nodes with a job added or taken away.
+a `FleetState`, with the exact cost (`Work.measure`: stranded memory, `WorkloadIndex.stranded_num`,
+plus weighted dead holes) of its nodes and of nodes with a job added or taken away.
 
 A job's destinations depend only on its *form* (cards, slice or card size, CPU, host memory, model
 and label constraints; and the job itself when job anti-affinity is involved), so searches can
@@ -15,7 +15,12 @@ from collections.abc import Mapping
 from gpuctl.core.consolidation.model import JobFacts
 from gpuctl.core.placement.constraints import clash, model_ok
 from gpuctl.core.placement.fit import NodeFree
-from gpuctl.core.placement.fragmentation import WorkloadIndex
+from gpuctl.core.placement.fragmentation import (
+    DEAD_WEIGHT,
+    WorkloadIndex,
+    dead_hole_below,
+    dead_units,
+)
 from gpuctl.core.placement.model import Allocation, FleetState, LabelRequirement, PlacementNode
 from gpuctl.core.timefmt import duration
 
@@ -143,6 +148,8 @@ class Work:
 
     def __init__(self, state: FleetState, index: WorkloadIndex) -> None:
         self.index = index
+        self.dead_below = dead_hole_below(index.workload)
+        self.dead_num = DEAD_WEIGHT * index.denominator
         by_node: dict[str, list[Allocation]] = {}
         for a in state.allocations:
             by_node.setdefault(a.node, []).append(a)
@@ -153,7 +160,7 @@ class Work:
         }
         self.unschedulable = {n.name: n.reason for n in state.nodes if not n.schedulable}
         self.allocs = {a.job: a for a in state.allocations}
-        self._stranded: dict[str, tuple[int, int]] = {}
+        self._costs: dict[str, tuple[int, int]] = {}
         self._changed: list[str] = []  # the nodes a move or its undoing changed, in order
         # per form: how far into `_changed` it is up to date, and where it fits (add_cost)
         self._fits: dict[Form, tuple[int, dict[str, tuple[int, tuple[int, ...]]]]] = {}
@@ -167,22 +174,31 @@ class Work:
             if a.avoid_jobs or a.avoid_groups or a.job in avoided_jobs or a.group in avoided_groups
         }
 
-    def stranded(self, node: WNode) -> int:
-        hit = self._stranded.get(node.name)
+    def measure(self, view: NodeFree) -> int:
+        """What a node's free state costs, as an exact integer over the index's denominator:
+        its stranded memory, and `DEAD_WEIGHT` units per unit of dead hole (the placement's
+        measure: a hole almost no card-sharing job fits is as good as lost)."""
+        return self.index.stranded_num(view) + self.dead_num * dead_units(
+            view.free, self.dead_below
+        )
+
+    def cost(self, node: WNode) -> int:
+        """`measure` of the node as it is now, kept per node version."""
+        hit = self._costs.get(node.name)
         if hit is not None and hit[0] == node.version:
             return hit[1]
-        value = self.index.stranded_num(node.view(node.free()))
-        self._stranded[node.name] = (node.version, value)
+        value = self.measure(node.view(node.free()))
+        self._costs[node.name] = (node.version, value)
         return value
 
-    def total_stranded(self) -> int:
-        """The stranded amount of every node, kept up to date through the moves' log."""
+    def total_cost(self) -> int:
+        """The cost of every node, kept up to date through the moves' log."""
         if self._total is None:
-            self._seen = {n.name: self.stranded(n) for n in self.nodes.values()}
+            self._seen = {n.name: self.cost(n) for n in self.nodes.values()}
             self._total = (len(self._changed), sum(self._seen.values()))
         at, total = self._total
         for name in set(self._changed[at:]):
-            value = self.stranded(self.nodes[name])
+            value = self.cost(self.nodes[name])
             total += value - self._seen[name]
             self._seen[name] = value
         self._total = (len(self._changed), total)
@@ -245,23 +261,20 @@ class Work:
                         chosen.append(p)
                 if not chosen:
                     return None
-        if base is None:
-            before = self.stranded(node)
-        else:
-            before = self.index.stranded_num(node.view(free, dcpu, dmem))
+        before = self.cost(node) if base is None else self.measure(node.view(free, dcpu, dmem))
         dcpu, dmem = dcpu + form.cpu, dmem + form.mem
         if form.gpus == 0:
-            return self.index.stranded_num(node.view(free, dcpu, dmem)) - before, ()
+            return self.measure(node.view(free, dcpu, dmem)) - before, ()
         if form.whole:
             after = list(free)
             for p in chosen:
                 after[p] = 0
-            return self.index.stranded_num(node.view(after, dcpu, dmem)) - before, tuple(chosen)
+            return self.measure(node.view(after, dcpu, dmem)) - before, tuple(chosen)
         best: tuple[int, tuple[int, ...]] | None = None
         for p in chosen:
             after = list(free)
             after[p] -= form.per_card
-            cost = self.index.stranded_num(node.view(after, dcpu, dmem)) - before
+            cost = self.measure(node.view(after, dcpu, dmem)) - before
             if best is None or cost < best[0]:
                 best = (cost, (p,))
         return best
@@ -269,7 +282,7 @@ class Work:
     def removal_gain(self, node: WNode, a: Allocation) -> int:
         """Stranded memory of `node` now minus with `a` gone."""
         free, dcpu, dmem = node.freed(a)
-        return self.stranded(node) - self.index.stranded_num(node.view(free, dcpu, dmem))
+        return self.cost(node) - self.measure(node.view(free, dcpu, dmem))
 
     def in_place(
         self, node: WNode, a: Allocation, form: Form
@@ -288,7 +301,7 @@ class Work:
                 continue
             after = list(free)
             after[p] -= form.per_card
-            gain = self.stranded(node) - self.index.stranded_num(node.view(after))
+            gain = self.cost(node) - self.measure(node.view(after))
             if best is None or gain > best[0]:
                 best = (gain, (p,))
         return best

@@ -42,7 +42,7 @@ class Migration:
     mib_per_card: int  # the slice (a whole card: its capacity)
     whole: bool
     checkpoint_age_s: float | None
-    stranded_freed_mib: float  # stranded memory this move frees (in the plan's order)
+    stranded_freed_mib: float  # the cost this move frees (stranded + weighted dead holes)
     cpu_milli: int = 0  # what the job holds on its node besides cards
     host_mem_mib: int = 0
 
@@ -56,6 +56,9 @@ class FleetFigures:
     free_mib: int
     stranded_mib: float
     capacity_mib: int
+    # free memory in holes almost no card-sharing job fits (`dead_hole_below`); the planner
+    # charges `DEAD_WEIGHT` per unit of it on top of the stranded memory
+    dead_mib: int = 0
 
     @property
     def fragmentation_pct(self) -> float | None:

@@ -202,6 +202,31 @@ def host_stranded(node: NodeFree, ratio: HostRatio) -> float:
 # The fast path
 
 
+DEAD_SHARE = 0.05  # a hole fewer than this share of the card-sharing jobs fit is dead
+DEAD_WEIGHT = 2  # what a unit of dead hole costs, in units of stranded memory
+
+
+def dead_hole_below(workload: Workload, share: float = DEAD_SHARE) -> int:
+    """The hole size under which fewer than `share` of the workload's card-sharing jobs fit:
+    the smallest slice size at which the share of slices no larger reaches it (0 when the
+    workload shares no card: no hole is dead)."""
+    sizes = sorted(
+        (d.mib_per_card, p) for d, p in workload if d.gpus == 1 and not d.whole and p > 0
+    )
+    total = sum(p for _, p in sizes)
+    seen = 0.0
+    for size, p in sizes:
+        seen += p
+        if seen >= share * total:
+            return size
+    return 0
+
+
+def dead_units(free: Iterable[int], below: int) -> int:
+    """The free memory of the cards whose hole is dead: more than 0, less than `below`."""
+    return sum(f for f in free if 0 < f < below)
+
+
 _Req = tuple[int, int, bool]  # what a shape asks of the cards: (cards, units per card, whole)
 
 

@@ -14,7 +14,13 @@ from fractions import Fraction
 from typing import Protocol
 
 from gpuctl.core.placement.fit import Choice, Demand, NodeFree, Workload, fits, fitting_cards
-from gpuctl.core.placement.fragmentation import host_stranded, index_for
+from gpuctl.core.placement.fragmentation import (
+    DEAD_SHARE,
+    DEAD_WEIGHT,
+    dead_hole_below,
+    host_stranded,
+    index_for,
+)
 
 
 class Policy(Protocol):
@@ -249,8 +255,8 @@ class Gpuctl:
         quantize: bool = True,
         reserve_weight: float = 1.0,
         kind_weight: float = 1.5,
-        dead_share: float = 0.05,
-        dead_weight: float = 2.0,
+        dead_share: float = DEAD_SHARE,
+        dead_weight: float = DEAD_WEIGHT,
         supply: Mapping[str, int] | None = None,
         hosts: Mapping[NodeKind, int] | None = None,
     ) -> None:
@@ -390,20 +396,11 @@ class Gpuctl:
         return best
 
     def dead_below(self, workload: Workload) -> int:
-        """The hole size under which fewer than `dead_share` of the workload's card-sharing
-        jobs fit: the smallest slice size at which the share of slices no larger reaches it
-        (0 when the workload shares no card: no hole is dead)."""
+        """`dead_hole_below` with this policy's `dead_share`, kept per workload."""
         hit = self._dead_below.get(id(workload))
         if hit is not None and hit[0] is workload:
             return hit[1]
-        sizes = sorted((d.mib_per_card, p) for d, p in workload if _is_slice(d) and p > 0)
-        total = sum(p for _, p in sizes)
-        below, seen = 0, 0.0
-        for size, p in sizes:
-            seen += p
-            if seen >= self.dead_share * total:
-                below = size
-                break
+        below = dead_hole_below(workload, self.dead_share)
         if len(self._dead_below) > 64:
             self._dead_below.clear()
         self._dead_below[id(workload)] = (workload, below)
