@@ -3,13 +3,16 @@
 An instance: `n_nodes` nodes drawn (seeded) from the openb node list, filled by the replay (the
 protocol's arrivals, tuned to `fill` x their GPU capacity) with a policy. On it, with the same
 move budget, the greedy planner (`plan_consolidation`) and an exact model solved by OR-Tools
-CP-SAT both minimise stranded capacity against the paper's target workload:
+CP-SAT both minimise the planner's cost against the paper's target workload: stranded capacity
+plus `DEAD_WEIGHT` times the dead holes (free units on a card, more than 0 and under
+`dead_hole_below`):
 
     variables  pod -> node (and -> cards), for every pod; a pod that leaves its cards is a move
     limits     card capacity, node CPU and memory, card models, moves <= the budget
     objective  maximise sum over shapes t (weight p_t) of the free units on cards that can
                host t, on nodes where t fits (enough such cards, enough CPU): the complement of
-               stranded, since moves never change the total free capacity
+               stranded, since moves never change the total free capacity; less DEAD_WEIGHT
+               times each card's dead hole
 
 Weights are the workload's probabilities rounded to 1/100000; the greedy plan is the solver's
 starting hint; both answers are then measured
@@ -45,11 +48,13 @@ from gpuctl.core.consolidation import (
     plan_consolidation,
 )
 from gpuctl.core.placement.fit import Workload
+from gpuctl.core.placement.fragmentation import DEAD_WEIGHT, dead_hole_below, dead_units
 from gpuctl.core.placement.model import Allocation, Card, FleetState, PlacementNode
 from gpuctl.core.placement.policies import Policy
 from gpuctl.errors import UsageError
 
 WEIGHT_SCALE = 100_000
+DEAD_SCALE = DEAD_WEIGHT * WEIGHT_SCALE  # the weights sum to WEIGHT_SCALE
 MISSING = "OR-Tools is not installed: the exact comparison is skipped (pip install ortools)"
 
 
@@ -102,8 +107,8 @@ def small_fleet(
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Exact:
-    stranded: float  # units, measured exactly on the solver's assignment
-    lower_bound: float  # no assignment within the budget strands less (up to weight rounding)
+    cost: float  # stranded + weighted dead units, measured exactly on the solver's assignment
+    lower_bound: float  # no assignment within the budget costs less (up to weight rounding)
     moves: int
     optimal: bool
     seconds: float
@@ -118,7 +123,7 @@ def exact(
     hint: Sequence[Allocation] = (),
 ) -> Exact:
     """The CP-SAT optimum (or the best found in the time limit) for `max_moves` moves, and a
-    lower bound on stranded capacity from the solver's bound. `hint`: allocations to start from.
+    lower bound on the cost from the solver's bound. `hint`: allocations to start from.
     Raises UsageError when OR-Tools is not installed."""
     try:
         cp = importlib.import_module("ortools.sat.python.cp_model")
@@ -210,6 +215,21 @@ def exact(
                 model.Add(usable <= MILLI_PER_GPU - used[key])
                 model.Add(usable <= MILLI_PER_GPU * ok)
                 objective.append(w * usable)
+    below = dead_hole_below(inst.workload)
+    for key in cards:  # each dead unit costs DEAD_WEIGHT whole units of weight
+        free = MILLI_PER_GPU - used[key]
+        if isinstance(free, int):
+            objective.append(-DEAD_SCALE * dead_units((free,), below))
+            continue
+        dead, empty, live = (model.NewBoolVar("") for _ in range(3))
+        model.AddExactlyOne((dead, empty, live))
+        model.Add(free == 0).OnlyEnforceIf(empty)
+        model.Add(free >= max(below, 1)).OnlyEnforceIf(live)
+        model.Add(free >= 1).OnlyEnforceIf(dead)
+        model.Add(free <= below - 1).OnlyEnforceIf(dead)
+        units = model.NewIntVar(0, max(below - 1, 0), "")
+        model.Add(units >= free).OnlyEnforceIf(dead)
+        objective.append(-DEAD_SCALE * units)
     model.Maximize(sum(objective))
     start = {a.job: a for a in hint} or {a.job: a for a in allocs}
     for (job, node), x in on_node.items():
@@ -252,8 +272,8 @@ def exact(
     figures = fleet_figures(after, inst.workload)
     bound = figures.free_mib - solver.BestObjectiveBound() / WEIGHT_SCALE
     return Exact(
-        stranded=figures.stranded_mib,
-        lower_bound=max(0.0, min(bound, figures.stranded_mib)),
+        cost=figures.cost_mib,
+        lower_bound=max(0.0, min(bound, figures.cost_mib)),
         moves=moves,
         optimal=status == cp.OPTIMAL,
         seconds=took,
@@ -276,6 +296,9 @@ def _objective(inst: Instance, state: FleetState) -> int:
             if len(fit) < demand.gpus or (cpu is not None and cpu < demand.cpu_milli):
                 continue
             total += w * sum(fit)
+    below = dead_hole_below(inst.workload)
+    for n in state.nodes:
+        total -= DEAD_SCALE * dead_units((c.free_mib for c in n.cards), below)
     return total
 
 
@@ -317,7 +340,7 @@ class GapRow:
     instance: str
     pods: int
     max_moves: int
-    before: float  # stranded units
+    before: float  # cost units (stranded + weighted dead holes)
     greedy: float
     greedy_moves: int
     optimum: float
@@ -343,10 +366,10 @@ def gap(inst: Instance, max_moves: int, *, time_limit_s: float = 30.0, workers: 
         instance=inst.name,
         pods=len(inst.pods),
         max_moves=max_moves,
-        before=plan.before.stranded_mib,
-        greedy=plan.after.stranded_mib,
+        before=plan.before.cost_mib,
+        greedy=plan.after.cost_mib,
         greedy_moves=len(plan.moves),
-        optimum=best.stranded,
+        optimum=best.cost,
         optimum_moves=best.moves,
         lower_bound=best.lower_bound,
         optimal=best.optimal,
@@ -362,9 +385,10 @@ def facts_of_state(inst: Instance) -> list[JobFacts]:
 
 
 def render_gaps(rows: Sequence[GapRow]) -> str:
-    """A Markdown table of greedy vs exact, stranded capacity in GPUs (1000 milli)."""
+    """A Markdown table of greedy vs exact: the cost (stranded capacity plus the weighted dead
+    holes) in GPUs (1000 milli)."""
     lines = [
-        "| fleet | pods | max moves | stranded before | greedy after (moves) "
+        "| fleet | pods | max moves | cost before | greedy after (moves) "
         "| CP-SAT after (moves) | optimal | gap | greedy's share of the best reduction |",
         "|" + "---|" * 9,
     ]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from gpuctl.core.placement.fragmentation import DEAD_WEIGHT
 from gpuctl.core.placement.model import LabelRequirement, Tier
 
 DEFAULT_MIN_RUNTIME_BETWEEN_MOVES_S = 1800.0
@@ -63,6 +64,11 @@ class FleetFigures:
     @property
     def fragmentation_pct(self) -> float | None:
         return None if self.free_mib == 0 else 100.0 * self.stranded_mib / self.free_mib
+
+    @property
+    def cost_mib(self) -> float:
+        """What the planner lowers: stranded memory plus `DEAD_WEIGHT` times the dead holes."""
+        return self.stranded_mib + DEAD_WEIGHT * self.dead_mib
 
     @property
     def stranded_gib(self) -> float:

@@ -19,6 +19,7 @@ from gpuctl.bench.replay import replay
 from gpuctl.bench.rng import NumpyRng
 from gpuctl.bench.runner import bench_policy
 from gpuctl.core.placement.fit import Demand
+from gpuctl.core.placement.fragmentation import default_workload
 from gpuctl.errors import UsageError
 
 FIXTURES = Path(__file__).parents[2] / "fixtures" / "openb"
@@ -117,6 +118,26 @@ def test_the_exact_model_is_never_worse_than_greedy_or_says_ortools_is_missing()
     row = exact.gap(inst, 2, time_limit_s=10.0)
     assert row.optimum <= row.greedy + 1e-6 and row.greedy <= row.before + 1e-6
     assert row.optimum_moves <= 2 and row.lower_bound <= row.optimum + 1e-6
+
+
+def test_the_exact_model_counts_dead_holes_as_the_planner_does() -> None:
+    # two 400-milli slices on two one-card nodes: putting them on one card frees a card but
+    # leaves 200 that no slice of the default workload fits (its smallest is 250)
+    nodes = [OpenbNode(f"n{i}", 8000, 65536, 1, "A10") for i in (1, 2)]
+    cluster = bench.Cluster(nodes)
+    pods = {
+        p.name: p for p in (OpenbPod("a", 1000, 1024, 1, 400), OpenbPod("b", 1000, 1024, 1, 400))
+    }
+    for i, p in enumerate(pods.values()):
+        cluster.place(i, p, (0,))
+    inst = exact.Instance("two halves", cluster.fleet_state(), pods, default_workload(1000))
+    if not exact.available():
+        with pytest.raises(UsageError, match="OR-Tools is not installed"):
+            exact.gap(inst, 1)
+        return
+    row = exact.gap(inst, 1, time_limit_s=10.0)
+    assert (row.greedy_moves, row.optimum_moves) == (0, 0)  # the merge costs more than it frees
+    assert row.optimum == row.greedy == row.before
 
 
 def test_without_ortools_the_benchmark_says_so_and_skips_the_exact_part(
