@@ -26,14 +26,8 @@ from gpuctl.ops.action_plans import (
     Applied,
     Progress,
 )
-from gpuctl.ops.actions._batch import NodeBatch, NodeOutcome
-from gpuctl.ops.actions._fleet import (
-    MAX_MOVES,
-    ConsolidationOrder,
-    DrainOrder,
-    FleetActions,
-    drain_text,
-)
+from gpuctl.ops.actions._batch import DrainOrder, NodeBatch, NodeOutcome, drain_text
+from gpuctl.ops.actions._fleet import MAX_MOVES, ConsolidationOrder, FleetActions
 from gpuctl.ops.actions._jobs import CancelOrder
 
 __all__ = [

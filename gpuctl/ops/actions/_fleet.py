@@ -12,7 +12,6 @@ from gpuctl.adapters.protocols import Clock, JobRunner, Store
 from gpuctl.core.jobs.migration import DEFAULT_TIMEOUT_S
 from gpuctl.core.jobs.model import JobState
 from gpuctl.core.model import Inventory
-from gpuctl.core.timefmt import duration
 from gpuctl.ops.action_plans import ACTIONS, ActionPlan, ActionRefused, Applied, Progress
 from gpuctl.ops.actions._jobs import JOB_ACTIONS, CancelOrder, carry_out_cancel, plan_cancel
 from gpuctl.ops.loop import control_loop
@@ -25,20 +24,8 @@ if TYPE_CHECKING:
     from gpuctl.ops.loop import Reconciler
     from gpuctl.ops.moves.consolidate import Window
     from gpuctl.ops.moves.migrate import MigrationResult
-    from gpuctl.ops.moves.nodeops import DrainPlan
 
 MAX_MOVES = 10  # consolidation moves per plan (`gpuctl consolidate --max-moves` default)
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class DrainOrder:
-    """A drain plan and how to carry it out (`nodeops.drain`'s waits and pace)."""
-
-    plan: DrainPlan
-    grace_s: float | None = None  # None: each job's own grace
-    checkpoint_wait_s: float | None = None  # None: the grace
-    timeout_s: float = DEFAULT_TIMEOUT_S
-    parallel: int = 2
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -240,48 +227,3 @@ def reporter(progress: Progress | None) -> Callable[[MigrationResult], None] | N
         return None
     say = progress
     return lambda r: say(f"{r.job_id}: {r.outcome}: {r.message}")
-
-
-def drain_text(plan: DrainPlan) -> str:
-    """The drain plan as `gpuctl drain` prints it and the dashboard's confirm dialog shows it:
-    each job on the node and where it goes; the jobs Slurm runs there are Slurm's."""
-    cordon = (
-        "not cordoned yet"
-        if plan.cordon is None
-        else f"cordoned by {plan.cordon.operator} ({plan.cordon.source}): {plan.cordon.reason}"
-    )
-    slurms = ""
-    if plan.left_to_slurm:
-        jobs = ", ".join(f"{j} (Slurm job {s})" for j, s in plan.left_to_slurm)
-        slurms = (
-            f"\nleft to Slurm: {jobs}: Slurm's jobs are Slurm's to move (its drain of the node "
-            "lets them finish); gpuctl moves none"
-        )
-    if not plan.moves:
-        none = "no jobs gpuctl runs" if plan.left_to_slurm else "no jobs"
-        return f"drain {plan.node}: {plan.reason} ({cordon})\n{none} on the node{slurms}"
-    head = (
-        f"drain {plan.node}: {plan.reason} ({cordon})\n"
-        f"cordon it, then move {len(plan.movable)} of {len(plan.moves)} job(s) off it "
-        "(checkpoint, stop, restart there from the checkpoint)"
-    )
-    rows = []
-    for m in plan.moves:
-        ckpt = "none"
-        if m.checkpoint_step is not None:
-            age = "" if m.checkpoint_age_s is None else f", {duration(m.checkpoint_age_s)} old"
-            ckpt = f"step {m.checkpoint_step}{age}"
-        to = m.to_node or f"stays: {m.why_not}"
-        cards = ",".join(str(c) for c in m.to_cards) or "-"
-        rows.append([m.job_id, str(m.incarnation), ",".join(map(str, m.cards)), to, cards, ckpt])
-    table = _table(["JOB", "INC", "CARDS", "TO", "CARDS", "CHECKPOINT"], rows)
-    return f"{head}\n{table}{slurms}"
-
-
-def _table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """A plain-text table: columns padded to their widest cell, trailing blanks stripped."""
-    widths = [max(len(r[i]) for r in (head, *rows)) for i in range(len(head))]
-    return "\n".join(
-        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
-        for r in (head, *rows)
-    )

@@ -17,7 +17,7 @@ from gpuctl.core.model import FleetSnapshot, Inventory, NodeSpec
 from gpuctl.core.scheduler import SchedJob, SchedQueued, SchedulerView
 from gpuctl.ops import fleetstatus
 from gpuctl.ops import jobs as jobs_service
-from gpuctl.ops.actions._fleet import drain_text
+from gpuctl.ops.actions import drain_text
 from gpuctl.ops.fleetcheck import check_fleet
 from gpuctl.ops.invariants import check_invariants
 from gpuctl.ops.loop import _slurm
