@@ -113,6 +113,8 @@ class Cluster:
             cpu_free_milli=int(self.cpu[n]),
             mem_free_mib=int(self.mem[n]),
             gpu_model=self.nodes[n].model,
+            cpu_milli=self.nodes[n].cpu_milli,  # the node's kind (the policy's kind pressure)
+            mem_mib=self.nodes[n].memory_mib,
         )
 
     def feasible(self, d: Demand) -> IntArray:
