@@ -216,6 +216,7 @@ def exact(
                 model.Add(usable <= MILLI_PER_GPU * ok)
                 objective.append(w * usable)
     below = dead_hole_below(inst.workload)
+    holes: dict[tuple[str, int], tuple[Any, Any, Any, Any]] = {}  # card -> dead, empty, live, units
     for key in cards:  # each dead unit costs DEAD_WEIGHT whole units of weight
         free = MILLI_PER_GPU - used[key]
         if isinstance(free, int):
@@ -230,6 +231,7 @@ def exact(
         units = model.NewIntVar(0, max(below - 1, 0), "")
         model.Add(units >= free).OnlyEnforceIf(dead)
         objective.append(-DEAD_SCALE * units)
+        holes[key] = (dead, empty, live, units)
     model.Maximize(sum(objective))
     start = {a.job: a for a in hint} or {a.job: a for a in allocs}
     for (job, node), x in on_node.items():
@@ -241,30 +243,27 @@ def exact(
         model.AddHint(
             v, int((start[job].node, start[job].cards) == (before[job].node, before[job].cards))
         )
+    started_from = _rebuilt(state, list(start.values()))
+    for key, (dead, empty, live, units) in holes.items():  # the hint, complete
+        f = {c.index: c.free_mib for c in started_from.node(key[0]).cards}[key[1]]
+        model.AddHint(dead, int(0 < f < below))
+        model.AddHint(empty, int(f == 0))
+        model.AddHint(live, int(f >= max(below, 1)))
+        model.AddHint(units, f if 0 < f < below else 0)
     if hint:  # the optimum is never worse than the hint (a feasible assignment)
-        model.Add(sum(objective) >= _objective(inst, _rebuilt(state, list(start.values()))))
+        model.Add(sum(objective) >= _objective(inst, started_from))
     solver: Any = cp.CpSolver()
     solver.parameters.max_time_in_seconds = time_limit_s
     solver.parameters.num_workers = workers
     started = time.perf_counter()
     status = solver.Solve(model)
     took = time.perf_counter() - started
-    if status not in (cp.OPTIMAL, cp.FEASIBLE):
+    if status in (cp.OPTIMAL, cp.FEASIBLE):
+        placed = [_solved(a, nodes, state, on_node, on_card, solver) for a in allocs]
+    elif hint:  # none found in the time limit: the hint is the best known; the bound holds
+        placed = [start[a.job] for a in allocs]
+    else:
         raise RuntimeError(f"CP-SAT found no solution ({solver.StatusName(status)})")
-    placed = []
-    for a in allocs:
-        (node,) = [
-            n.name
-            for n in nodes
-            if (a.job, n.name) in on_node and solver.Value(on_node[(a.job, n.name)])
-        ]
-        chosen = tuple(
-            c.index
-            for c in state.node(node).cards
-            if (a.job, (node, c.index)) in on_card
-            and solver.Value(on_card[(a.job, (node, c.index))])
-        )
-        placed.append(dataclasses.replace(a, node=node, cards=chosen))
     after = _rebuilt(state, placed)
     moves = sum(
         1 for a, b in zip(allocs, placed, strict=True) if (a.node, a.cards) != (b.node, b.cards)
@@ -278,6 +277,28 @@ def exact(
         optimal=status == cp.OPTIMAL,
         seconds=took,
     )
+
+
+def _solved(
+    a: Allocation,
+    nodes: Sequence[PlacementNode],
+    state: FleetState,
+    on_node: dict[tuple[str, str], Any],
+    on_card: dict[tuple[str, tuple[str, int]], Any],
+    solver: Any,
+) -> Allocation:
+    """Where the solver put `a`."""
+    (node,) = [
+        n.name
+        for n in nodes
+        if (a.job, n.name) in on_node and solver.Value(on_node[(a.job, n.name)])
+    ]
+    chosen = tuple(
+        c.index
+        for c in state.node(node).cards
+        if (a.job, (node, c.index)) in on_card and solver.Value(on_card[(a.job, (node, c.index))])
+    )
+    return dataclasses.replace(a, node=node, cards=chosen)
 
 
 def _objective(inst: Instance, state: FleetState) -> int:
