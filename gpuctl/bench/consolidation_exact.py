@@ -4,8 +4,7 @@ An instance: `n_nodes` nodes drawn (seeded) from the openb node list, filled by 
 protocol's arrivals, tuned to `fill` x their GPU capacity) with a policy. On it, with the same
 move budget, the greedy planner (`plan_consolidation`) and an exact model solved by OR-Tools
 CP-SAT both minimise the planner's cost against the paper's target workload: stranded capacity
-plus `DEAD_WEIGHT` times the dead holes (free units on a card, more than 0 and under
-`dead_hole_below`):
+plus `DEAD_WEIGHT` times the dead holes (free units on a card in `consolidation_dead_range`):
 
     variables  pod -> node (and -> cards), for every pod; a pod that leaves its cards is a move
     limits     card capacity, node CPU and memory, card models, moves <= the budget
@@ -48,7 +47,11 @@ from gpuctl.core.consolidation import (
     plan_consolidation,
 )
 from gpuctl.core.placement.fit import Workload
-from gpuctl.core.placement.fragmentation import DEAD_WEIGHT, dead_hole_below, dead_units
+from gpuctl.core.placement.fragmentation import (
+    DEAD_WEIGHT,
+    consolidation_dead_range,
+    dead_units,
+)
 from gpuctl.core.placement.model import Allocation, Card, FleetState, PlacementNode
 from gpuctl.core.placement.policies import Policy
 from gpuctl.errors import UsageError
@@ -215,23 +218,25 @@ def exact(
                 model.Add(usable <= MILLI_PER_GPU - used[key])
                 model.Add(usable <= MILLI_PER_GPU * ok)
                 objective.append(w * usable)
-    below = dead_hole_below(inst.workload)
-    holes: dict[tuple[str, int], tuple[Any, Any, Any, Any]] = {}  # card -> dead, empty, live, units
+    lo, below = consolidation_dead_range(inst.workload)
+    lo = max(lo, 1)
+    holes: dict[tuple[str, int], tuple[Any, Any, Any, Any]] = {}  # card -> dead, small, live, units
     for key in cards:  # each dead unit costs DEAD_WEIGHT whole units of weight
         free = MILLI_PER_GPU - used[key]
-        if isinstance(free, int):
-            objective.append(-DEAD_SCALE * dead_units((free,), below))
+        if isinstance(free, int) or lo >= below:
+            if isinstance(free, int):
+                objective.append(-DEAD_SCALE * dead_units((free,), below, lo))
             continue
-        dead, empty, live = (model.NewBoolVar("") for _ in range(3))
-        model.AddExactlyOne((dead, empty, live))
-        model.Add(free == 0).OnlyEnforceIf(empty)
-        model.Add(free >= max(below, 1)).OnlyEnforceIf(live)
-        model.Add(free >= 1).OnlyEnforceIf(dead)
+        dead, small, live = (model.NewBoolVar("") for _ in range(3))
+        model.AddExactlyOne((dead, small, live))
+        model.Add(free <= lo - 1).OnlyEnforceIf(small)
+        model.Add(free >= below).OnlyEnforceIf(live)
+        model.Add(free >= lo).OnlyEnforceIf(dead)
         model.Add(free <= below - 1).OnlyEnforceIf(dead)
-        units = model.NewIntVar(0, max(below - 1, 0), "")
+        units = model.NewIntVar(0, below - 1, "")
         model.Add(units >= free).OnlyEnforceIf(dead)
         objective.append(-DEAD_SCALE * units)
-        holes[key] = (dead, empty, live, units)
+        holes[key] = (dead, small, live, units)
     model.Maximize(sum(objective))
     start = {a.job: a for a in hint} or {a.job: a for a in allocs}
     for (job, node), x in on_node.items():
@@ -244,12 +249,12 @@ def exact(
             v, int((start[job].node, start[job].cards) == (before[job].node, before[job].cards))
         )
     started_from = _rebuilt(state, list(start.values()))
-    for key, (dead, empty, live, units) in holes.items():  # the hint, complete
+    for key, (dead, small, live, units) in holes.items():  # the hint, complete
         f = {c.index: c.free_mib for c in started_from.node(key[0]).cards}[key[1]]
-        model.AddHint(dead, int(0 < f < below))
-        model.AddHint(empty, int(f == 0))
-        model.AddHint(live, int(f >= max(below, 1)))
-        model.AddHint(units, f if 0 < f < below else 0)
+        model.AddHint(dead, int(lo <= f < below))
+        model.AddHint(small, int(f < lo))
+        model.AddHint(live, int(f >= below))
+        model.AddHint(units, f if lo <= f < below else 0)
     if hint:  # the optimum is never worse than the hint (a feasible assignment)
         model.Add(sum(objective) >= _objective(inst, started_from))
     solver: Any = cp.CpSolver()
@@ -317,9 +322,9 @@ def _objective(inst: Instance, state: FleetState) -> int:
             if len(fit) < demand.gpus or (cpu is not None and cpu < demand.cpu_milli):
                 continue
             total += w * sum(fit)
-    below = dead_hole_below(inst.workload)
+    lo, below = consolidation_dead_range(inst.workload)
     for n in state.nodes:
-        total -= DEAD_SCALE * dead_units((c.free_mib for c in n.cards), below)
+        total -= DEAD_SCALE * dead_units((c.free_mib for c in n.cards), below, lo)
     return total
 
 

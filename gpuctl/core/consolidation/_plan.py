@@ -21,7 +21,11 @@ from gpuctl.core.consolidation.model import (
     TargetOutcome,
 )
 from gpuctl.core.placement.fit import NodeFree, Workload
-from gpuctl.core.placement.fragmentation import WorkloadIndex, dead_hole_below, dead_units
+from gpuctl.core.placement.fragmentation import (
+    WorkloadIndex,
+    consolidation_dead_range,
+    dead_units,
+)
 from gpuctl.core.placement.model import (
     Allocation,
     FleetState,
@@ -70,7 +74,7 @@ def node_free(n: PlacementNode) -> NodeFree:
 def fleet_figures(state: FleetState, workload: Workload | WorkloadIndex) -> FleetFigures:
     """Whole free cards and nodes, free, stranded and dead-hole memory, over schedulable nodes."""
     index = workload if isinstance(workload, WorkloadIndex) else WorkloadIndex(workload)
-    below = dead_hole_below(index.workload)
+    smallest, below = consolidation_dead_range(index.workload)
     dead = stranded = whole_cards = whole_nodes = free_mib = capacity = 0
     for n in state.nodes:
         if not n.schedulable:
@@ -81,7 +85,7 @@ def fleet_figures(state: FleetState, workload: Workload | WorkloadIndex) -> Flee
         whole_cards += t.empty_cards
         whole_nodes += 1 if n.cards and t.empty_cards == len(n.cards) else 0
         stranded += index.stranded_num(t.free)
-        dead += dead_units(t.free.free, below)
+        dead += dead_units(t.free.free, below, smallest)
     return FleetFigures(
         whole_free_cards=whole_cards,
         whole_free_nodes=whole_nodes,

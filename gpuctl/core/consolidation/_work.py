@@ -18,7 +18,7 @@ from gpuctl.core.placement.fit import NodeFree
 from gpuctl.core.placement.fragmentation import (
     DEAD_WEIGHT,
     WorkloadIndex,
-    dead_hole_below,
+    consolidation_dead_range,
     dead_units,
 )
 from gpuctl.core.placement.model import Allocation, FleetState, LabelRequirement, PlacementNode
@@ -148,7 +148,7 @@ class Work:
 
     def __init__(self, state: FleetState, index: WorkloadIndex) -> None:
         self.index = index
-        self.dead_below = dead_hole_below(index.workload)
+        self.dead_from, self.dead_below = consolidation_dead_range(index.workload)
         self.dead_num = DEAD_WEIGHT * index.denominator
         by_node: dict[str, list[Allocation]] = {}
         for a in state.allocations:
@@ -176,11 +176,10 @@ class Work:
 
     def measure(self, view: NodeFree) -> int:
         """What a node's free state costs, as an exact integer over the index's denominator:
-        its stranded memory, and `DEAD_WEIGHT` units per unit of dead hole (the placement's
-        measure: a hole almost no card-sharing job fits is as good as lost)."""
-        return self.index.stranded_num(view) + self.dead_num * dead_units(
-            view.free, self.dead_below
-        )
+        its stranded memory, and `DEAD_WEIGHT` units per unit of dead hole (as the placement
+        weighs it: a hole almost no card-sharing job fits is as good as lost)."""
+        dead = dead_units(view.free, self.dead_below, self.dead_from)
+        return self.index.stranded_num(view) + self.dead_num * dead
 
     def cost(self, node: WNode) -> int:
         """`measure` of the node as it is now, kept per node version."""

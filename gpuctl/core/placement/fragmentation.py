@@ -222,9 +222,20 @@ def dead_hole_below(workload: Workload, share: float = DEAD_SHARE) -> int:
     return 0
 
 
-def dead_units(free: Iterable[int], below: int) -> int:
-    """The free memory of the cards whose hole is dead: more than 0, less than `below`."""
-    return sum(f for f in free if 0 < f < below)
+def consolidation_dead_range(workload: Workload) -> tuple[int, int]:
+    """The holes consolidation counts as dead: from the smallest slice the workload asks for up
+    to `dead_hole_below` (excluded). A smaller hole, one no job fits, is stranded in full by the
+    stranded measure already: a move that frees a whole card and leaves such a hole is weighed
+    by that measure alone (the placement, choosing a card for one slice, charges it too)."""
+    smallest = min(
+        (d.mib_per_card for d, p in workload if d.gpus == 1 and not d.whole and p > 0), default=0
+    )
+    return smallest, dead_hole_below(workload)
+
+
+def dead_units(free: Iterable[int], below: int, at_least: int = 1) -> int:
+    """The free memory of the cards whose hole is dead: at least `at_least`, less than `below`."""
+    return sum(f for f in free if max(at_least, 1) <= f < below)
 
 
 _Req = tuple[int, int, bool]  # what a shape asks of the cards: (cards, units per card, whole)

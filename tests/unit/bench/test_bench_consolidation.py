@@ -123,7 +123,7 @@ def test_the_exact_model_is_never_worse_than_greedy_or_says_ortools_is_missing()
 
 def test_the_exact_model_counts_dead_holes_as_the_planner_does() -> None:
     # two 400-milli slices on two one-card nodes: putting them on one card frees a card but
-    # leaves 200 that no slice of the default workload fits (its smallest is 250)
+    # leaves 200 that only the 100-milli slices fit, 3 % of the card-sharing ones
     nodes = [OpenbNode(f"n{i}", 8000, 65536, 1, "A10") for i in (1, 2)]
     cluster = bench.Cluster(nodes)
     pods = {
@@ -131,7 +131,8 @@ def test_the_exact_model_counts_dead_holes_as_the_planner_does() -> None:
     }
     for i, p in enumerate(pods.values()):
         cluster.place(i, p, (0,))
-    inst = exact.Instance("two halves", cluster.fleet_state(), pods, default_workload(1000))
+    workload = ((Demand(1, 100), 0.01), *default_workload(1000))
+    inst = exact.Instance("two halves", cluster.fleet_state(), pods, workload)
     if not exact.available():
         with pytest.raises(UsageError, match="OR-Tools is not installed"):
             exact.gap(inst, 1)

@@ -21,7 +21,7 @@ from gpuctl.core.consolidation import (
     plan_to_dict,
     render_consolidation,
 )
-from gpuctl.core.placement.fit import Demand
+from gpuctl.core.placement.fit import Demand, Workload
 from gpuctl.core.placement.fragmentation import default_workload
 from gpuctl.core.placement.model import (
     Allocation,
@@ -37,6 +37,7 @@ from gpuctl.errors import PlanError
 
 CAP = 1000
 WORKLOAD = default_workload(CAP)
+TINY_SLICES = ((Demand(1, 100), 0.01), *WORKLOAD)  # a few slices fit a hole of 100-249
 NOW = 100_000.0
 
 
@@ -122,16 +123,19 @@ def test_slices_on_two_cards_of_one_node_are_merged_onto_one_card() -> None:
 
 
 def test_no_move_leaves_a_hole_almost_no_slice_fits_unless_it_frees_more() -> None:
-    # the default workload's smallest slice is 250: a smaller hole is dead (costs 2 units more)
+    # slices of 100 are 3 % of the card-sharing jobs: a hole of 100-249 is dead (2 units more)
     allocs = [slice_("a", "n1", 0, 400), slice_("b", "n1", 1, 400)]
-    p = plan(fleet({"n1": 2}, allocs), facts(allocs))
-    assert p.moves == ()  # 800 on one card would leave 200 that no slice fits
+    p = plan(fleet({"n1": 2}, allocs), facts(allocs), workload=TINY_SLICES)
+    assert p.moves == ()  # 800 on one card would leave 200 that almost no slice fits
     assert p.reason == "no move reduces stranded memory and dead holes"
-    # a slice that fills such a hole moves there, and the figures count the hole
+    # a hole that no slice fits is stranded in full already: freeing a whole card is worth it
+    p = plan(fleet({"n1": 2}, allocs), facts(allocs))  # the smallest slice is 250
+    assert len(p.moves) == 1 and p.after.whole_free_cards == 1
+    # a slice that fills a dead hole moves there, and the figures count the hole
     allocs = [slice_("big", "n1", 0, 800), slice_("small", "n2", 0, 150)]
-    p = plan(fleet({"n1": 1, "n2": 1}, allocs), facts(allocs))
+    p = plan(fleet({"n1": 1, "n2": 1}, allocs), facts(allocs), workload=TINY_SLICES)
     assert [(m.job, m.to_node) for m in p.moves] == [("small", "n1")]
-    assert (p.before.dead_mib, p.after.dead_mib) == (200, 50)
+    assert (p.before.dead_mib, p.after.dead_mib) == (200, 0)  # 50 left: under every slice
     assert "dead holes        200 MiB" in render_consolidation(p)
 
 
@@ -503,11 +507,15 @@ def _never_overcommitted(state: FleetState) -> None:
 
 
 def _check_plan(
-    state: FleetState, fs: list[JobFacts], p: ConsolidationPlan, max_moves: int
+    state: FleetState,
+    fs: list[JobFacts],
+    p: ConsolidationPlan,
+    max_moves: int,
+    workload: Workload = WORKLOAD,
 ) -> None:
     after = apply_consolidation(state, p)
     _never_overcommitted(after)
-    assert fleet_figures(after, WORKLOAD) == p.after
+    assert fleet_figures(after, workload) == p.after
     assert consolidation_version(after) == p.version_after
     assert len(p.moves) <= max_moves
     moved = [m.job for m in p.moves]
@@ -537,8 +545,8 @@ def test_a_plan_never_overcommits_and_applying_it_gives_the_predicted_state(
     case: tuple[FleetState, list[JobFacts]], max_moves: int
 ) -> None:
     state, fs = case
-    p = plan(state, fs, max_moves=max_moves)
-    _check_plan(state, fs, p, max_moves)
+    p = plan(state, fs, max_moves=max_moves, workload=TINY_SLICES)
+    _check_plan(state, fs, p, max_moves, TINY_SLICES)
     assert p.after.cost_mib <= p.before.cost_mib
     assert all(m.stranded_freed_mib > 0 for m in p.moves)
     if p.moves:
