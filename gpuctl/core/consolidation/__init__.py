@@ -3,7 +3,8 @@
 `plan_consolidation(state, facts, ...)` simulates moves on a copy of the fleet state and keeps
 those that strictly reduce its cost: stranded memory (free memory the target workload cannot use,
 measured by `gpuctl.core.placement.fragmentation`) plus `DEAD_WEIGHT` times the dead holes (card
-memory almost no card-sharing job fits, the default placement's measure too), best first, up to
+memory that some but almost no card-sharing job fits, `consolidation_dead_range`; the default
+placement weighs them too), best first, up to
 `max_moves`. With a `target` shape it solves the drain-and-refill case instead: make room for the
 target (a whole node, N whole cards, or a slice) with the fewest moves.
 

@@ -57,8 +57,8 @@ class FleetFigures:
     free_mib: int
     stranded_mib: float
     capacity_mib: int
-    # free memory in holes almost no card-sharing job fits (`dead_hole_below`); the planner
-    # charges `DEAD_WEIGHT` per unit of it on top of the stranded memory
+    # free memory in holes some but almost no card-sharing job fits (`consolidation_dead_range`);
+    # the planner charges `DEAD_WEIGHT` per unit of it on top of the stranded memory
     dead_mib: int = 0
 
     @property
