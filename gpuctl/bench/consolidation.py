@@ -4,7 +4,7 @@ arrivals.
 The protocol is the placement benchmark's (arrival order, tune, seeded node priority, the policy's
 per-node scores with ties to the lowest priority rank). Every `every` arrivals, the pure planner
 (`gpuctl.core.consolidation.plan_consolidation`) runs on the cluster, in the benchmark's milli-GPU
-units, against the paper's target workload; its moves are applied, then the replay continues. The
+units, against the workload the policy sees; its moves are applied, then the replay continues. The
 moves of the whole run are capped at `max_moves_pct` % of the pods placed so far, so at the end
 at most that share of the placed pods was ever moved. `every=0` is the same replay without
 consolidation (the baseline beside it). The matrix over policies and seeds, its table and
@@ -256,7 +256,8 @@ def replay_consolidating(
 ) -> ConsolidationRun:
     """Replay with a consolidation pass every `every` arrivals (0: none) and, with `room_moves`,
     drain-and-refill (at most that many moves) for each pod that finds no room. The policy sees
-    `policy_workload` (default: the paper's); the planner always measures against the paper's."""
+    `policy_workload` (default: the paper's), and the planner measures against the same: placement
+    and consolidation weigh one workload."""
     if every < 0 or room_moves < 0 or not 0 <= max_moves_pct <= 100:
         raise ValueError("every and room_moves must be >= 0 and max_moves_pct in [0, 100]")
     started = time.perf_counter()
@@ -290,7 +291,7 @@ def replay_consolidating(
             key = (demand, int(cluster.version.sum()))
             if budget > 0 and key not in hopeless:
                 t0 = time.perf_counter()
-                made = make_room(cluster, pod, paper, budget, index_of)
+                made = make_room(cluster, pod, workload, budget, index_of)
                 planner += time.perf_counter() - t0
                 plans += 1
                 if made is None:
@@ -307,7 +308,7 @@ def replay_consolidating(
         if every and k % every == 0:
             budget = math.floor(max_moves_pct * placed / 100) - moves
             t0 = time.perf_counter()
-            moves += consolidate(cluster, paper, budget, index_of)
+            moves += consolidate(cluster, workload, budget, index_of)
             planner += time.perf_counter() - t0
             passes += 1
     curve = allocation_curve(arrived_log, used_log, capacity)
