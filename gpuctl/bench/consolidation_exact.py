@@ -223,9 +223,10 @@ def exact(
     holes: dict[tuple[str, int], tuple[Any, Any, Any, Any]] = {}  # card -> dead, small, live, units
     for key in cards:  # each dead unit costs DEAD_WEIGHT whole units of weight
         free = MILLI_PER_GPU - used[key]
-        if isinstance(free, int) or lo >= below:
-            if isinstance(free, int):
-                objective.append(-DEAD_SCALE * dead_units((free,), below, lo))
+        if isinstance(free, int):  # no pod may use this card: its hole is a constant
+            objective.append(-DEAD_SCALE * dead_units((free,), below, lo))
+            continue
+        if lo >= below:  # no hole is dead
             continue
         dead, small, live = (model.NewBoolVar("") for _ in range(3))
         model.AddExactlyOne((dead, small, live))

@@ -279,7 +279,7 @@ class Work:
         return best
 
     def removal_gain(self, node: WNode, a: Allocation) -> int:
-        """Stranded memory of `node` now minus with `a` gone."""
+        """The cost (`measure`) of `node` now minus with `a` gone."""
         free, dcpu, dmem = node.freed(a)
         return self.cost(node) - self.measure(node.view(free, dcpu, dmem))
 

@@ -206,13 +206,16 @@ DEAD_SHARE = 0.05  # a hole fewer than this share of the card-sharing jobs fit i
 DEAD_WEIGHT = 2  # what a unit of dead hole costs, in units of stranded memory
 
 
+def _slice_sizes(workload: Workload) -> list[tuple[int, float]]:
+    """(size per card, probability) of the workload's card-sharing shapes, smallest first."""
+    return sorted((d.mib_per_card, p) for d, p in workload if d.gpus == 1 and not d.whole and p > 0)
+
+
 def dead_hole_below(workload: Workload, share: float = DEAD_SHARE) -> int:
     """The hole size under which fewer than `share` of the workload's card-sharing jobs fit:
     the smallest slice size at which the share of slices no larger reaches it (0 when the
     workload shares no card: no hole is dead)."""
-    sizes = sorted(
-        (d.mib_per_card, p) for d, p in workload if d.gpus == 1 and not d.whole and p > 0
-    )
+    sizes = _slice_sizes(workload)
     total = sum(p for _, p in sizes)
     seen = 0.0
     for size, p in sizes:
@@ -227,10 +230,8 @@ def consolidation_dead_range(workload: Workload) -> tuple[int, int]:
     to `dead_hole_below` (excluded). A smaller hole, one no job fits, is stranded in full by the
     stranded measure already: a move that frees a whole card and leaves such a hole is weighed
     by that measure alone (the placement, choosing a card for one slice, charges it too)."""
-    smallest = min(
-        (d.mib_per_card for d, p in workload if d.gpus == 1 and not d.whole and p > 0), default=0
-    )
-    return smallest, dead_hole_below(workload)
+    sizes = _slice_sizes(workload)
+    return (sizes[0][0] if sizes else 0), dead_hole_below(workload)
 
 
 def dead_units(free: Iterable[int], below: int, at_least: int = 1) -> int:
