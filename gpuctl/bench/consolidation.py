@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -73,10 +73,21 @@ class ConsolidationRun:
     # the same, from the node-type LP with those pods placed (`bound.forced_ceiling`): nodes,
     # CPU, memory, card models and multi-GPU pods counted; None without scipy
     forced_ceiling_pct: float | None = None
+    # no run placing every pod this one placed by column 130 reaches more (`kept_ceiling`); in
+    # `consolidation_report.run_matrix`, for a consolidating run: every pod both it and the same
+    # seed without consolidation placed (`paired`), so it bounds both. No assumption.
+    kept_ceiling_pct: float | None = None
+    # pods the same seed without consolidation placed by column 130 that this run did not
+    # (`paired`; None outside a matrix or without consolidation)
+    dropped: int | None = None
     before_failure: int | None = None  # arrivals before the first pod that found no room
     curve: tuple[float | None, ...] = ()  # allocation per column x = 0..130
     room_moves: int = 0  # drain-and-refill for each pod that finds no room, within this; 0: off
     room_plans: int = 0  # drain-and-refill plans made
+    # the arrivals up to column 130 and the names of the pods placed, for `paired` (in process
+    # only: not in the report's document)
+    prefix: tuple[OpenbPod, ...] = dataclasses.field(default=(), repr=False, compare=False)
+    placed_names: frozenset[str] = dataclasses.field(default=frozenset(), repr=False, compare=False)
 
     @property
     def moved_pct(self) -> float:
@@ -85,7 +96,7 @@ class ConsolidationRun:
     @property
     def lowest_ceiling_pct(self) -> float:
         """The lowest of the run's ceilings (those known)."""
-        known = (self.packing_ceiling_pct, self.forced_ceiling_pct)
+        known = (self.packing_ceiling_pct, self.forced_ceiling_pct, self.kept_ceiling_pct)
         return min([self.ceiling_pct, *(c for c in known if c is not None)])
 
 
@@ -314,6 +325,8 @@ def replay_consolidating(
     curve = allocation_curve(arrived_log, used_log, capacity)
     must = len(arrivals) if before_failure is None else before_failure
     placed_pods = [pod for _, _, pod in cluster.where.values()]
+    prefix = bound.column_prefix(arrivals, capacity, 130) or ()
+    placed_names = frozenset(cluster.where)
     return ConsolidationRun(
         policy=policy.name,
         seed=seed,
@@ -336,10 +349,13 @@ def replay_consolidating(
         forced_ceiling_pct=bound.forced_ceiling(nodes, arrivals, must)
         if bound.available()
         else None,
+        kept_ceiling_pct=kept_ceiling(nodes, prefix, placed_names) if prefix else None,
         before_failure=before_failure,
         curve=curve,
         room_moves=room_moves,
         room_plans=plans,
+        prefix=prefix,
+        placed_names=placed_names,
     )
 
 
@@ -358,6 +374,54 @@ def ceiling(placed: Sequence[OpenbPod], arrivals: Sequence[OpenbPod], capacity: 
     )
     small = sum(p.gpu_milli for p in arrivals if p.num_gpu == 1 and p.gpu_milli <= HOLE_MAX)
     return round(100.0 * min(capacity, capacity - holes + small) / capacity, 2)
+
+
+def kept_ceiling(
+    nodes: Sequence[OpenbNode], prefix: Sequence[OpenbPod], keep: Collection[str]
+) -> float:
+    """An upper bound on the allocation at x=130 (% of capacity) of any run whose arrivals up
+    to column 130 are `prefix` and which places the pods of `keep` among them, however its
+    pods are moved meanwhile; a bound, no assumption.
+
+    The lowest of `ceiling` (the holes beside the kept slices of 800 milli or more), the
+    packing ceiling and the forced bound's LP (`bound.packing_ceiling`, `bound.forced_bound`)
+    with the kept pods as the forced ones and the other arrivals of the column optional. Those
+    two force a prefix of the arrivals; the order matters to neither but for which pods are
+    forced, so the kept pods go first. A run without consolidation places its own pods; one
+    with consolidation compared with it is bound by the pods both placed (`paired`).
+    """
+    capacity = gpu_capacity_milli(nodes)
+    kept = [p for p in prefix if p.name in keep]
+    pods = kept + [p for p in prefix if p.name not in keep]
+    best = ceiling(kept, prefix, capacity)
+    if bound.available():
+        lp = bound.forced_bound(nodes, pods, len(kept))
+        cards = sum(n.gpus for n in nodes)
+        best = min(
+            best,
+            round(100.0 * lp.milli / capacity, 2),
+            bound.packing_ceiling(pods, len(kept), capacity, cards),
+        )
+    return best
+
+
+def paired(
+    nodes: Sequence[OpenbNode], base: ConsolidationRun, run: ConsolidationRun
+) -> ConsolidationRun:
+    """`run` with its kept ceiling over the pods both it and `base` (the same seed without
+    consolidation, the same arrivals) placed by column 130, a bound for both, and the count of
+    `base`'s pods it did not place. A consolidating run may turn away a pod the run without
+    consolidation placed (its fleet differs when the pod arrives), so `base`'s own kept
+    ceiling does not bind it."""
+    if not run.prefix:
+        return run
+    arrived = {p.name for p in run.prefix}
+    both = base.placed_names & run.placed_names
+    return dataclasses.replace(
+        run,
+        kept_ceiling_pct=kept_ceiling(nodes, run.prefix, both),
+        dropped=len((base.placed_names - run.placed_names) & arrived),
+    )
 
 
 class Scores:

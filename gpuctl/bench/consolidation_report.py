@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from gpuctl.bench.consolidation import ConsolidationRun, run_one
+from gpuctl.bench.consolidation import ConsolidationRun, paired, run_one
 from gpuctl.bench.openb import OpenbNode, OpenbPod
 from gpuctl.errors import UsageError
 
@@ -95,6 +95,9 @@ def run_matrix(
             futures = [pool.submit(run_one, nodes, pods, *t[:4], tune, t[4]) for t in tasks]
             for future in futures:
                 record(future.result())
+    for (name, seed, k), run in list(results.items()):
+        if k != -1:  # the kept ceiling of the pods both it and its baseline placed
+            results[(name, seed, k)] = paired(nodes, results[(name, seed, -1)], run)
     return [
         Row(
             name,
@@ -116,34 +119,52 @@ FIELDS = (
     "ceiling_pct",
     "packing_ceiling_pct",
     "forced_ceiling_pct",
+    "kept_ceiling_pct",
     "lowest_ceiling_pct",
+    "dropped",
     "seconds",
 )
 
 
 def gap_closed(rows: Sequence[Row], row: Row, ceiling: str) -> float | None:
-    """The share (%) of the gap at x=130 from the same policy without consolidation up to that
-    run's ceiling (`ceiling_pct`, `packing_ceiling_pct`, `forced_ceiling_pct` or the lowest of
-    them, `lowest_ceiling_pct`; mean over seeds) that `row` closes;
-    None for a row without consolidation or where the gap is empty or unknown."""
+    """The share (%) of the gap at x=130 from the same policy without consolidation up to the
+    ceiling `ceiling` (a field of `ConsolidationRun`: `ceiling_pct`, `packing_ceiling_pct`,
+    `forced_ceiling_pct`, `kept_ceiling_pct` or `lowest_ceiling_pct`; mean over seeds; see
+    `pair_ceiling`) that `row` closes; None for a row without consolidation or where the gap is
+    empty or unknown."""
     base = next((r for r in rows if r.policy == row.policy and not r.consolidating), None)
-    if (
-        not row.consolidating
-        or base is None
-        or not base.values(ceiling)
-        or not row.values("alloc_130")
-    ):
+    if not row.consolidating or base is None or not row.values("alloc_130"):
         return None
-    gap = base.mean(ceiling) - base.mean("alloc_130")
+    tops = [pair_ceiling(b, r, ceiling) for b, r in zip(base.runs, row.runs, strict=True)]
+    known = [t for t in tops if t is not None]
+    if len(known) != len(tops):
+        return None
+    gap = statistics.fmean(known) - base.mean("alloc_130")
     if not gap > 0:
         return None
     return 100.0 * (row.mean("alloc_130") - base.mean("alloc_130")) / gap
+
+
+def pair_ceiling(base: ConsolidationRun, run: ConsolidationRun, ceiling: str) -> float | None:
+    """The ceiling `ceiling` that the gap from `base` (a seed without consolidation) to `run`
+    (the same seed with it) is measured to: `base`'s own, but for the kept ceiling, which is
+    the pair's (`run.kept_ceiling_pct`: over the pods both placed, so it binds both), and the
+    lowest: of `base`'s packing and forced ceilings and the pair's kept ceiling (which never
+    exceeds `ceiling_pct` over the pods both placed)."""
+    if ceiling == "kept_ceiling_pct":
+        return run.kept_ceiling_pct
+    if ceiling == "lowest_ceiling_pct" and run.kept_ceiling_pct is not None:
+        known = (base.packing_ceiling_pct, base.forced_ceiling_pct, run.kept_ceiling_pct)
+        return min(c for c in known if c is not None)
+    value = getattr(base, ceiling)
+    return None if value is None else float(value)
 
 
 CEILINGS = (
     ("ceiling", "ceiling_pct"),
     ("packing_ceiling", "packing_ceiling_pct"),
     ("forced_ceiling", "forced_ceiling_pct"),
+    ("kept_ceiling", "kept_ceiling_pct"),
     ("lowest_ceiling", "lowest_ceiling_pct"),
 )
 
@@ -177,23 +198,24 @@ def report_document(rows: Sequence[Row], workload: str, tune: float) -> dict[str
 
 
 def render_table(rows: Sequence[Row], workload: str) -> str:
-    """A Markdown table: allocation at x=100 and x=130, moves, the three ceilings and the share
-    of the gap to the lowest (per run) that consolidation closes, time per run."""
+    """A Markdown table: allocation at x=100 and x=130, moves, the four ceilings and the share
+    of the gap to the lowest (per seed, `pair_ceiling`) that consolidation closes, time per
+    run. A consolidating row's kept ceiling is its pair's."""
     head = (
         "| policy | consolidation | alloc@100 | alloc@130 | moves (% of placed) "
-        "| ceiling@130 | packing ceiling@130 | forced ceiling@130 | gap closed (lowest ceiling) "
-        "| s/run |"
+        "| ceiling@130 | packing ceiling@130 | forced ceiling@130 | kept ceiling@130 "
+        "| gap closed (lowest ceiling) | s/run |"
     )
     lines = [f"workload {workload}, seeds {_span([r.seed for r in rows[0].runs])}", "", head]
-    lines.append("|" + "---|" * 10)
+    lines.append("|" + "---|" * 11)
     for row in rows:
         how = row.how()
         lines.append(
             f"| {row.policy} | {how} | {_stat(row, 'alloc_100')} | {_stat(row, 'alloc_130')} "
             f"| {row.mean('moves'):.0f} ({row.mean('moved_pct'):.2f}%) "
             f"| {row.mean('ceiling_pct'):.2f} | {_mean(row, 'packing_ceiling_pct')} "
-            f"| {_mean(row, 'forced_ceiling_pct')} | {_gap(rows, row)} "
-            f"| {row.mean('seconds'):.0f} |"
+            f"| {_mean(row, 'forced_ceiling_pct')} | {_mean(row, 'kept_ceiling_pct')} "
+            f"| {_gap(rows, row)} | {row.mean('seconds'):.0f} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -265,6 +265,28 @@ def test_the_forced_ceiling_is_never_under_a_replay_with_or_without_consolidatio
     assert compared >= 16 and moves > 0
 
 
+@pytest.mark.parametrize("seed", range(8))
+def test_the_kept_ceiling_is_above_every_placement_keeping_the_runs_pods(seed: int) -> None:
+    # The kept ceiling of a run without consolidation forces the pods it placed (not only those
+    # before its first failure): never under the exact optimum with those pods forced, which
+    # is never under the run itself, and never over the packing ceiling of the same run.
+    from gpuctl.bench.consolidation import kept_ceiling, run_one
+
+    nodes, pods = small_instance(seed)
+    capacity = gpu_capacity_milli(nodes)
+    for name in ("fgd", "gpuctl"):
+        run = run_one(tuple(nodes), tuple(pods), name, seed, 0, 0.0)
+        if run.alloc_130 is None:
+            continue
+        kept = [p for p in run.prefix if p.name in run.placed_names]
+        rest = [p for p in run.prefix if p.name not in run.placed_names]
+        best = bound.exact_allocation(nodes, kept + rest, forced=len(kept))
+        assert run.kept_ceiling_pct == kept_ceiling(nodes, run.prefix, run.placed_names)
+        assert run.kept_ceiling_pct >= round(100 * best / capacity, 2) >= run.alloc_130
+        assert run.packing_ceiling_pct is not None
+        assert run.kept_ceiling_pct <= run.packing_ceiling_pct
+
+
 def test_forcing_the_pods_before_the_first_failure_tightens_the_bound() -> None:
     # A slice of 600 arrives first and is placed by every run; the whole-card pod after it can
     # then go nowhere. allocation_bound may drop the slice for the whole card (1000).

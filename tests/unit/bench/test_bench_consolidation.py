@@ -209,25 +209,49 @@ def test_the_report_gives_every_ceiling_and_the_gap_closed_against_each() -> Non
         )
 
     rows = [
-        report.Row("gpuctl", 0, 0.0, (run(0, 95.97, 97.09, 96.46, 96.41),)),
-        report.Row("gpuctl", 100, 5.0, (run(100, 96.26, 97.08, 96.45, 96.40),)),
+        # the baseline's own kept ceiling (96.30) binds only runs that place all its pods
+        report.Row("gpuctl", 0, 0.0, (run(0, 95.97, 97.09, 96.46, 96.41, 96.30),)),
+        # the consolidating run's is the pair's: over the pods both placed
+        report.Row("gpuctl", 100, 5.0, (run(100, 96.26, 97.08, 96.45, 96.40, 96.39),)),
     ]
     doc = report.report_document(rows, "default", 1.3)
     entries: Any = doc["rows"]
     assert entries[0]["packing_ceiling_pct"]["per_seed"] == [96.46]
-    assert entries[0]["lowest_ceiling_pct"]["per_seed"] == [96.41]
-    # against the baseline's ceilings: (96.26 - 95.97) / (97.09 - 95.97), / (96.46 - 95.97), ...
+    assert entries[0]["lowest_ceiling_pct"]["per_seed"] == [96.30]
+    # against the baseline's ceilings: (96.26 - 95.97) / (97.09 - 95.97), / (96.46 - 95.97),
+    # ..., and against the pair's kept ceiling (96.39), the lowest of the pair
     assert entries[1]["gap_closed_pct"] == {
         "ceiling": 25.9,
         "packing_ceiling": 59.2,
         "forced_ceiling": 65.9,
-        "lowest_ceiling": 65.9,
+        "kept_ceiling": 69.0,
+        "lowest_ceiling": 69.0,
     }
     assert set(entries[0]["gap_closed_pct"].values()) == {None}
     table = report.render_table(rows, "default").splitlines()
-    assert "| forced ceiling@130 | gap closed (lowest ceiling) |" in table[2]
-    assert table[4].endswith("| 97.09 | 96.46 | 96.41 | - | 1 |")
-    assert table[5].endswith("| 97.08 | 96.45 | 96.40 | 66% | 1 |")
+    assert "| kept ceiling@130 | gap closed (lowest ceiling) |" in table[2]
+    assert table[4].endswith("| 97.09 | 96.46 | 96.41 | 96.30 | - | 1 |")
+    assert table[5].endswith("| 97.08 | 96.45 | 96.40 | 96.39 | 69% | 1 |")
+
+
+def test_the_kept_ceiling_of_a_pair_binds_both_runs_where_one_turned_a_pod_away() -> None:
+    # One card; 700, 500 and 450 milli arrive. The run without consolidation placed the 700
+    # (its own kept ceiling: 70 %, nothing else fits beside it); the run with consolidation
+    # placed the 500 and the 450 instead (95 %). The pair's ceiling forces neither: 95 %.
+    nodes = [OpenbNode("a", 32_000, 131_072, 1, "T4")]
+    prefix = (pod("a", 1, 700), pod("b", 1, 500), pod("c", 1, 450))
+
+    def run(every: int, placed: set[str]) -> bench.ConsolidationRun:
+        return bench.ConsolidationRun(
+            "gpuctl", 1, every, 5.0, 0.0, 0.0, 0, 0, len(placed), 3, 1.0, 0.0, 100.0,
+            prefix=prefix, placed_names=frozenset(placed),
+        )  # fmt: skip
+
+    base, other = run(0, {"a"}), run(3, {"b", "c"})
+    assert bench.kept_ceiling(nodes, prefix, base.placed_names) == 70.0
+    both = bench.paired(nodes, base, other)
+    assert (both.kept_ceiling_pct, both.dropped) == (95.0, 1)
+    assert bench.paired(nodes, base, run(3, {"a"})).kept_ceiling_pct == 70.0
 
 
 def test_the_replay_bounds_its_allocation_with_the_slices_before_its_first_failure() -> None:
