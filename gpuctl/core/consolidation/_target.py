@@ -3,11 +3,12 @@
 For every schedulable node the target may use, the cheapest way to make it fit is found: for whole
 cards, the set of `gpus` usable cards whose jobs are fewest to move (every such job must be
 movable; a card with ghost usage cannot be freed); for a slice, the card where moving the fewest
-(largest first) slices leaves enough free; then more jobs (largest first) if the node lacks CPU or
-host memory, and every job the target may not share a node with. The moved jobs are re-placed one
-by one (largest first) where they add the least cost (`Work.measure`), never on the target's
-node. The node needing the fewest moves wins; ties go to the lower cost after, then to the node
-whose name sorts first.
+(largest first) slices leaves enough free; then more jobs if the node lacks CPU or host memory
+(largest first; as a second way, those holding no GPU first: they fit wherever the cores are),
+and every job the target may not share a node with. The moved jobs are re-placed one by one
+(largest first) where they add the least cost (`Work.measure`), never on the target's node. The
+node needing the fewest moves wins; ties go to the lower cost after, then to the node whose name
+sorts first.
 """
 
 from __future__ import annotations
@@ -240,11 +241,21 @@ def _options(
             if need <= 0:
                 sets.append((chosen, (p,)))
     out = []
-    for evict, positions in sets:
+    seen: set[tuple[tuple[str, ...], tuple[int, ...]]] = set()
+    for (evict, positions), gpu_free_first in itertools.product(sets, (False, True)):
         full = _with_host(
-            node, {a.job: a for a in (*evict, *must)}, shape.cpu_milli, shape.host_mem_mib, movable
+            node,
+            {a.job: a for a in (*evict, *must)},
+            shape.cpu_milli,
+            shape.host_mem_mib,
+            movable,
+            gpu_free_first=gpu_free_first,
         )
-        if full is not None and all(a.job in movable for a in full):
+        if full is None or not all(a.job in movable for a in full):
+            continue
+        key = (tuple(a.job for a in full), positions)
+        if key not in seen:
+            seen.add(key)
             out.append((full, positions))
     if not out:
         return "a job there may not move" if sets else "no card can be freed for it"
@@ -298,9 +309,17 @@ def _units(node: WNode, a: Allocation, p: int) -> int:
 
 
 def _with_host(
-    node: WNode, evict: dict[str, Allocation], cpu: int, mem: int, movable: set[str]
+    node: WNode,
+    evict: dict[str, Allocation],
+    cpu: int,
+    mem: int,
+    movable: set[str],
+    *,
+    gpu_free_first: bool = False,
 ) -> list[Allocation] | None:
-    """`evict`, plus the largest movable jobs until the node has `cpu` and `mem` free."""
+    """`evict`, plus the largest movable jobs until the node has `cpu` and `mem` free; with
+    `gpu_free_first`, the jobs holding no GPU before the others (they fit any node with the
+    cores and memory, where a GPU job needs room on a card too)."""
     cpu_free = node.cpu_free()
     mem_free = node.mem_free()
 
@@ -311,7 +330,12 @@ def _with_host(
 
     rest = sorted(
         (a for a in node.jobs.values() if a.job not in evict and a.job in movable),
-        key=lambda a: (-a.cpu_milli, -a.host_mem_mib, a.job),
+        key=lambda a: (
+            gpu_free_first and bool(a.cards),
+            -a.cpu_milli,
+            -a.host_mem_mib,
+            a.job,
+        ),
     )
     for a in rest:
         if not short():

@@ -421,6 +421,22 @@ def test_target_slice_moves_the_fewest_slices_largest_first() -> None:
     assert [(m.job, m.to_node) for m in p.moves] == [("c", "n2")]
 
 
+def test_target_short_of_cpu_moves_a_gpu_less_job_when_the_biggest_cannot() -> None:
+    # n1's card has room for the target's slice but not the cores: the job with the most cores
+    # there holds a 600 slice that fits on no other card, the other one holds no GPU and fits on
+    # n2, whose card is full and whose cores are free. Moving the second makes room.
+    allocs = [
+        slice_("gpu-hog", "n1", 0, 600, cpu_milli=10_000),
+        Allocation("cpu-job", "n1", (), 0, cpu_milli=4000),
+        whole("full", "n2", (0,), cpu_milli=1000),
+    ]
+    state = fleet({"n1": 1, "n2": 1}, allocs, cpu={"n1": 16_000, "n2": 16_000})
+    target = JobShape(gpus=1, mem_per_card=MemPerCard(mib=300), cpu_milli=3000)
+    p = plan(state, facts(allocs), target=target, max_moves=1)
+    assert p.target is not None and p.target.fits and p.target.node == "n1", p.target
+    assert [(m.job, m.to_node) for m in p.moves] == [("cpu-job", "n2")]
+
+
 # --- properties ------------------------------------------------------------------------------
 
 
