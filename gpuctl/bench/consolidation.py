@@ -73,9 +73,10 @@ class ConsolidationRun:
     # the same, from the node-type LP with those pods placed (`bound.forced_ceiling`): nodes,
     # CPU, memory, card models and multi-GPU pods counted; None without scipy
     forced_ceiling_pct: float | None = None
-    # no run placing every pod this one placed by column 130 reaches more (`kept_ceiling`); in
-    # `consolidation_report.run_matrix`, for a consolidating run: every pod both it and the same
-    # seed without consolidation placed (`paired`), so it bounds both. No assumption.
+    # no run placing every pod this one placed by column 130 reaches more (`kept_ceiling`), for
+    # a run without consolidation; for a consolidating one, `paired` sets it (None until then):
+    # over every pod both it and the same seed without consolidation placed, so it bounds both.
+    # No assumption.
     kept_ceiling_pct: float | None = None
     # pods the same seed without consolidation placed by column 130 that this run did not
     # (`paired`; None outside a matrix or without consolidation)
@@ -349,7 +350,10 @@ def replay_consolidating(
         forced_ceiling_pct=bound.forced_ceiling(nodes, arrivals, must)
         if bound.available()
         else None,
-        kept_ceiling_pct=kept_ceiling(nodes, prefix, placed_names) if prefix else None,
+        # a consolidating run's own would be replaced by its pair's (`paired`): not solved twice
+        kept_ceiling_pct=kept_ceiling(nodes, prefix, placed_names)
+        if prefix and not (every or room_moves)
+        else None,
         before_failure=before_failure,
         curve=curve,
         room_moves=room_moves,

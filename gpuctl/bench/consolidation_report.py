@@ -150,12 +150,15 @@ def pair_ceiling(base: ConsolidationRun, run: ConsolidationRun, ceiling: str) ->
     (the same seed with it) is measured to: `base`'s own, but for the kept ceiling, which is
     the pair's (`run.kept_ceiling_pct`: over the pods both placed, so it binds both), and the
     lowest: of `base`'s packing and forced ceilings and the pair's kept ceiling (which never
-    exceeds `ceiling_pct` over the pods both placed)."""
+    exceeds `ceiling_pct` over the pods both placed; without it, `base`'s `ceiling_pct`)."""
     if ceiling == "kept_ceiling_pct":
         return run.kept_ceiling_pct
-    if ceiling == "lowest_ceiling_pct" and run.kept_ceiling_pct is not None:
-        known = (base.packing_ceiling_pct, base.forced_ceiling_pct, run.kept_ceiling_pct)
-        return min(c for c in known if c is not None)
+    if ceiling == "lowest_ceiling_pct":  # never `base`'s own kept ceiling: it may not bind `run`
+        pair = run.kept_ceiling_pct
+        known = (base.packing_ceiling_pct, base.forced_ceiling_pct)
+        return min(
+            [pair if pair is not None else base.ceiling_pct, *(c for c in known if c is not None)]
+        )
     value = getattr(base, ceiling)
     return None if value is None else float(value)
 

@@ -228,6 +228,11 @@ def test_the_report_gives_every_ceiling_and_the_gap_closed_against_each() -> Non
         "lowest_ceiling": 69.0,
     }
     assert set(entries[0]["gap_closed_pct"].values()) == {None}
+    # a consolidating run without its pair's kept ceiling is never measured to the baseline's
+    unpaired = [rows[0], report.Row("gpuctl", 100, 5.0, (run(100, 96.26, 97.08, 96.45, 96.40),))]
+    assert report.gap_closed(unpaired, unpaired[1], "lowest_ceiling_pct") == pytest.approx(
+        100 * (96.26 - 95.97) / (96.41 - 95.97)
+    )
     table = report.render_table(rows, "default").splitlines()
     assert "| kept ceiling@130 | gap closed (lowest ceiling) |" in table[2]
     assert table[4].endswith("| 97.09 | 96.46 | 96.41 | 96.30 | - | 1 |")
