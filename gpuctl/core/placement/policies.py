@@ -209,8 +209,10 @@ class Gpuctl:
     the node's free CPU and memory can feed at the workload's average CPU and memory per card
     unit), to the stranded measure, weighted by `host_weight`, and then scores like FGD:
     `100 * sigmoid(-(stranded after - stranded before) / one card)`, truncated when `quantize`
-    (near-equal nodes tie and the engine's node order decides, which packs). A slice goes to the
-    best-scoring card (lowest index on ties); whole cards are the lowest-indexed free ones.
+    (near-equal nodes tie and the engine's node order decides, which packs; past the sigmoid's
+    ends each whole card of gain is one point more, so big charges still order nodes). A slice
+    goes to the best-scoring card (lowest index on ties); whole cards are the lowest-indexed free
+    ones.
 
     The target workload should hold every observed shape (rare shapes carry the card-model
     constraints) with its host CPU and memory.
@@ -413,7 +415,21 @@ class Gpuctl:
 
     def _score(self, gain_cards: float) -> float:
         score = 100.0 * _sigmoid(gain_cards)
-        return float(int(score)) if self.quantize else score
+        if not self.quantize:
+            return score
+        # Truncated like FGD's, but not flat past the sigmoid's ends: there a whole card of
+        # gain is one point more or less, so a big job's reserve charge still orders the nodes
+        # it saturates (an 8-card job pays about 21 cards on a 128-core node, 6 on a 96-core
+        # one; both truncate to 0, and the node order then gave the rare 128-core nodes away).
+        if gain_cards < -_SATURATED:
+            return float(math.floor(gain_cards + _SATURATED))
+        if gain_cards > _SATURATED:
+            return 99.0 + math.floor(gain_cards - _SATURATED)
+        return float(int(score))
+
+
+# Past this gain (in cards) `100 * sigmoid` truncates to 0 or 99: ln(99).
+_SATURATED = math.log(99.0)
 
 
 POLICIES: dict[str, Policy] = {p.name: p for p in (FirstFit(), BestFit(), Fgd(), Gpuctl())}

@@ -56,3 +56,42 @@ def test_only_whole_card_jobs_with_a_choice_of_kind_pay_for_a_pressed_kind() -> 
     assert bound.choose(on_small, one, workload) == unbound.choose(on_small, one, workload)
     assert bound.choose(on_big, part, workload) == unbound.choose(on_big, part, workload)
     assert bound.choose(on_big, wide, workload) == unbound.choose(on_big, wide, workload)
+
+
+def test_a_big_job_saturating_every_score_still_leaves_the_rare_node_to_the_job_only_it_fits() -> (
+    None
+):
+    # An 8-card, 64-core job that fits three kinds pays each one's pressure above the 64-core
+    # kind's, per card: far more on the rare 128-core kind (that only the 120-core job fits)
+    # than on the 96-core one. Both charges are past the sigmoid's end; truncated, both scored
+    # 0 and the node order gave the 128-core node away (multigpu70 at x=100 lost one such
+    # node on seed 42 to a 64-core job).
+    big = NodeKind(model=None, cards=8, card_units=1000, cpu_milli=128_000, mem_mib=None)
+    mid = NodeKind(model=None, cards=8, card_units=1000, cpu_milli=96_000, mem_mib=None)
+    small = NodeKind(model=None, cards=8, card_units=1000, cpu_milli=64_000, mem_mib=None)
+    wide = Demand(gpus=8, mib_per_card=1000, whole=True, cpu_milli=120_000)
+    ninety = Demand(gpus=8, mib_per_card=1000, whole=True, cpu_milli=90_000)
+    sixty_four = Demand(gpus=8, mib_per_card=1000, whole=True, cpu_milli=64_000)
+    one = Demand(gpus=1, mib_per_card=1000, whole=True, cpu_milli=8_000)
+    workload = ((wide, 0.1), (ninety, 0.3), (sixty_four, 0.3), (one, 0.3))
+    policy = Gpuctl().for_fleet({}, {big: 1, mid: 2, small: 8})
+    exact = Gpuctl(quantize=False).for_fleet({}, {big: 1, mid: 2, small: 8})
+
+    def fresh(cpu: int) -> NodeFree:
+        return NodeFree("n", (1000,) * 8, (1000,) * 8, cpu_free_milli=cpu, cpu_milli=cpu)
+
+    on_big, on_mid = fresh(128_000), fresh(96_000)
+    assert exact.choose(on_mid, sixty_four, workload).score < 0.5  # type: ignore[union-attr]
+    assert (
+        policy.choose(on_big, sixty_four, workload).score  # type: ignore[union-attr]
+        < policy.choose(on_mid, sixty_four, workload).score  # type: ignore[union-attr]
+    )
+
+
+def test_past_the_sigmoids_ends_a_whole_card_of_gain_is_one_point() -> None:
+    policy = Gpuctl()
+    scores = [policy._score(g) for g in (-21.0, -6.0, -4.7, -4.5, 0.0, 4.5, 4.7, 6.0)]
+    assert scores == sorted(scores)
+    assert len(set(scores)) == len(scores)
+    assert policy._score(-21.0) < policy._score(-6.0) < 0 < policy._score(-4.5)
+    assert [policy._score(g) for g in (-1.0, 0.0, 1.0)] == [26.0, 50.0, 73.0]  # FGD's truncation
