@@ -323,3 +323,26 @@ def test_no_placement_of_the_forced_pods_is_an_error() -> None:
         bound.exact_allocation(nodes, [pod("g2", 1, 500, spec="G2")], forced=1)
     with pytest.raises(ValueError, match="forced pod"):
         bound.forced_bound(nodes, [pod("a", 1, 600), pod("b", 1, 600)], 2)
+
+
+def test_each_event_of_a_column_is_bounded_by_the_least_loss_at_its_first() -> None:
+    # One card; two 600s (one is lost at 120 %), a 44, then five 2-milli pods: the events at
+    # 124.6 .. 125.4 % make column 125. The best allocation after each is 646, 648 .. 654 (a
+    # 600, the 44 and the 2s so far), mean 65.0 %; the last event's bound alone says 65.4.
+    nodes = [node("a", 1)]
+    pods = [pod("a", 1, 600), pod("b", 1, 600), pod("c", 1, 44)]
+    pods += [pod(f"s{i}", 1, 2) for i in range(5)]
+    assert list(bound.column_events(pods, 1000, 125) or ()) == [3, 4, 5, 6, 7]
+    assert bound.allocation_bound(nodes, pods).milli == 654
+    exact = [bound.exact_allocation(nodes, pods[: i + 1]) for i in range(3, 8)]
+    assert exact == [646, 648, 650, 652, 654]
+    assert bound.column_bound(nodes, pods, 125)[0] == 65.0
+    for name in POLICIES:
+        placed = placements(nodes, pods, name, 1)
+        used = 0
+        kpi = []
+        for i, (p, at) in enumerate(zip(pods, placed, strict=True)):
+            used += p.gpu_request_milli if at.node is not None else 0
+            if i >= 3:
+                kpi.append(round(100 * used / 1000, 2))
+        assert round(sum(kpi) / len(kpi), 2) <= 65.0, name
