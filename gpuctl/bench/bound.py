@@ -10,20 +10,25 @@ HiGHS (through scipy):
 
     variables   x[k, t] >= 0: pods of class k (identical pods) placed on nodes of type t
                 (identical nodes: the 1,213 openb nodes are 16 types); only where a pod of k
-                fits an empty node of t (card model, card count, CPU, host memory)
+                fits an empty node of t (card model, card count, CPU, host memory);
+                y[t, p] >= 0: cards of type t that hold the slices of card pattern p
     demand      sum over t of x[k, t] <= the arrived pods of class k
-    capacity    per type t and per resource: the type's total (cards, milli-GPU, CPU, memory)
+    cards       per type t: the slices of each size on t fit the patterns' slots for it, and
+                the patterns and the whole-card pods share the type's cards
+    capacity    per type t and per resource: the type's total (CPU, memory, card units)
     objective   maximise the GPU (milli) placed
 
-and the capacity rows are strengthened with dual-feasible functions (Fekete and Schepers, 2001),
-which stay valid for every real packing:
-
-* per card: a card holds items whose sizes sum to at most 1 card, so for a dual-feasible
-  function f their f-values sum to at most 1; a whole-card pod counts 1 on each card it takes.
-  With `u1` (1 above half a card, 1/2 at half, 0 below) this says that two slices of more than
-  half a card never share one, which the plain milli-GPU capacity misses;
-* per node: the same for the node's cards (in card units), CPU and host memory, so that, say,
-  two pods each asking for more than half a node's CPU never share it.
+A card pattern (Gilmore and Gomory) is a multiset of the slice sizes that fits on one card and
+to which no further slice fits, so a card's holes that no slice of the pods can fill are counted:
+a slice of 810 leaves 190 that only slices of 190 or less fill, two of 470 leave 60 (on openb
+workloads, seed 42, this takes 0.1 (multigpu70) to 1.2 (gpushare100) points off the bound at
+x=100 against the cuts below alone). The
+per-node rows are strengthened with dual-feasible functions (Fekete and Schepers, 2001), which
+stay valid for every real packing: a node holds items whose sizes sum to at most one node, so
+for a dual-feasible function f their f-values sum to at most 1. With `u1` (1 above half, 1/2 at
+half, 0 below) this says, say, that two pods each asking for more than half a node's CPU never
+share it. A node type with more patterns than `PATTERN_LIMIT` gets the same cuts per card
+instead (two slices of more than half a card never share one, ...).
 
 Pods that use no GPU never add to the objective and are left out (a placement that drops them
 takes no less GPU). The LP optimum, rounded down to an integer number of milli-GPU, is a sound
@@ -114,13 +119,6 @@ def _whole(pod: _PodKey) -> bool:
     return pod[3] >= MILLI_PER_GPU
 
 
-def _card_value(pod: _PodKey, f: Dff) -> Fraction:
-    """What a pod adds to one node's card rows under f: f = 1 for each whole card it takes."""
-    if _whole(pod):
-        return Fraction(pod[2])
-    return f(Fraction(pod[3], MILLI_PER_GPU))
-
-
 @dataclasses.dataclass(frozen=True, slots=True)
 class Bound:
     milli: int  # no placement of the pods allocates more (milli-GPU)
@@ -159,42 +157,9 @@ class _Rows:
 
 
 def allocation_bound(nodes: Sequence[OpenbNode], pods: Sequence[OpenbPod]) -> Bound:
-    """An upper bound on the GPU (milli) any placement of `pods` onto `nodes` allocates."""
-    opt = _scipy("scipy.optimize")
-    sparse = _scipy("scipy.sparse")
-    started = time.perf_counter()
-    classes = Counter(_pod_key(p) for p in pods if p.num_gpu)
-    types = Counter(_node_key(n) for n in nodes if n.gpus)
-    arrived = sum(p.gpu_request_milli for p in pods)
-    pod_keys, type_keys = sorted(classes), sorted(types)
-    columns = [(k, t) for k, pk in enumerate(pod_keys) for t, tk in enumerate(type_keys)]
-    columns = [(k, t) for k, t in columns if _fits(pod_keys[k], type_keys[t])]
-    if not columns:
-        return Bound(0, arrived, time.perf_counter() - started)
-    lp = _Rows()
-    row = lp.at_most
-
-    for k, pk in enumerate(pod_keys):
-        row([(j, 1.0) for j, (kk, _) in enumerate(columns) if kk == k], classes[pk])
-    for t, tk in enumerate(type_keys):
-        here = [(j, pod_keys[k]) for j, (k, tt) in enumerate(columns) if tt == t]
-        count, (cpu, mem, cards, _) = types[tk], tk
-        for f in DFFS:
-            # one card at a time, summed over the type's cards
-            row([(j, float(_card_value(p, f))) for j, p in here], count * cards)
-            # one node at a time: its cards in card units, its CPU, its memory
-            row([(j, float(f(_card_units(p) / cards))) for j, p in here], count)
-            row([(j, float(f(Fraction(p[0], cpu or 1)))) for j, p in here], count)
-            row([(j, float(f(Fraction(p[1], mem or 1)))) for j, p in here], count)
-    gain = np.array([-float(pod_keys[k][2] * pod_keys[k][3]) for k, _ in columns])
-    matrix, rhs = lp.upper(sparse, len(columns))
-    result = opt.linprog(gain, A_ub=matrix, b_ub=rhs, bounds=(0, None), method="highs")
-    if result.status != 0:
-        raise RuntimeError(f"HiGHS did not solve the bound's LP: {result.message}")
-    # The LP's optimum, with room for the solver's tolerance, rounded down to whole milli.
-    value = -float(result.fun)
-    milli = min(arrived, math.floor(value * (1 + 1e-9) + 1e-6))
-    return Bound(milli, arrived, time.perf_counter() - started)
+    """An upper bound on the GPU (milli) any placement of `pods` onto `nodes` allocates: the LP
+    of `forced_bound` with no pod forced."""
+    return forced_bound(nodes, pods, 0)
 
 
 def forced_bound(nodes: Sequence[OpenbNode], pods: Sequence[OpenbPod], forced: int) -> Bound:
@@ -202,18 +167,20 @@ def forced_bound(nodes: Sequence[OpenbNode], pods: Sequence[OpenbPod], forced: i
     of the first `forced` pods allocates (the others are optional). Raises ValueError when no
     placement places the forced pods.
 
-    The LP of `allocation_bound` over node types, with three changes:
+    The LP over node types of the module's docstring, with:
 
-    * each class has a lower bound too: its pods among the first `forced` are placed. Pods
-      without GPU among them are in it (they take CPU and memory); later ones are left out;
-    * the cards of a node type hold card patterns (Gilmore and Gomory): y[t, p] cards of type t
+    * per class, at most its pods and at least its pods among the first `forced`. Pods without
+      GPU are in it when forced (they take CPU and memory); otherwise they are left out;
+    * per node type, its cards hold card patterns (Gilmore and Gomory): y[t, p] cards of type t
       hold the slices of pattern p (sizes summing to at most one card; only maximal ones, as a
       pattern with a free slot only relaxes), the slices of each size placed on t are at most
-      the patterns' slots for it, and patterns and whole-card pods share the type's cards. A
-      card's holes that no slice of the pods can fill are counted, where the dual-feasible cuts
-      see only some;
-    * the per-node rows are those of `allocation_bound` (cards in card units, CPU, memory, under
-      each dual-feasible function).
+      the patterns' slots for it, and patterns and whole-card pods share the type's cards. So a
+      card's holes that no slice of the pods can fill are counted (two slices of 470 leave 60
+      that only a slice of 60 or less fills), where the dual-feasible cuts see only some. Past
+      `PATTERN_LIMIT` maximal patterns for a type, the type's cards get the dual-feasible rows
+      instead (one card at a time, summed over the type's cards);
+    * per node type, the per-node rows: the node's cards in card units, CPU and memory, under
+      each dual-feasible function.
 
     A pod of several slices counts as that many slices, each on some card of the type (their
     being on distinct cards of one node is relaxed).
@@ -238,18 +205,20 @@ def forced_bound(nodes: Sequence[OpenbNode], pods: Sequence[OpenbPod], forced: i
         raise ValueError("no placement places every forced pod: one fits no node")
     if not xs:
         return Bound(0, arrived, time.perf_counter() - started)
-    # the card patterns of each type, over the slice sizes of the classes that fit it
+    # the card patterns of each type, over the slice sizes of the classes that fit it (None:
+    # too many, the type's cards get the dual-feasible rows)
     ys: list[tuple[int, dict[int, int]]] = []
+    patterned: set[int] = set()
     for t, tk in enumerate(type_keys):
         sizes = sorted(
             {pod_keys[k][3] for k, tt in xs if tt == t and _slice(pod_keys[k])}, reverse=True
         )
-        if not sizes or not tk[2]:
+        if not tk[2]:
             continue
-        for pattern in _patterns(sizes, [MILLI_PER_GPU // s for s in sizes]):
-            used = sum(n * s for n, s in zip(pattern, sizes, strict=True))
-            if MILLI_PER_GPU - used < sizes[-1]:  # maximal: no further slice fits
-                ys.append((t, {s: n for n, s in zip(pattern, sizes, strict=True) if n}))
+        maximal = _maximal_patterns(sizes, PATTERN_LIMIT)
+        if maximal is not None:
+            patterned.add(t)
+            ys.extend((t, slots) for slots in maximal)
     lp = _Rows()
     row = lp.at_most
 
@@ -262,15 +231,17 @@ def forced_bound(nodes: Sequence[OpenbNode], pods: Sequence[OpenbPod], forced: i
             row([(j, -1.0) for j in mine], -low)
     for t, tk in enumerate(type_keys):
         here = [(j, pod_keys[k]) for j, (k, tt) in enumerate(xs) if tt == t]
-        patterns = [(y0 + j, slots) for j, (tt, slots) in enumerate(ys) if tt == t]
         count, (cpu, mem, cards, _) = types[tk], tk
-        if cards:
+        if cards and t in patterned:
+            patterns = [(y0 + j, slots) for j, (tt, slots) in enumerate(ys) if tt == t]
             for s in sorted({p[3] for _, p in here if _slice(p)}):
                 slices = [(j, float(p[2])) for j, p in here if _slice(p) and p[3] == s]
                 row(slices + [(j, -float(slots.get(s, 0))) for j, slots in patterns], 0)
             whole = [(j, float(p[2])) for j, p in here if _whole(p)]
             row(whole + [(j, 1.0) for j, _ in patterns], count * cards)
         for f in DFFS:
+            if cards and t not in patterned:
+                row([(j, float(_card_value(p, f))) for j, p in here], count * cards)
             if cards:
                 row([(j, float(f(_units(p) / cards))) for j, p in here], count)
             row([(j, float(f(Fraction(p[0], cpu or 1)))) for j, p in here], count)
@@ -281,10 +252,41 @@ def forced_bound(nodes: Sequence[OpenbNode], pods: Sequence[OpenbPod], forced: i
     if result.status == 2:
         raise ValueError("no placement places every forced pod (the bound's LP is infeasible)")
     if result.status != 0:
-        raise RuntimeError(f"HiGHS did not solve the forced bound's LP: {result.message}")
+        raise RuntimeError(f"HiGHS did not solve the bound's LP: {result.message}")
+    # The LP's optimum, with room for the solver's tolerance, rounded down to whole milli.
     value = -float(result.fun)
     milli = min(arrived, math.floor(value * (1 + 1e-9) + 1e-6))
     return Bound(milli, arrived, time.perf_counter() - started)
+
+
+# Past this many maximal card patterns for a node type (openb's 20 slice sizes give 1,871), the
+# type's cards get the dual-feasible rows instead: looser, but the LP stays small.
+PATTERN_LIMIT = 50_000
+
+
+def _maximal_patterns(sizes: Sequence[int], limit: int) -> list[dict[int, int]] | None:
+    """The card patterns over `sizes` (descending) to which no further slice fits, as slots per
+    size; None when there are more than `limit` patterns (maximal or not) to walk."""
+    if not sizes:
+        return []
+    try:
+        patterns = _patterns(sizes, [MILLI_PER_GPU // s for s in sizes], limit)
+    except _TooManyPatterns:
+        return None
+    out = []
+    for pattern in patterns:
+        used = sum(n * s for n, s in zip(pattern, sizes, strict=True))
+        if MILLI_PER_GPU - used < sizes[-1]:  # maximal: no further slice fits
+            out.append({s: n for n, s in zip(pattern, sizes, strict=True) if n})
+    return out
+
+
+def _card_value(pod: _PodKey, f: Dff) -> Fraction:
+    """What a pod adds to its node type's card rows under f (summed over the type's cards):
+    1 for each whole card it takes, f(its share) for each card it holds a slice of."""
+    if _whole(pod):
+        return Fraction(pod[2])
+    return pod[2] * f(Fraction(pod[3], MILLI_PER_GPU))
 
 
 def _slice(pod: _PodKey) -> bool:
@@ -295,10 +297,6 @@ def _slice(pod: _PodKey) -> bool:
 def _units(pod: _PodKey) -> Fraction:
     """A pod's GPU in card units, over all its cards."""
     return pod[2] * (Fraction(1) if _whole(pod) else Fraction(pod[3], MILLI_PER_GPU))
-
-
-def _card_units(pod: _PodKey) -> Fraction:
-    return Fraction(pod[2]) if _whole(pod) else Fraction(pod[3], MILLI_PER_GPU)
 
 
 # --- per column of the protocol -----------------------------------------------------------------
@@ -506,8 +504,15 @@ def packing_ceiling(
     return round(100.0 * (capacity_milli - least) / capacity_milli, 2)
 
 
-def _patterns(sizes: Sequence[int], counts: Sequence[int]) -> list[tuple[int, ...]]:
-    """Every non-empty multiset of the sizes (at most `counts` of each) that fits on one card."""
+class _TooManyPatterns(Exception):
+    pass
+
+
+def _patterns(
+    sizes: Sequence[int], counts: Sequence[int], limit: int | None = None
+) -> list[tuple[int, ...]]:
+    """Every non-empty multiset of the sizes (at most `counts` of each) that fits on one card.
+    Raises _TooManyPatterns past `limit` of them."""
     out: list[tuple[int, ...]] = []
     current: list[int] = []
 
@@ -515,6 +520,8 @@ def _patterns(sizes: Sequence[int], counts: Sequence[int]) -> list[tuple[int, ..
         if i == len(sizes):
             if any(current):
                 out.append(tuple(current))
+                if limit is not None and len(out) > limit:
+                    raise _TooManyPatterns
             return
         for k in range(min(left // sizes[i], counts[i]) + 1):
             current.append(k)

@@ -40,6 +40,29 @@ def test_two_slices_over_half_a_card_never_share_one() -> None:
     assert bound.exact_allocation(nodes, pods) == 1200
 
 
+def test_a_cards_holes_that_no_slice_fills_are_counted() -> None:
+    # One card: two slices of 470 leave 60 that no slice here fills, and the 300 fits beside one
+    # 470 only, so 940 at most. The dual-feasible cuts alone allow the whole card (1000).
+    nodes = [node("a", 1)]
+    pods = [pod("s300", 1, 300), pod("a470", 1, 470), pod("b470", 1, 470)]
+    assert bound.exact_allocation(nodes, pods) == 940
+    assert bound.allocation_bound(nodes, pods).milli == 940
+
+
+def test_past_the_pattern_limit_a_type_gets_the_cuts_per_card(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(bound, "PATTERN_LIMIT", 0)
+    nodes = [node("a", 1)]
+    pods = [pod("s300", 1, 300), pod("a470", 1, 470), pod("b470", 1, 470)]
+    assert bound.allocation_bound(nodes, pods).milli == 1000
+    # still: two slices of more than half a card never share one (a node of two cards)
+    assert (
+        bound.allocation_bound([node("a", 2)], [pod(f"p{i}", 1, 600) for i in range(3)]).milli
+        == 1200
+    )
+
+
 def test_two_pods_over_half_a_node_cpu_never_share_it() -> None:
     nodes = [node("a", 4, cpu=16_000), node("b", 4, cpu=16_000)]
     pods = [pod(f"p{i}", 1, 1000, cpu=10_000) for i in range(3)]
