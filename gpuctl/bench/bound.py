@@ -19,16 +19,16 @@ HiGHS (through scipy):
     objective   maximise the GPU (milli) placed
 
 A card pattern (Gilmore and Gomory) is a multiset of the slice sizes that fits on one card and
-to which no further slice fits, so a card's holes that no slice of the pods can fill are counted:
-a slice of 810 leaves 190 that only slices of 190 or less fill, two of 470 leave 60 (on openb
-workloads, seed 42, this takes 0.1 (multigpu70) to 1.2 (gpushare100) points off the bound at
-x=100 against the cuts below alone). The
-per-node rows are strengthened with dual-feasible functions (Fekete and Schepers, 2001), which
-stay valid for every real packing: a node holds items whose sizes sum to at most one node, so
-for a dual-feasible function f their f-values sum to at most 1. With `u1` (1 above half, 1/2 at
-half, 0 below) this says, say, that two pods each asking for more than half a node's CPU never
-share it. A node type with more patterns than `PATTERN_LIMIT` gets the same cuts per card
-instead (two slices of more than half a card never share one, ...).
+to which no further slice fits, so a card's holes that no slice of the pods can fill are
+counted: a slice of 810 leaves 190 that only slices of 190 or less fill, two of 470 leave 60 (on
+openb workloads, seed 42, this takes 0.1 (multigpu70) to 1.2 (gpushare100) points off the bound
+at x=100 against the cuts below alone). The per-node rows are strengthened with dual-feasible
+functions (Fekete and Schepers, 2001), which stay valid for every real packing: a node holds
+items whose sizes sum to at most one node, so for a dual-feasible function f their f-values sum
+to at most 1. With `u1` (1 above half, 1/2 at half, 0 below) this says, say, that two pods each
+asking for more than half a node's CPU never share it. A node type with more patterns than
+`PATTERN_LIMIT` gets the same cuts per card instead (two slices of more than half a card never
+share one, ...).
 
 Pods that use no GPU never add to the objective and are left out (a placement that drops them
 takes no less GPU). The LP optimum, rounded down to an integer number of milli-GPU, is a sound
@@ -177,7 +177,7 @@ def forced_bound(nodes: Sequence[OpenbNode], pods: Sequence[OpenbPod], forced: i
       the patterns' slots for it, and patterns and whole-card pods share the type's cards. So a
       card's holes that no slice of the pods can fill are counted (two slices of 470 leave 60
       that only a slice of 60 or less fills), where the dual-feasible cuts see only some. Past
-      `PATTERN_LIMIT` maximal patterns for a type, the type's cards get the dual-feasible rows
+      `PATTERN_LIMIT` patterns to walk for a type, the type's cards get the dual-feasible rows
       instead (one card at a time, summed over the type's cards);
     * per node type, the per-node rows: the node's cards in card units, CPU and memory, under
       each dual-feasible function.
@@ -209,13 +209,18 @@ def forced_bound(nodes: Sequence[OpenbNode], pods: Sequence[OpenbPod], forced: i
     # too many, the type's cards get the dual-feasible rows)
     ys: list[tuple[int, dict[int, int]]] = []
     patterned: set[int] = set()
+    walked: dict[tuple[int, ...], list[dict[int, int]] | None] = {}  # types share their sizes
     for t, tk in enumerate(type_keys):
-        sizes = sorted(
-            {pod_keys[k][3] for k, tt in xs if tt == t and _slice(pod_keys[k])}, reverse=True
+        sizes = tuple(
+            sorted(
+                {pod_keys[k][3] for k, tt in xs if tt == t and _slice(pod_keys[k])}, reverse=True
+            )
         )
         if not tk[2]:
             continue
-        maximal = _maximal_patterns(sizes, PATTERN_LIMIT)
+        if sizes not in walked:
+            walked[sizes] = _maximal_patterns(sizes, PATTERN_LIMIT)
+        maximal = walked[sizes]
         if maximal is not None:
             patterned.add(t)
             ys.extend((t, slots) for slots in maximal)
@@ -259,8 +264,9 @@ def forced_bound(nodes: Sequence[OpenbNode], pods: Sequence[OpenbPod], forced: i
     return Bound(milli, arrived, time.perf_counter() - started)
 
 
-# Past this many maximal card patterns for a node type (openb's 20 slice sizes give 1,871), the
-# type's cards get the dual-feasible rows instead: looser, but the LP stays small.
+# Past this many card patterns to walk for a node type (openb's 20 slice sizes walk 6,958, of which
+# 1,871 are maximal), the type's cards get the dual-feasible rows instead: looser, but the LP and
+# the walk stay small.
 PATTERN_LIMIT = 50_000
 
 
