@@ -270,6 +270,145 @@ def forced_bound(nodes: Sequence[OpenbNode], pods: Sequence[OpenbPod], forced: i
 PATTERN_LIMIT = 50_000
 
 
+def configuration_bound(
+    nodes: Sequence[OpenbNode], pods: Sequence[OpenbPod], *, rounds: int = 1_000
+) -> Bound:
+    """An upper bound on the GPU (milli) any placement of `pods` onto `nodes` allocates, never
+    above `allocation_bound`: the configuration LP, whose columns are whole nodes' contents.
+
+        variables   l[t, q] >= 0: nodes of type t that hold configuration q, a multiset of
+                    pods that fits one node of t with its CPU, memory and cards together (the
+                    slices on card patterns, the whole-card pods on the other cards)
+        demand      per class, the configurations' pods at most the arrived ones
+        nodes       per type, at most its nodes
+        objective   maximise the GPU (milli) placed
+
+    The node-type LP of `allocation_bound` pools a type's CPU, memory and cards (with the
+    dual-feasible cuts); here a node's resources bind together, so it can only be tighter.
+    Solved by column generation: the LP over the configurations found so far gives prices for
+    the classes, and per type a MIP (HiGHS) finds the configuration worth most at those prices.
+    Whatever the prices, the arrived pods at their prices plus each type's nodes at the best
+    configuration's worth bounds the LP from above (Farley's bound), so the bound is sound at
+    every round, with the MIP's own upper bound on that worth, not its best solution. It stops
+    when no configuration is worth more than its node, or after `rounds`.
+
+    Pods without GPU are left out, as in `allocation_bound`; a pod of several slices counts
+    as that many slices (their being on distinct cards is relaxed). A type with more card
+    patterns than `PATTERN_LIMIT` keeps the node-type LP's bound.
+    """
+    opt = _scipy("scipy.optimize")
+    sparse = _scipy("scipy.sparse")
+    started = time.perf_counter()
+    pooled = allocation_bound(nodes, pods)
+    asked = Counter(_pod_key(p) for p in pods if p.num_gpu)
+    types = Counter(_node_key(n) for n in nodes if n.gpus)
+    pod_keys, type_keys = sorted(asked), sorted(types)
+    if not pod_keys or not type_keys:
+        return pooled
+    value = np.array([float(k[2] * k[3]) for k in pod_keys])
+    available = np.array([float(asked[k]) for k in pod_keys])
+    pricers = []
+    for tk in type_keys:
+        fit = [k for k, pk in enumerate(pod_keys) if _fits(pk, tk)]
+        sizes = tuple(sorted({pod_keys[k][3] for k in fit if _slice(pod_keys[k])}, reverse=True))
+        patterns = _maximal_patterns(sizes, PATTERN_LIMIT)
+        if patterns is None:
+            return pooled
+        pricers.append(_Pricer(tk, pod_keys, fit, sizes, patterns, available, opt))
+    best = float(pooled.milli)
+    columns: list[tuple[int, dict[int, int]]] = []
+    seen: set[tuple[int, tuple[tuple[int, int], ...]]] = set()
+    prices = np.zeros(len(pod_keys))
+    node_prices = np.zeros(len(type_keys))
+    for _ in range(rounds):
+        farley = float(prices @ available)
+        added = 0
+        for t, pricer in enumerate(pricers):
+            found, worth, most = pricer.best(value - prices)
+            farley += types[type_keys[t]] * max(0.0, most)
+            key = (t, tuple(sorted(found.items())))
+            if found and worth - node_prices[t] > 1e-6 and key not in seen:
+                seen.add(key)
+                columns.append((t, found))
+                added += 1
+        best = min(best, farley)
+        if not added:
+            break
+        lp = _Rows()
+        for k in range(len(pod_keys)):
+            lp.at_most(
+                [(j, float(q[k])) for j, (_, q) in enumerate(columns) if k in q], asked[pod_keys[k]]
+            )
+        for t, tk in enumerate(type_keys):
+            lp.at_most([(j, 1.0) for j, (tt, _) in enumerate(columns) if tt == t], types[tk])
+        gain = np.array([-float(sum(value[k] * n for k, n in q.items())) for _, q in columns])
+        matrix, rhs = lp.upper(sparse, len(columns))
+        result = opt.linprog(gain, A_ub=matrix, b_ub=rhs, bounds=(0, None), method="highs")
+        if result.status != 0:
+            raise RuntimeError(f"HiGHS did not solve the configuration LP: {result.message}")
+        duals = np.maximum(-np.asarray(result.ineqlin.marginals), 0.0)
+        prices, node_prices = duals[: len(pod_keys)], duals[len(pod_keys) :]
+    arrived = sum(p.gpu_request_milli for p in pods)
+    milli = min(arrived, pooled.milli, math.floor(best * (1 + 1e-9) + 1e-6))
+    return Bound(milli, arrived, time.perf_counter() - started)
+
+
+class _Pricer:
+    """The configuration of one node type worth most at given per-pod worths: a MIP over pods
+    per class and cards per card pattern (HiGHS through scipy)."""
+
+    def __init__(
+        self,
+        node: _NodeKey,
+        pod_keys: Sequence[_PodKey],
+        fit: Sequence[int],
+        sizes: Sequence[int],
+        patterns: Sequence[dict[int, int]],
+        available: Any,
+        opt: Any,
+    ) -> None:
+        self.fit, self.patterns, self.opt = list(fit), list(patterns), opt
+        cpu, mem, cards, _ = node
+        keys = [pod_keys[k] for k in self.fit]
+        rows = [
+            [float(k[0]) for k in keys] + [0.0] * len(patterns),
+            [float(k[1]) for k in keys] + [0.0] * len(patterns),
+            [float(k[2]) if _whole(k) else 0.0 for k in keys] + [1.0] * len(patterns),
+        ]
+        for s in sizes:
+            rows.append(
+                [float(k[2]) if _slice(k) and k[3] == s else 0.0 for k in keys]
+                + [-float(p.get(s, 0)) for p in patterns]
+            )
+        self.rows = np.array(rows)
+        self.high = np.array([float(cpu), float(mem), float(cards)] + [0.0] * len(sizes))
+        self.upper = np.array([available[k] for k in self.fit] + [float(cards)] * len(patterns))
+
+    def best(self, worth: Any) -> tuple[dict[int, int], float, float]:
+        """(the configuration found as pods per class, its worth, an upper bound on the most
+        any configuration is worth)."""
+        gain = np.array([float(worth[k]) for k in self.fit] + [0.0] * len(self.patterns))
+        if not self.fit or gain.max() <= 0:
+            return {}, 0.0, 0.0
+        upper = np.where(gain[: len(self.fit)] > 0, self.upper[: len(self.fit)], 0.0)
+        opt = self.opt
+        result = opt.milp(
+            -gain,
+            constraints=opt.LinearConstraint(self.rows, -np.inf, self.high),
+            integrality=np.ones(len(gain)),
+            bounds=opt.Bounds(0, np.concatenate([upper, self.upper[len(self.fit) :]])),
+        )
+        if result.status != 0 or result.x is None:
+            raise RuntimeError(f"HiGHS did not solve a configuration's MIP: {result.message}")
+        found = {
+            self.fit[j]: round(x) for j, x in enumerate(result.x[: len(self.fit)]) if round(x) > 0
+        }
+        worth_found = float(sum(gain[self.fit.index(k)] * n for k, n in found.items()))
+        dual = getattr(result, "mip_dual_bound", None)
+        most = -float(dual) if dual is not None and math.isfinite(dual) else -float(result.fun)
+        return found, worth_found, max(most, worth_found)
+
+
 def _maximal_patterns(sizes: Sequence[int], limit: int) -> list[dict[int, int]] | None:
     """The card patterns over `sizes` (descending) to which no further slice fits, as slots per
     size; None when there are more than `limit` patterns (maximal or not) to walk."""

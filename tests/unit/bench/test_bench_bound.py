@@ -369,3 +369,28 @@ def test_each_event_of_a_column_is_bounded_by_the_least_loss_at_its_first() -> N
             if i >= 3:
                 kpi.append(round(100 * used / 1000, 2))
         assert round(sum(kpi) / len(kpi), 2) <= 65.0, name
+
+
+def test_the_configuration_bound_sees_a_nodes_cpu_and_cards_together() -> None:
+    # One node of two cards and 16 cores: the slices of 500 and 500 and 300 fit its cards, but
+    # not its CPU together (4 + 4 + 10 cores), so it holds 500 + 500 at most. The node-type LP
+    # pools the CPU and takes part of the 300 too.
+    nodes = [node("a", 2, cpu=16_000, mem=65_536)]
+    pods = [pod("a", 1, 500, cpu=4000), pod("b", 1, 500, cpu=4000), pod("c", 1, 300, cpu=10_000)]
+    assert bound.exact_allocation(nodes, pods) == 1000
+    assert bound.allocation_bound(nodes, pods).milli == 1200
+    assert bound.configuration_bound(nodes, pods).milli == 1000
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_configuration_bound_lies_between_the_exact_optimum_and_the_node_type_bound(
+    seed: int,
+) -> None:
+    nodes, pods = small_instance(seed)
+    best = bound.exact_allocation(nodes, pods)
+    assert best <= bound.configuration_bound(nodes, pods).milli
+    assert bound.configuration_bound(nodes, pods).milli <= bound.allocation_bound(nodes, pods).milli
+    # Cut short, the LP over the configurations found so far is below the optimum; the bound
+    # returned is Farley's (the pods at their prices plus each node at its best configuration's
+    # worth), which holds at every round.
+    assert bound.configuration_bound(nodes, pods, rounds=2).milli >= best
