@@ -296,15 +296,56 @@ def configuration_bound(
     as that many slices (their being on distinct cards is relaxed). A type with more card
     patterns than `PATTERN_LIMIT` keeps the node-type LP's bound.
     """
+    started = time.perf_counter()
+    pooled, best, _ = _configurations(nodes, pods, rounds)
+    arrived = sum(p.gpu_request_milli for p in pods)
+    milli = min(arrived, pooled.milli, math.floor(best * (1 + 1e-9) + 1e-6))
+    return Bound(milli, arrived, time.perf_counter() - started)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NodeConfiguration:
+    """One column of the configuration LP's optimum: `nodes` (an LP weight, not a whole number)
+    nodes of type `node` (`node_class`), each holding `pods` (per `pod_class`, how many)."""
+
+    node: tuple[int, int, int, str]
+    pods: dict[tuple[int, int, int, int, str], int]
+    nodes: float
+
+
+def configuration_plan(
+    nodes: Sequence[OpenbNode], pods: Sequence[OpenbPod], *, rounds: int = 1_000
+) -> list[NodeConfiguration]:
+    """The configurations the configuration LP of `configuration_bound` uses at its optimum
+    (empty where it keeps the node-type LP's bound instead): how it would fill the fleet's
+    nodes with `pods`."""
+    _, _, plan = _configurations(nodes, pods, rounds)
+    return plan
+
+
+def pod_class(p: OpenbPod) -> tuple[int, int, int, int, str]:
+    """The LPs' class of a pod: CPU, memory, cards, milli per card, card models."""
+    return _pod_key(p)
+
+
+def node_class(n: OpenbNode) -> tuple[int, int, int, str]:
+    """The LPs' type of a node: CPU, memory, cards, card model."""
+    return _node_key(n)
+
+
+def _configurations(
+    nodes: Sequence[OpenbNode], pods: Sequence[OpenbPod], rounds: int
+) -> tuple[Bound, float, list[NodeConfiguration]]:
+    """The column generation of `configuration_bound`: (the node-type LP's bound, the best of
+    Farley's bounds, the configurations of the last LP with their weights)."""
     opt = _scipy("scipy.optimize")
     sparse = _scipy("scipy.sparse")
-    started = time.perf_counter()
     pooled = allocation_bound(nodes, pods)
     asked = Counter(_pod_key(p) for p in pods if p.num_gpu)
     types = Counter(_node_key(n) for n in nodes if n.gpus)
     pod_keys, type_keys = sorted(asked), sorted(types)
     if not pod_keys or not type_keys:
-        return pooled
+        return pooled, float(pooled.milli), []
     value = np.array([float(k[2] * k[3]) for k in pod_keys])
     available = np.array([float(asked[k]) for k in pod_keys])
     pricers = []
@@ -313,10 +354,11 @@ def configuration_bound(
         sizes = tuple(sorted({pod_keys[k][3] for k in fit if _slice(pod_keys[k])}, reverse=True))
         patterns = _maximal_patterns(sizes, PATTERN_LIMIT)
         if patterns is None:
-            return pooled
+            return pooled, float(pooled.milli), []
         pricers.append(_Pricer(tk, pod_keys, fit, sizes, patterns, available, opt))
     best = float(pooled.milli)
     columns: list[tuple[int, dict[int, int]]] = []
+    weights: Any = np.zeros(0)
     seen: set[tuple[int, tuple[tuple[int, int], ...]]] = set()
     prices = np.zeros(len(pod_keys))
     node_prices = np.zeros(len(type_keys))
@@ -346,11 +388,15 @@ def configuration_bound(
         result = opt.linprog(gain, A_ub=matrix, b_ub=rhs, bounds=(0, None), method="highs")
         if result.status != 0:
             raise RuntimeError(f"HiGHS did not solve the configuration LP: {result.message}")
+        weights = result.x
         duals = np.maximum(-np.asarray(result.ineqlin.marginals), 0.0)
         prices, node_prices = duals[: len(pod_keys)], duals[len(pod_keys) :]
-    arrived = sum(p.gpu_request_milli for p in pods)
-    milli = min(arrived, pooled.milli, math.floor(best * (1 + 1e-9) + 1e-6))
-    return Bound(milli, arrived, time.perf_counter() - started)
+    plan = [
+        NodeConfiguration(type_keys[t], {pod_keys[k]: n for k, n in q.items()}, float(w))
+        for (t, q), w in zip(columns, weights, strict=False)
+        if w > 1e-9
+    ]
+    return pooled, best, plan
 
 
 class _Pricer:

@@ -394,3 +394,28 @@ def test_the_configuration_bound_lies_between_the_exact_optimum_and_the_node_typ
     # returned is Farley's (the pods at their prices plus each node at its best configuration's
     # worth), which holds at every round.
     assert bound.configuration_bound(nodes, pods, rounds=2).milli >= best
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_configuration_plan_fills_nodes_with_what_fits_them_up_to_the_bound(seed: int) -> None:
+    nodes, pods = small_instance(seed)
+    plan = bound.configuration_plan(nodes, pods)
+    types = {bound.node_class(n): 0 for n in nodes}
+    for n in nodes:
+        types[bound.node_class(n)] += 1
+    asked: dict[tuple[int, int, int, int, str], int] = {}
+    for p in pods:
+        asked[bound.pod_class(p)] = asked.get(bound.pod_class(p), 0) + 1
+    placed = 0.0
+    for c in plan:
+        cpu, mem, cards, model = c.node
+        assert sum(k[0] * n for k, n in c.pods.items()) <= cpu
+        assert sum(k[1] * n for k, n in c.pods.items()) <= mem
+        assert sum(k[2] * n for k, n in c.pods.items() if k[3] >= 1000) <= cards
+        assert all(not k[4] or model in k[4].split("|") for k in c.pods)
+        placed += c.nodes * sum(k[2] * k[3] * n for k, n in c.pods.items())
+    for t, count in types.items():
+        assert sum(c.nodes for c in plan if c.node == t) <= count + 1e-6
+    for k, count in asked.items():
+        assert sum(c.nodes * c.pods.get(k, 0) for c in plan) <= count + 1e-6
+    assert abs(placed - bound.configuration_bound(nodes, pods).milli) <= 1
