@@ -33,7 +33,10 @@ share one, ...).
 Pods that use no GPU never add to the objective and are left out (a placement that drops them
 takes no less GPU). The LP optimum, rounded down to an integer number of milli-GPU, is a sound
 bound; `exact_allocation` solves the same question exactly (a MIP over single nodes and cards),
-for small instances, to check it.
+for small instances, to check it. `configuration_bound` solves the configuration LP (whole nodes'
+contents, a node's CPU, memory and cards together) by column generation, for analysis: on the
+openb workloads checked it gives the node-type LP's bound to 0.001 point at 30-100 times the CPU
+(`benchmarks/placement/config_bound.py`), so `--bound` keeps the node-type LP.
 """
 
 from __future__ import annotations
