@@ -42,6 +42,7 @@ openb workloads checked it gives the node-type LP's bound to 0.001 point at 30-1
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import math
 import time
@@ -58,8 +59,8 @@ from gpuctl.errors import UsageError
 
 MISSING = "scipy is not installed: --bound needs its HiGHS solver (pip install 'gpuctl[bench]')"
 
-_PodKey = tuple[int, int, int, int, str]  # cpu, memory, cards, milli per card, models
-_NodeKey = tuple[int, int, int, str]  # cpu, memory, cards, model
+PodClass = tuple[int, int, int, int, str]  # cpu, memory, cards, milli per card, models
+NodeClass = tuple[int, int, int, str]  # cpu, memory, cards, model
 
 
 def _scipy(module: str) -> Any:
@@ -102,15 +103,17 @@ DFFS: tuple[Dff, ...] = (_identity, _u(1), _u(2), _u(3), _u(4))
 # --- the LP -------------------------------------------------------------------------------------
 
 
-def _pod_key(p: OpenbPod) -> _PodKey:
+def pod_class(p: OpenbPod) -> PodClass:
+    """The LPs' class of a pod: CPU, memory, cards, milli per card, card models."""
     return (p.cpu_milli, p.memory_mib, p.num_gpu, p.gpu_milli, p.gpu_spec)
 
 
-def _node_key(n: OpenbNode) -> _NodeKey:
+def node_class(n: OpenbNode) -> NodeClass:
+    """The LPs' type of a node: CPU, memory, cards, card model."""
     return (n.cpu_milli, n.memory_mib, n.gpus, n.model)
 
 
-def _fits(pod: _PodKey, node: _NodeKey) -> bool:
+def _fits(pod: PodClass, node: NodeClass) -> bool:
     cpu, mem, cards, _, spec = pod
     models = tuple(m for m in spec.split("|") if m)
     return (
@@ -118,7 +121,7 @@ def _fits(pod: _PodKey, node: _NodeKey) -> bool:
     )
 
 
-def _whole(pod: _PodKey) -> bool:
+def _whole(pod: PodClass) -> bool:
     return pod[3] >= MILLI_PER_GPU
 
 
@@ -191,14 +194,14 @@ def forced_bound(nodes: Sequence[OpenbNode], pods: Sequence[OpenbPod], forced: i
     opt = _scipy("scipy.optimize")
     sparse = _scipy("scipy.sparse")
     started = time.perf_counter()
-    classes: dict[_PodKey, list[int]] = {}  # class -> [at least, at most] placed
+    classes: dict[PodClass, list[int]] = {}  # class -> [at least, at most] placed
     for i, p in enumerate(pods):
         if p.num_gpu or i < forced:
-            bounds = classes.setdefault(_pod_key(p), [0, 0])
+            bounds = classes.setdefault(pod_class(p), [0, 0])
             bounds[0] += i < forced
             bounds[1] += 1
     cpu_only = any(not k[2] for k in classes)
-    types = Counter(_node_key(n) for n in nodes if n.gpus or cpu_only)
+    types = Counter(node_class(n) for n in nodes if n.gpus or cpu_only)
     arrived = sum(p.gpu_request_milli for p in pods)
     pod_keys, type_keys = sorted(classes), sorted(types)
     xs = [(k, t) for k, pk in enumerate(pod_keys) for t, tk in enumerate(type_keys)]
@@ -212,7 +215,6 @@ def forced_bound(nodes: Sequence[OpenbNode], pods: Sequence[OpenbPod], forced: i
     # too many, the type's cards get the dual-feasible rows)
     ys: list[tuple[int, dict[int, int]]] = []
     patterned: set[int] = set()
-    walked: dict[tuple[int, ...], list[dict[int, int]] | None] = {}  # types share their sizes
     for t, tk in enumerate(type_keys):
         sizes = tuple(
             sorted(
@@ -221,9 +223,7 @@ def forced_bound(nodes: Sequence[OpenbNode], pods: Sequence[OpenbPod], forced: i
         )
         if not tk[2]:
             continue
-        if sizes not in walked:
-            walked[sizes] = _maximal_patterns(sizes, PATTERN_LIMIT)
-        maximal = walked[sizes]
+        maximal = _maximal_patterns(sizes, PATTERN_LIMIT)
         if maximal is not None:
             patterned.add(t)
             ys.extend((t, slots) for slots in maximal)
@@ -311,8 +311,8 @@ class NodeConfiguration:
     """One column of the configuration LP's optimum: `nodes` (an LP weight, not a whole number)
     nodes of type `node` (`node_class`), each holding `pods` (per `pod_class`, how many)."""
 
-    node: tuple[int, int, int, str]
-    pods: dict[tuple[int, int, int, int, str], int]
+    node: NodeClass
+    pods: dict[PodClass, int]
     nodes: float
 
 
@@ -326,16 +326,6 @@ def configuration_plan(
     return plan
 
 
-def pod_class(p: OpenbPod) -> tuple[int, int, int, int, str]:
-    """The LPs' class of a pod: CPU, memory, cards, milli per card, card models."""
-    return _pod_key(p)
-
-
-def node_class(n: OpenbNode) -> tuple[int, int, int, str]:
-    """The LPs' type of a node: CPU, memory, cards, card model."""
-    return _node_key(n)
-
-
 def _configurations(
     nodes: Sequence[OpenbNode], pods: Sequence[OpenbPod], rounds: int
 ) -> tuple[Bound, float, list[NodeConfiguration]]:
@@ -344,8 +334,8 @@ def _configurations(
     opt = _scipy("scipy.optimize")
     sparse = _scipy("scipy.sparse")
     pooled = allocation_bound(nodes, pods)
-    asked = Counter(_pod_key(p) for p in pods if p.num_gpu)
-    types = Counter(_node_key(n) for n in nodes if n.gpus)
+    asked = Counter(pod_class(p) for p in pods if p.num_gpu)
+    types = Counter(node_class(n) for n in nodes if n.gpus)
     pod_keys, type_keys = sorted(asked), sorted(types)
     if not pod_keys or not type_keys:
         return pooled, float(pooled.milli), []
@@ -408,8 +398,8 @@ class _Pricer:
 
     def __init__(
         self,
-        node: _NodeKey,
-        pod_keys: Sequence[_PodKey],
+        node: NodeClass,
+        pod_keys: Sequence[PodClass],
         fit: Sequence[int],
         sizes: Sequence[int],
         patterns: Sequence[dict[int, int]],
@@ -452,15 +442,17 @@ class _Pricer:
         found = {
             self.fit[j]: round(x) for j, x in enumerate(result.x[: len(self.fit)]) if round(x) > 0
         }
-        worth_found = float(sum(gain[self.fit.index(k)] * n for k, n in found.items()))
+        worth_found = float(sum(worth[k] * n for k, n in found.items()))
         dual = getattr(result, "mip_dual_bound", None)
         most = -float(dual) if dual is not None and math.isfinite(dual) else -float(result.fun)
         return found, worth_found, max(most, worth_found)
 
 
-def _maximal_patterns(sizes: Sequence[int], limit: int) -> list[dict[int, int]] | None:
+@functools.lru_cache(maxsize=64)
+def _maximal_patterns(sizes: tuple[int, ...], limit: int) -> list[dict[int, int]] | None:
     """The card patterns over `sizes` (descending) to which no further slice fits, as slots per
-    size; None when there are more than `limit` patterns (maximal or not) to walk."""
+    size; None when there are more than `limit` patterns (maximal or not) to walk. Kept per sizes
+    (node types share theirs, and the LPs of one run ask again): callers only read them."""
     if not sizes:
         return []
     try:
@@ -475,7 +467,7 @@ def _maximal_patterns(sizes: Sequence[int], limit: int) -> list[dict[int, int]] 
     return out
 
 
-def _card_value(pod: _PodKey, f: Dff) -> Fraction:
+def _card_value(pod: PodClass, f: Dff) -> Fraction:
     """What a pod adds to its node type's card rows under f (summed over the type's cards):
     1 for each whole card it takes, f(its share) for each card it holds a slice of."""
     if _whole(pod):
@@ -483,12 +475,12 @@ def _card_value(pod: _PodKey, f: Dff) -> Fraction:
     return pod[2] * f(Fraction(pod[3], MILLI_PER_GPU))
 
 
-def _slice(pod: _PodKey) -> bool:
+def _slice(pod: PodClass) -> bool:
     """A pod holding part of each of its cards (a share of no card takes no slot)."""
     return bool(pod[2]) and 0 < pod[3] < MILLI_PER_GPU
 
 
-def _units(pod: _PodKey) -> Fraction:
+def _units(pod: PodClass) -> Fraction:
     """A pod's GPU in card units, over all its cards."""
     return pod[2] * (Fraction(1) if _whole(pod) else Fraction(pod[3], MILLI_PER_GPU))
 
@@ -593,7 +585,7 @@ def exact_allocation(
     names: list[tuple[str, int, int, int]] = []  # ("y", pod, node, -1) or ("z", pod, node, card)
     for i, p in enumerate(gpu_pods):
         for n, node in enumerate(nodes):
-            if not _fits(_pod_key(p), _node_key(node)):
+            if not _fits(pod_class(p), node_class(node)):
                 continue
             names.append(("y", i, n, -1))
             names.extend(("z", i, n, c) for c in range(node.gpus))

@@ -403,7 +403,7 @@ def test_the_configuration_plan_fills_nodes_with_what_fits_them_up_to_the_bound(
     types = {bound.node_class(n): 0 for n in nodes}
     for n in nodes:
         types[bound.node_class(n)] += 1
-    asked: dict[tuple[int, int, int, int, str], int] = {}
+    asked: dict[bound.PodClass, int] = {}
     for p in pods:
         asked[bound.pod_class(p)] = asked.get(bound.pod_class(p), 0) + 1
     placed = 0.0
