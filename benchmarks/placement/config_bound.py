@@ -21,6 +21,7 @@ from gpuctl.bench.openb import load_nodes, load_pods
 from gpuctl.bench.protocol import gpu_capacity_milli
 from gpuctl.bench.replay import arrivals_for
 from gpuctl.bench.rng import NumpyRng
+from gpuctl.errors import GpuctlError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,4 +57,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    try:
+        raise SystemExit(main())
+    except GpuctlError as exc:  # bad data paths or files: one line, exit 1
+        raise SystemExit(f"{Path(__file__).name}: {exc}") from None

@@ -36,11 +36,12 @@ from gpuctl.bench.replay import _Cluster, allocation_curve, arrivals_for, fleet_
 from gpuctl.bench.rng import NumpyRng
 from gpuctl.core.placement.fit import Choice, Demand, NodeFree
 from gpuctl.core.placement.policies import get_policy
+from gpuctl.errors import GpuctlError
 
 
 def forecast(pods: list[OpenbPod], capacity: int, scale: float) -> list[OpenbPod]:
     """Each pod class at its share of the trace, as many pods as ask `scale` x `capacity`."""
-    by_class: dict[tuple[int, int, int, int, str], list[OpenbPod]] = {}
+    by_class: dict[bound.PodClass, list[OpenbPod]] = {}
     for p in pods:
         by_class.setdefault(bound.pod_class(p), []).append(p)
     factor = scale * capacity / sum(p.gpu_request_milli for p in pods)
@@ -51,7 +52,7 @@ def targets_for(
     nodes: list[OpenbNode], rank: list[int], plan: list[bound.NodeConfiguration]
 ) -> dict[str, Counter[Demand]]:
     """The plan rounded to whole nodes per type (largest remainders), handed out in node order."""
-    examples: dict[tuple[int, int, int, int, str], Demand] = {}
+    examples: dict[bound.PodClass, Demand] = {}
     out: dict[str, Counter[Demand]] = {}
     for node_type in {c.node for c in plan}:
         mine = sorted((c for c in plan if c.node == node_type), key=lambda c: -c.nodes)
@@ -78,7 +79,7 @@ def targets_for(
     return out
 
 
-def _demand(k: tuple[int, int, int, int, str]) -> Demand:
+def _demand(k: bound.PodClass) -> Demand:
     cpu, mem, gpus, milli, spec = k
     return pod_demand(OpenbPod("plan", cpu, mem, gpus, milli, spec))
 
@@ -166,4 +167,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    try:
+        raise SystemExit(main())
+    except GpuctlError as exc:  # bad data paths or files: one line, exit 1
+        raise SystemExit(f"{Path(__file__).name}: {exc}") from None

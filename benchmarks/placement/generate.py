@@ -15,6 +15,7 @@ from pathlib import Path
 
 from gpuctl.bench.generate import generate, parse_family, write_pods
 from gpuctl.bench.openb import load_nodes, load_pods
+from gpuctl.errors import GpuctlError
 
 PAPER = [
     *("cpu050", "cpu100", "cpu200", "cpu250"),
@@ -41,4 +42,11 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    if len(sys.argv) < 5:
+        raise SystemExit(
+            f"usage: {Path(__file__).name} NODES BASE_PODS SPEC_PODS OUT_DIR [SEED] [NAME...]"
+        )
+    try:
+        main(sys.argv[1:])
+    except GpuctlError as exc:  # bad data paths or files: one line, exit 1
+        raise SystemExit(f"{Path(__file__).name}: {exc}") from None
