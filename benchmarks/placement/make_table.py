@@ -147,7 +147,8 @@ def main(out_dir: Path, traces: list[str]) -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) < 2 or sys.argv[1].startswith("-"):
-        raise SystemExit(f"usage: {Path(__file__).name} OUT_DIR [TRACE...] | OUT_DIR --versus TRACE...")
+        name = Path(__file__).name
+        raise SystemExit(f"usage: {name} OUT_DIR [TRACE...] | {name} OUT_DIR --versus TRACE...")
     try:
         main(Path(sys.argv[1]), sys.argv[2:] or list(TRACES))
     except FileNotFoundError as exc:  # a trace without its JSON document: one line, exit 1
