@@ -26,7 +26,15 @@ import dataclasses
 from collections.abc import Hashable, Iterable
 from fractions import Fraction
 
-from gpuctl.core.placement.fit import Demand, NodeFree, Workload, card_fits, host_fits, model_fits
+from gpuctl.core.placement.fit import (
+    Demand,
+    NodeFree,
+    Workload,
+    card_fits,
+    fits,
+    host_fits,
+    model_fits,
+)
 
 # ---------------------------------------------------------------------------------------------
 # The definition
@@ -186,15 +194,50 @@ def host_ratio(workload: Workload) -> HostRatio:
     return HostRatio(cpu_milli_per_unit=cpu / units, mem_mib_per_unit=mem / units)
 
 
-def host_stranded(node: NodeFree, ratio: HostRatio) -> float:
+# The typical jobs, as FGD's target workload keeps them: the most frequent shapes that together
+# make up this share of the jobs.
+TYPICAL_SHARE = 0.95
+
+Fillers = dict[int, tuple[Demand, ...]]  # card count -> the typical whole-card shapes of it
+
+
+def whole_fillers(workload: Workload, share: float = TYPICAL_SHARE) -> Fillers:
+    """The workload's typical whole-card shapes (among the most frequent shapes that make up
+    `share` of its jobs; equal probabilities ordered by `shape_key`, descending), by card count."""
+    ordered = sorted(workload, key=lambda dp: (dp[1], shape_key(dp[0])), reverse=True)
+    total = sum(p for _, p in ordered)
+    out: dict[int, list[Demand]] = {}
+    seen = 0.0
+    for demand, p in ordered:
+        if total <= 0 or seen >= share * total:
+            break
+        seen += p
+        if demand.gpus and (demand.whole or demand.gpus > 1):
+            out.setdefault(demand.gpus, []).append(demand)
+    return {k: tuple(v) for k, v in out.items()}
+
+
+def host_stranded(node: NodeFree, ratio: HostRatio, fillers: Fillers | None = None) -> float:
     """Free card units that the node's remaining CPU and host memory cannot feed, at the
-    workload's average CPU and memory per card unit (0 when the host has enough)."""
+    workload's average CPU and memory per card unit (0 when the host has enough).
+
+    Also 0 when every free card is whole and one of `fillers` (`whole_fillers`) takes exactly
+    that many cards and fits the node now: a typical job feeds them all, whatever the average
+    says. Without this a 4-card node whose host is under the average (32 cores, where the
+    average asks 40 for 4 cards) counts a card stranded while empty, so the first small job to
+    arrive gains by taking it, and the 4-card jobs that fit it find it broken (openb
+    multigpu90/95: FGD led the default at x=100 until this)."""
     total = sum(node.free)
     usable = float(total)
     if node.cpu_free_milli is not None and ratio.cpu_milli_per_unit > 0:
         usable = min(usable, max(node.cpu_free_milli, 0) / ratio.cpu_milli_per_unit)
     if node.mem_free_mib is not None and ratio.mem_mib_per_unit > 0:
         usable = min(usable, max(node.mem_free_mib, 0) / ratio.mem_mib_per_unit)
+    if usable >= total or not fillers:
+        return total - usable
+    whole = [c for f, c in zip(node.free, node.capacity, strict=True) if f == c and c > 0]
+    if sum(whole) == total and any(fits(node, d) for d in fillers.get(len(whole), ())):
+        return 0.0  # every free card is whole, and a typical job takes them all
     return total - usable
 
 
@@ -271,6 +314,7 @@ class WorkloadIndex:
         "_mem_steps",
         "_older",
         "denominator",
+        "fillers",
         "host_ratio",
         "workload",
     )
@@ -310,6 +354,7 @@ class WorkloadIndex:
         self._by_model: dict[str | None, tuple[int, tuple[_Group, ...]]] = {}
         self._fit_weights: dict[tuple[str | None, int | None, int | None], tuple[int, ...]] = {}
         self.host_ratio = host_ratio(workload)
+        self.fillers = whole_fillers(workload)
 
     @property
     def total_weight(self) -> int:

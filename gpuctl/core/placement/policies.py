@@ -207,7 +207,9 @@ class Gpuctl:
     CPU-hungry jobs (and CPU-only jobs) eat a node's CPU and memory until its remaining cards can
     no longer all be fed. gpuctl adds that amount, `host_stranded` (free card units beyond what
     the node's free CPU and memory can feed at the workload's average CPU and memory per card
-    unit), to the stranded measure, weighted by `host_weight`, and then scores like FGD:
+    unit; none where a typical whole-card job takes every free card and fits the host, as on a
+    4-card node whose host is thin for the average but right for the 4-card jobs), to the
+    stranded measure, weighted by `host_weight`, and then scores like FGD:
     `100 * sigmoid(-(stranded after - stranded before) / one card)`, truncated when `quantize`
     (near-equal nodes tie and the engine's node order decides, which packs; past the sigmoid's
     ends each whole card of gain is one point more, so big charges still order nodes). A slice
@@ -365,7 +367,8 @@ class Gpuctl:
         den = index.denominator
         per_card = float((max(node.capacity) if node.capacity else 0) or 1)
         frag_before = index.stranded_num(node)
-        host_before = host_stranded(node, ratio)
+        fillers = index.fillers
+        host_before = host_stranded(node, ratio, fillers)
         reserve = 0.0
         if self.supply and demand.gpus and len(demand.gpu_models) != 1 and node.gpu_model:
             reserve = self.reserve_weight * self.pressure(workload).get(node.gpu_model, 0.0)
@@ -374,7 +377,7 @@ class Gpuctl:
 
         def gain(after: NodeFree, card: int | None = None) -> float:
             frag = (frag_before - index.stranded_num(after)) / den
-            host = host_before - host_stranded(after, ratio)
+            host = host_before - host_stranded(after, ratio, fillers)
             taken = sum(node.free) - sum(after.free)
             dead = 0.0
             if card is not None:  # a slice: the one card whose hole changes

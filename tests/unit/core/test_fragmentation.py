@@ -15,6 +15,7 @@ from gpuctl.core.placement.fragmentation import (
     host_ratio,
     host_stranded,
     node_stranded,
+    whole_fillers,
     workload_from_counts,
 )
 
@@ -124,6 +125,32 @@ def test_host_stranding_counts_the_cards_the_host_cannot_feed() -> None:
     assert host_stranded(node, ratio) == pytest.approx(4000)  # 48 cores feed 4 of 8 cards
     rich = NodeFree("n", (1000,) * 2, (1000,) * 2, cpu_free_milli=48_000)
     assert host_stranded(rich, ratio) == 0
+
+
+def test_a_typical_whole_card_job_that_takes_every_free_card_feeds_them_all() -> None:
+    # 10 cores a card on average: a 4-card, 32-core node feeds 3.2 of its cards at that rate,
+    # but the typical 4-card job asks 30 cores and fits it whole.
+    ratio = HostRatio(cpu_milli_per_unit=10.0, mem_mib_per_unit=0.0)
+    quad = NodeFree("q", (1000,) * 4, (1000,) * 4, cpu_free_milli=32_000)
+    four = Demand(gpus=4, mib_per_card=1000, whole=True, cpu_milli=30_000)
+    hungry = Demand(gpus=4, mib_per_card=1000, whole=True, cpu_milli=36_000)
+    two = Demand(gpus=2, mib_per_card=1000, whole=True, cpu_milli=8_000)
+    assert host_stranded(quad, ratio) == pytest.approx(800)
+    assert host_stranded(quad, ratio, {4: (four,)}) == 0
+    assert host_stranded(quad, ratio, {4: (hungry,)}) == pytest.approx(800)  # does not fit
+    assert host_stranded(quad, ratio, {2: (two,)}) == pytest.approx(800)  # takes only 2 of 4
+    used = NodeFree("q", (1000, 1000, 1000, 500), (1000,) * 4, cpu_free_milli=32_000)
+    assert host_stranded(used, ratio, {4: (four,)}) == pytest.approx(3500 - 3200)
+
+
+def test_the_fillers_are_the_typical_whole_card_shapes_by_card_count() -> None:
+    four = Demand(gpus=4, mib_per_card=1000, whole=True, cpu_milli=30_000)
+    rare = Demand(gpus=4, mib_per_card=1000, whole=True, cpu_milli=2_000)
+    one = Demand(gpus=1, mib_per_card=1000, whole=True, cpu_milli=8_000)
+    part = Demand(gpus=1, mib_per_card=500, cpu_milli=4_000)
+    workload = ((four, 0.3), (one, 0.4), (part, 0.28), (rare, 0.02))
+    # the most frequent shapes that make up 95 % of the jobs: the 2 % one is not typical
+    assert whole_fillers(workload) == {4: (four,), 1: (one,)}
 
 
 def test_the_host_ratio_comes_from_the_card_using_shapes_only() -> None:

@@ -95,3 +95,20 @@ def test_past_the_sigmoids_ends_a_whole_card_of_gain_is_one_point() -> None:
     assert len(set(scores)) == len(scores)
     assert policy._score(-21.0) < policy._score(-6.0) < 0 < policy._score(-4.5)
     assert [policy._score(g) for g in (-1.0, 0.0, 1.0)] == [26.0, 50.0, 73.0]  # FGD's truncation
+
+
+def test_a_small_job_leaves_whole_the_node_a_typical_job_fills_though_its_host_is_thin() -> None:
+    # The 4-card, 32-core node feeds fewer cards than it has at the workload's average CPU per
+    # card (about 10 cores), so a host measure at that average counts a card stranded while it
+    # is empty and rewards the first small job that takes cards there. But the typical 4-card
+    # job (30 cores) fills it: the 2-card job goes to the 2-card node.
+    eight = Demand(gpus=8, mib_per_card=1000, whole=True, cpu_milli=80_000)
+    four = Demand(gpus=4, mib_per_card=1000, whole=True, cpu_milli=30_000)
+    two = Demand(gpus=2, mib_per_card=1000, whole=True, cpu_milli=16_000)
+    one = Demand(gpus=1, mib_per_card=1000, whole=True, cpu_milli=12_000)
+    workload = ((eight, 0.7), (four, 0.09), (two, 0.09), (one, 0.12))
+    quad = NodeFree("q", (1000,) * 4, (1000,) * 4, cpu_free_milli=32_000, cpu_milli=32_000)
+    pair = NodeFree("p", (1000,) * 2, (1000,) * 2, cpu_free_milli=104_000, cpu_milli=104_000)
+    on_quad, on_pair = Gpuctl().choose(quad, two, workload), Gpuctl().choose(pair, two, workload)
+    assert on_quad is not None and on_pair is not None
+    assert on_pair.score > on_quad.score
