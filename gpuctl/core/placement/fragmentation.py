@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-from collections.abc import Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from fractions import Fraction
+from itertools import accumulate
+from typing import TypeVar
 
 from gpuctl.core.placement.fit import (
     Demand,
@@ -139,15 +141,26 @@ def workload_from_counts(
     total = sum(merged.values())
     if total == 0:
         return ()
-    ordered = sorted(merged.items(), key=lambda dc: (dc[1], shape_key(dc[0])), reverse=True)
-    kept: list[tuple[Demand, int]] = []
-    cumulative = 0
-    for demand, count in ordered:
-        kept.append((demand, count))
-        cumulative += count
-        if cumulative * 100 >= coverage_pct * total:
-            break
+    kept = _most_frequent(merged, lambda seen: seen * 100 >= coverage_pct * total)
+    cumulative = sum(c for _, c in kept)
     return tuple((d, c / cumulative) for d, c in kept)
+
+
+_W = TypeVar("_W", int, float)
+
+
+def _most_frequent(
+    weights: dict[Demand, _W], enough: Callable[[_W], bool]
+) -> list[tuple[Demand, _W]]:
+    """The most frequent shapes, most first (equal weights ordered by `shape_key`, descending),
+    up to and including the one with which the running total is `enough`."""
+    ordered = sorted(weights.items(), key=lambda dw: (dw[1], shape_key(dw[0])), reverse=True)
+    kept: list[tuple[Demand, _W]] = []
+    for (demand, weight), seen in zip(ordered, accumulate(w for _, w in ordered), strict=True):
+        kept.append((demand, weight))
+        if enough(seen):
+            break
+    return kept
 
 
 def default_workload(card_units: int) -> Workload:
@@ -204,14 +217,14 @@ Fillers = dict[int, tuple[Demand, ...]]  # card count -> the typical whole-card 
 def whole_fillers(workload: Workload, share: float = TYPICAL_SHARE) -> Fillers:
     """The workload's typical whole-card shapes (among the most frequent shapes that make up
     `share` of its jobs; equal probabilities ordered by `shape_key`, descending), by card count."""
-    ordered = sorted(workload, key=lambda dp: (dp[1], shape_key(dp[0])), reverse=True)
-    total = sum(p for _, p in ordered)
+    merged: dict[Demand, float] = {}
+    for demand, p in workload:
+        merged[demand] = merged.get(demand, 0.0) + p
+    total = sum(merged.values())
     out: dict[int, list[Demand]] = {}
-    seen = 0.0
-    for demand, p in ordered:
-        if total <= 0 or seen >= share * total:
-            break
-        seen += p
+    if total <= 0:
+        return {}
+    for demand, _ in _most_frequent(merged, lambda seen: seen >= share * total):
         if demand.gpus and (demand.whole or demand.gpus > 1):
             out.setdefault(demand.gpus, []).append(demand)
     return {k: tuple(v) for k, v in out.items()}
