@@ -3,15 +3,21 @@
 An instance: `n_nodes` nodes drawn (seeded) from the openb node list, filled by the replay (the
 protocol's arrivals, tuned to `fill` x their GPU capacity) with a policy. On it, with the same
 move budget, the greedy planner (`plan_consolidation`) and an exact model solved by OR-Tools
-CP-SAT both minimise the planner's cost against the paper's target workload: stranded capacity
-plus `DEAD_WEIGHT` times the dead holes (free units on a card in `consolidation_dead_range`):
+CP-SAT both minimise the planner's cost against the paper's target workload: stranded capacity,
+plus `HOST_WEIGHT` times the unfed units (`host_stranded`: free card units beyond what a node's
+free CPU and memory feed at the workload's average, none where a typical whole-card job takes
+every free card and fits) and `DEAD_WEIGHT` times the dead holes (free units on a card in
+`consolidation_dead_range`):
 
     variables  pod -> node (and -> cards), for every pod; a pod that leaves its cards is a move
     limits     card capacity, node CPU and memory, card models, moves <= the budget
     objective  maximise sum over shapes t (weight p_t) of the free units on cards that can
                host t, on nodes where t fits (enough such cards, enough CPU): the complement of
                stranded, since moves never change the total free capacity; less DEAD_WEIGHT
-               times each card's dead hole
+               times each card's dead hole; less HOST_WEIGHT times each node's unfed units
+               (r * unfed >= r * free - spare, for CPU and for memory, r the workload's
+               average per card unit rounded down to 1/1000; unless a typical job's
+               exemption holds)
 
 Weights are the workload's probabilities rounded to 1/100000; the greedy plan is the solver's
 starting hint; both answers are then measured
@@ -23,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import math
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -46,11 +53,14 @@ from gpuctl.core.consolidation import (
     fleet_figures,
     plan_consolidation,
 )
-from gpuctl.core.placement.fit import Workload
+from gpuctl.core.placement.fit import Workload, fits
 from gpuctl.core.placement.fragmentation import (
     DEAD_WEIGHT,
+    HOST_WEIGHT,
     consolidation_dead_range,
     dead_units,
+    host_ratio,
+    whole_fillers,
 )
 from gpuctl.core.placement.model import Allocation, Card, FleetState, PlacementNode
 from gpuctl.core.placement.policies import Policy
@@ -58,6 +68,8 @@ from gpuctl.errors import UsageError
 
 WEIGHT_SCALE = 100_000
 DEAD_SCALE = DEAD_WEIGHT * WEIGHT_SCALE  # the weights sum to WEIGHT_SCALE
+HOST_TERM = HOST_WEIGHT * WEIGHT_SCALE
+HOST_SCALE = 1_000  # the host term's ratios (per card unit) are kept to 1/1000
 MISSING = "OR-Tools is not installed: the exact comparison is skipped (pip install ortools)"
 
 
@@ -179,6 +191,7 @@ def exact(
         used[key] = sum(terms) if terms else 0
         model.Add(used[key] <= MILLI_PER_GPU)
     cpu_free: dict[str, Any] = {}
+    mem_free: dict[str, Any] = {}
     for n in nodes:
         here = [(a, on_node[(a.job, n.name)]) for a in allocs if (a.job, n.name) in on_node]
         cpu_used = sum(a.cpu_milli * x for a, x in here) if here else 0
@@ -188,6 +201,7 @@ def exact(
             cpu_free[n.name] = n.cpu_milli - cpu_used
         if n.host_mem_mib is not None:
             model.Add(mem_used <= n.host_mem_mib)
+            mem_free[n.name] = n.host_mem_mib - mem_used
     objective = []
     for demand, p in inst.workload:
         w = round(p * WEIGHT_SCALE)
@@ -218,6 +232,7 @@ def exact(
                 model.Add(usable <= MILLI_PER_GPU - used[key])
                 model.Add(usable <= MILLI_PER_GPU * ok)
                 objective.append(w * usable)
+    objective.extend(_unfed_terms(model, inst, nodes, used, cpu_free, mem_free))
     lo, below = consolidation_dead_range(inst.workload)
     lo = max(lo, 1)
     holes: dict[tuple[str, int], tuple[Any, Any, Any, Any]] = {}  # card -> dead, small, live, units
@@ -285,6 +300,102 @@ def exact(
     )
 
 
+def _host_steps(inst: Instance) -> tuple[int, int]:
+    """The host term's ratios as integers: CPU and memory per card unit times `HOST_SCALE`,
+    rounded down (so the model's unfed memory never exceeds the planner's: its bound holds)."""
+    ratio = host_ratio(inst.workload)
+    return (
+        math.floor(ratio.cpu_milli_per_unit * HOST_SCALE),
+        math.floor(ratio.mem_mib_per_unit * HOST_SCALE),
+    )
+
+
+def _unfed_terms(
+    model: Any,
+    inst: Instance,
+    nodes: Sequence[PlacementNode],
+    used: dict[tuple[str, int], Any],
+    cpu_free: dict[str, Any],
+    mem_free: dict[str, Any],
+) -> list[Any]:
+    """The objective's share of the host term (`host_stranded`, `HOST_WEIGHT` whole units of
+    weight per unfed unit): per node, unfed >= free - free CPU / CPU per unit (and the same for
+    memory), lifted where every free card is whole and a typical whole-card job takes them all
+    and fits the host (the planner's exemption, as `host_stranded` decides it). Any of these
+    may be constants (no pod can reach the card or node); Python compares those itself."""
+    cpu_step, mem_step = _host_steps(inst)
+    fillers = whole_fillers(inst.workload)
+    terms: list[Any] = []
+    for n in nodes:
+        keys = [(n.name, c.index) for c in n.cards]
+        limits = [
+            (step, spare[n.name])
+            for step, spare in ((cpu_step, cpu_free), (mem_step, mem_free))
+            if step > 0 and n.name in spare
+        ]
+        if not keys or not limits:
+            continue
+        free = len(keys) * MILLI_PER_GPU - sum(used[k] for k in keys)
+        empty: list[Any] = []
+        partial: list[Any] = []
+        for k in keys:
+            if isinstance(used[k], int):
+                empty.append(int(used[k] == 0))
+                partial.append(int(0 < used[k] < MILLI_PER_GPU))
+                continue
+            e, f, part = (model.NewBoolVar("") for _ in range(3))
+            model.AddExactlyOne((e, f, part))
+            model.Add(used[k] == 0).OnlyEnforceIf(e)
+            model.Add(used[k] == MILLI_PER_GPU).OnlyEnforceIf(f)
+            model.Add(used[k] >= 1).OnlyEnforceIf(part)
+            model.Add(used[k] <= MILLI_PER_GPU - 1).OnlyEnforceIf(part)
+            empty.append(e)
+            partial.append(part)
+        exempt = []
+        for g, shapes in fillers.items():
+            for d in shapes:
+                if g > len(keys) or (d.gpu_models and n.cards[0].model not in d.gpu_models):
+                    continue
+                x = model.NewBoolVar("")
+                conditions = [sum(empty) == g, sum(partial) == 0]
+                if n.name in cpu_free:
+                    conditions.append(cpu_free[n.name] >= d.cpu_milli)
+                if n.name in mem_free:
+                    conditions.append(mem_free[n.name] >= d.mem_mib)
+                if any(c is False for c in conditions):
+                    continue  # a constant says no
+                for c in conditions:
+                    if c is not True:
+                        model.Add(c).OnlyEnforceIf(x)
+                exempt.append(x)
+        unfed = model.NewIntVar(0, len(keys) * MILLI_PER_GPU, "")
+        lifted = model.NewBoolVar("")  # some typical job takes every free card and fits
+        if exempt:
+            model.AddBoolOr(exempt).OnlyEnforceIf(lifted)
+        else:
+            model.Add(lifted == 0)
+        for step, spare in limits:
+            model.Add(step * unfed >= step * free - HOST_SCALE * spare).OnlyEnforceIf(lifted.Not())
+        terms.append(-HOST_TERM * unfed)
+    return terms
+
+
+def _unfed_of(inst: Instance, n: PlacementNode) -> int:
+    """A node's unfed units as the model counts them (the least its variable can be)."""
+    cpu_step, mem_step = _host_steps(inst)
+    view = n.totals().free
+    total = sum(view.free)
+    whole = [c for f, c in zip(view.free, view.capacity, strict=True) if f == c and c > 0]
+    fillers = whole_fillers(inst.workload).get(len(whole), ())
+    if sum(whole) == total and any(fits(view, d) for d in fillers):
+        return 0
+    unfed = 0
+    for step, spare in ((cpu_step, view.cpu_free_milli), (mem_step, view.mem_free_mib)):
+        if spare is not None and step > 0:
+            unfed = max(unfed, -((HOST_SCALE * spare - step * total) // step))  # the ceiling
+    return unfed
+
+
 def _solved(
     a: Allocation,
     nodes: Sequence[PlacementNode],
@@ -326,6 +437,8 @@ def _objective(inst: Instance, state: FleetState) -> int:
     lo, below = consolidation_dead_range(inst.workload)
     for n in state.nodes:
         total -= DEAD_SCALE * dead_units((c.free_mib for c in n.cards), below, lo)
+        if n.cards:
+            total -= HOST_TERM * _unfed_of(inst, n)
     return total
 
 

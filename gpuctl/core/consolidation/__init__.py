@@ -1,12 +1,14 @@
 """Consolidation: plans of migrations that free whole cards and nodes. Pure and deterministic.
 
 `plan_consolidation(state, facts, ...)` simulates moves on a copy of the fleet state and keeps
-those that strictly reduce its cost: stranded memory (free memory the target workload cannot use,
-measured by `gpuctl.core.placement.fragmentation`) plus `DEAD_WEIGHT` times the dead holes (card
-memory that some but almost no card-sharing job fits, `consolidation_dead_range`; the default
-placement weighs them too), best first, up to
-`max_moves`. With a `target` shape it solves the drain-and-refill case instead: make room for the
-target (a whole node, N whole cards, or a slice) with the fewest moves.
+those that strictly reduce its cost, weighed as the default placement weighs a node: stranded
+memory (free memory the target workload cannot use, measured by
+`gpuctl.core.placement.fragmentation`), plus `HOST_WEIGHT` times the unfed memory (free cards
+beyond what the node's free CPU and host memory feed at the workload's average, `host_stranded`)
+and `DEAD_WEIGHT` times the dead holes (card memory that some but almost no card-sharing job
+fits, `consolidation_dead_range`), best first, up to `max_moves`. With a `target` shape it
+solves the drain-and-refill case instead: make room for the target (a whole node, N whole
+cards, or a slice) with the fewest moves.
 
 Rules every plan keeps (the property tests check them):
 
@@ -19,7 +21,8 @@ Rules every plan keeps (the property tests check them):
   pinned, with the reason);
 * each job moves at most once per plan, and no plan has more than `max_moves` moves;
 * without a target, every move strictly reduces the cost. Stranded memory may grow by a move
-  that closes more dead holes (`FleetFigures.dead_mib`) than it strands.
+  that closes more dead holes (`FleetFigures.dead_mib`) or unfed memory
+  (`FleetFigures.unfed_mib`) than it strands.
 
 Jobs are preferred by the cost a move frees, discounted by the move's cost: a stale
 (or missing) checkpoint and a large footprint make a move dearer (`move_penalty`). Ties go to the

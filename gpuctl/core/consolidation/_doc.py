@@ -33,6 +33,7 @@ def _figures(f: FleetFigures) -> dict[str, Any]:
         "fragmentation_pct": None if pct is None else round(pct, 2),
         "capacity_mib": f.capacity_mib,
         "dead_mib": f.dead_mib,
+        "unfed_mib": round(f.unfed_mib, 3),
     }
 
 
@@ -98,6 +99,7 @@ def _figures_from(d: Mapping[str, Any]) -> FleetFigures:
         stranded_mib=float(d["stranded_mib"]),
         capacity_mib=int(d["capacity_mib"]),
         dead_mib=int(d.get("dead_mib", 0)),  # plans written before dead holes were measured
+        unfed_mib=float(d.get("unfed_mib", 0.0)),  # ... and before unfed memory was
     )
 
 
@@ -220,6 +222,7 @@ def consolidation_footer(plan: ConsolidationPlan) -> list[str]:
         ["whole free nodes", str(b.whole_free_nodes), str(a.whole_free_nodes)],
         ["stranded", format_mib(round(b.stranded_mib)), format_mib(round(a.stranded_mib))],
         ["fragmentation", _pct(b.fragmentation_pct), _pct(a.fragmentation_pct)],
+        ["unfed by host", format_mib(round(b.unfed_mib)), format_mib(round(a.unfed_mib))],
         ["dead holes", format_mib(b.dead_mib), format_mib(a.dead_mib)],
     ]
     lines = _table(["", "BEFORE", "AFTER"], figures)

@@ -25,6 +25,7 @@ from gpuctl.core.placement.fragmentation import (
     WorkloadIndex,
     consolidation_dead_range,
     dead_units,
+    host_stranded,
 )
 from gpuctl.core.placement.model import (
     Allocation,
@@ -72,10 +73,12 @@ def node_free(n: PlacementNode) -> NodeFree:
 
 
 def fleet_figures(state: FleetState, workload: Workload | WorkloadIndex) -> FleetFigures:
-    """Whole free cards and nodes, free, stranded and dead-hole memory, over schedulable nodes."""
+    """Whole free cards and nodes, free, stranded, unfed and dead-hole memory, over schedulable
+    nodes."""
     index = workload if isinstance(workload, WorkloadIndex) else WorkloadIndex(workload)
     smallest, below = consolidation_dead_range(index.workload)
     dead = stranded = whole_cards = whole_nodes = free_mib = capacity = 0
+    unfed = 0.0
     for n in state.nodes:
         if not n.schedulable:
             continue
@@ -86,6 +89,7 @@ def fleet_figures(state: FleetState, workload: Workload | WorkloadIndex) -> Flee
         whole_nodes += 1 if n.cards and t.empty_cards == len(n.cards) else 0
         stranded += index.stranded_num(t.free)
         dead += dead_units(t.free.free, below, smallest)
+        unfed += host_stranded(t.free, index.host_ratio, index.fillers)
     return FleetFigures(
         whole_free_cards=whole_cards,
         whole_free_nodes=whole_nodes,
@@ -93,6 +97,7 @@ def fleet_figures(state: FleetState, workload: Workload | WorkloadIndex) -> Flee
         stranded_mib=stranded / index.denominator,
         capacity_mib=capacity,
         dead_mib=dead,
+        unfed_mib=unfed,
     )
 
 

@@ -163,9 +163,9 @@ def search(
     if len(moves) == max_moves:
         reason = f"stopped at the maximum of {max_moves} move(s)"
     elif moves:
-        reason = "no further move reduces stranded memory and dead holes"
+        reason = "no further move reduces stranded, unfed and dead-hole memory"
     else:
-        reason = "no move reduces stranded memory and dead holes"
+        reason = "no move reduces stranded, unfed and dead-hole memory"
     return moves, pinned, reason
 
 

@@ -17,9 +17,11 @@ from gpuctl.core.placement.constraints import clash, model_ok
 from gpuctl.core.placement.fit import NodeFree
 from gpuctl.core.placement.fragmentation import (
     DEAD_WEIGHT,
+    HOST_WEIGHT,
     WorkloadIndex,
     consolidation_dead_range,
     dead_units,
+    host_stranded,
 )
 from gpuctl.core.placement.model import Allocation, FleetState, LabelRequirement, PlacementNode
 from gpuctl.core.timefmt import duration
@@ -175,11 +177,19 @@ class Work:
         }
 
     def measure(self, view: NodeFree) -> int:
-        """What a node's free state costs, as an exact integer over the index's denominator:
-        its stranded memory, and `DEAD_WEIGHT` units per unit of dead hole (as the placement
-        weighs it: a hole almost no card-sharing job fits is as good as lost)."""
+        """What a node's free state costs, as an integer over the index's denominator, weighed
+        as the default placement weighs it: its stranded memory; `HOST_WEIGHT` per card unit its
+        host can no longer feed (`host_stranded`: free cards beyond what its free CPU and memory
+        feed at the workload's average, none where a typical whole-card job takes them all);
+        and `DEAD_WEIGHT` per unit of dead hole (a hole almost no card-sharing job fits is as
+        good as lost)."""
         dead = dead_units(view.free, self.dead_below, self.dead_from)
-        return self.index.stranded_num(view) + self.dead_num * dead
+        host = host_stranded(view, self.index.host_ratio, self.index.fillers)
+        return (
+            self.index.stranded_num(view)
+            + self.dead_num * dead
+            + round(HOST_WEIGHT * host * self.index.denominator)
+        )
 
     def cost(self, node: WNode) -> int:
         """`measure` of the node as it is now, kept per node version."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from gpuctl.core.placement.fragmentation import DEAD_WEIGHT
+from gpuctl.core.placement.fragmentation import DEAD_WEIGHT, HOST_WEIGHT
 from gpuctl.core.placement.model import LabelRequirement, Tier
 
 DEFAULT_MIN_RUNTIME_BETWEEN_MOVES_S = 1800.0
@@ -60,6 +60,9 @@ class FleetFigures:
     # free memory in holes some but almost no card-sharing job fits (`consolidation_dead_range`);
     # the planner charges `DEAD_WEIGHT` per unit of it on top of the stranded memory
     dead_mib: int = 0
+    # free card memory beyond what the nodes' free CPU and host memory feed at the workload's
+    # average (`host_stranded`); the planner charges `HOST_WEIGHT` per unit of it
+    unfed_mib: float = 0.0
 
     @property
     def fragmentation_pct(self) -> float | None:
@@ -67,8 +70,9 @@ class FleetFigures:
 
     @property
     def cost_mib(self) -> float:
-        """What the planner lowers: stranded memory plus `DEAD_WEIGHT` times the dead holes."""
-        return self.stranded_mib + DEAD_WEIGHT * self.dead_mib
+        """What the planner lowers: stranded memory, plus `HOST_WEIGHT` times the unfed memory
+        and `DEAD_WEIGHT` times the dead holes."""
+        return self.stranded_mib + HOST_WEIGHT * self.unfed_mib + DEAD_WEIGHT * self.dead_mib
 
     @property
     def stranded_gib(self) -> float:

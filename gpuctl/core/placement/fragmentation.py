@@ -260,6 +260,7 @@ def host_stranded(node: NodeFree, ratio: HostRatio, fillers: Fillers | None = No
 
 DEAD_SHARE = 0.05  # a hole fewer than this share of the card-sharing jobs fit is dead
 DEAD_WEIGHT = 2  # what a unit of dead hole costs, in units of stranded memory
+HOST_WEIGHT = 1  # what a card unit the host cannot feed (`host_stranded`) costs, likewise
 
 
 def _slice_sizes(workload: Workload) -> list[tuple[int, float]]:

@@ -17,6 +17,7 @@ from gpuctl.core.placement.fit import Choice, Demand, NodeFree, Workload, fits, 
 from gpuctl.core.placement.fragmentation import (
     DEAD_SHARE,
     DEAD_WEIGHT,
+    HOST_WEIGHT,
     dead_hole_below,
     host_stranded,
     index_for,
@@ -255,7 +256,7 @@ class Gpuctl:
     def __init__(
         self,
         *,
-        host_weight: float = 1.0,
+        host_weight: float = HOST_WEIGHT,
         quantize: bool = True,
         reserve_weight: float = 1.0,
         kind_weight: float = 1.5,

@@ -18,7 +18,7 @@ from gpuctl.bench.protocol import target_workload
 from gpuctl.bench.replay import replay
 from gpuctl.bench.rng import NumpyRng
 from gpuctl.bench.runner import bench_policy
-from gpuctl.core.placement.fit import Demand
+from gpuctl.core.placement.fit import Demand, Workload
 from gpuctl.core.placement.fragmentation import default_workload
 from gpuctl.errors import UsageError
 
@@ -140,6 +140,25 @@ def test_the_exact_model_counts_dead_holes_as_the_planner_does() -> None:
     row = exact.gap(inst, 1, time_limit_s=10.0)
     assert (row.greedy_moves, row.optimum_moves) == (0, 0)  # the merge costs more than it frees
     assert row.optimum == row.greedy == row.before
+
+
+def test_the_exact_model_counts_cards_the_host_cannot_feed_as_the_planner_does() -> None:
+    # the work is 1-card jobs of 8 cores; "hog" takes a card and 24 of n1's 32 cores, leaving 3
+    # cards that 8 cores feed one of (2 unfed); on n2 (40 cores) it would leave 16 for 3 (1)
+    nodes = [OpenbNode("n1", 32_000, 65536, 4, "A10"), OpenbNode("n2", 40_000, 65536, 4, "A10")]
+    cluster = bench.Cluster(nodes)
+    pods = {"hog": OpenbPod("hog", 24_000, 1024, 1, 1000)}
+    cluster.place(0, pods["hog"], (0,))
+    workload: Workload = ((Demand(1, 1000, whole=True, cpu_milli=8000), 1.0),)
+    inst = exact.Instance("hungry", cluster.fleet_state(), pods, workload)
+    if not exact.available():
+        with pytest.raises(UsageError, match="OR-Tools is not installed"):
+            exact.gap(inst, 1)
+        return
+    best = exact.exact(inst, 1, time_limit_s=10.0)  # no hint: the model finds the move alone
+    assert (best.cost, best.moves, best.lower_bound) == (1000, 1, 1000)  # and proves it best
+    row = exact.gap(inst, 1, time_limit_s=10.0)
+    assert (row.before, row.greedy, row.greedy_moves) == (2000, 1000, 1)
 
 
 def test_without_ortools_the_benchmark_says_so_and_skips_the_exact_part(

@@ -122,12 +122,31 @@ def test_slices_on_two_cards_of_one_node_are_merged_onto_one_card() -> None:
     assert p.after.whole_free_cards == 1
 
 
+def test_a_cpu_hungry_job_leaves_a_node_whose_cores_cannot_feed_its_free_cards() -> None:
+    # the work averages 8 cores a card; "hog" holds one card and 24 of n1's 32 cores, so n1's
+    # 3 free cards have cores for one: one typical job still fits (nothing stranded), two cards
+    # are unfed. On n2, with 64 cores, every card stays fed: the plan moves it there.
+    workload: Workload = ((Demand(1, CAP, whole=True, cpu_milli=8_000), 1.0),)
+    allocs = [whole("hog", "n1", (0,), cpu_milli=24_000)]
+    state = fleet({"n1": 4, "n2": 4}, allocs, cpu={"n1": 32_000, "n2": 64_000})
+    p = plan(state, facts(allocs), workload=workload)
+    assert [(m.job, m.from_node, m.to_node) for m in p.moves] == [("hog", "n1", "n2")]
+    assert (p.before.stranded_mib, p.after.stranded_mib) == (0, 0)
+    assert (p.before.unfed_mib, p.after.unfed_mib) == (2 * CAP, 0)
+    assert "unfed by host     2.0 GiB" in render_consolidation(p)
+    assert plan_from_dict(json.loads(json.dumps(plan_to_dict(p)))).before.unfed_mib == 2 * CAP
+    # a node the typical job fills whole is not short of cores: 4 cards, 32 cores, no move
+    allocs = [whole("hog", "n1", (0,), cpu_milli=24_000)]
+    state = fleet({"n1": 4, "n2": 4}, allocs, cpu={"n1": 32_000, "n2": 32_000})
+    assert plan(state, facts(allocs), workload=workload).moves == ()
+
+
 def test_no_move_leaves_a_hole_almost_no_slice_fits_unless_it_frees_more() -> None:
     # slices of 100 are 3 % of the card-sharing jobs: a hole of 100-249 is dead (2 units more)
     allocs = [slice_("a", "n1", 0, 400), slice_("b", "n1", 1, 400)]
     p = plan(fleet({"n1": 2}, allocs), facts(allocs), workload=TINY_SLICES)
     assert p.moves == ()  # 800 on one card would leave 200 that almost no slice fits
-    assert p.reason == "no move reduces stranded memory and dead holes"
+    assert p.reason == "no move reduces stranded, unfed and dead-hole memory"
     # a hole that no slice fits is stranded in full already: freeing a whole card is worth it
     p = plan(fleet({"n1": 2}, allocs), facts(allocs))  # the smallest slice is 250
     assert len(p.moves) == 1 and p.after.whole_free_cards == 1
