@@ -53,13 +53,14 @@ from gpuctl.core.consolidation import (
     fleet_figures,
     plan_consolidation,
 )
-from gpuctl.core.placement.fit import Workload, fits
+from gpuctl.core.placement.fit import Workload
 from gpuctl.core.placement.fragmentation import (
     DEAD_WEIGHT,
     HOST_WEIGHT,
     consolidation_dead_range,
     dead_units,
     host_ratio,
+    typical_fill,
     whole_fillers,
 )
 from gpuctl.core.placement.model import Allocation, Card, FleetState, PlacementNode
@@ -385,9 +386,7 @@ def _unfed_of(inst: Instance, n: PlacementNode) -> int:
     cpu_step, mem_step = _host_steps(inst)
     view = n.totals().free
     total = sum(view.free)
-    whole = [c for f, c in zip(view.free, view.capacity, strict=True) if f == c and c > 0]
-    fillers = whole_fillers(inst.workload).get(len(whole), ())
-    if sum(whole) == total and any(fits(view, d) for d in fillers):
+    if typical_fill(view, whole_fillers(inst.workload)):
         return 0
     unfed = 0
     for step, spare in ((cpu_step, view.cpu_free_milli), (mem_step, view.mem_free_mib)):

@@ -248,10 +248,14 @@ def host_stranded(node: NodeFree, ratio: HostRatio, fillers: Fillers | None = No
         usable = min(usable, max(node.mem_free_mib, 0) / ratio.mem_mib_per_unit)
     if usable >= total or not fillers:
         return total - usable
+    return 0.0 if typical_fill(node, fillers) else total - usable
+
+
+def typical_fill(node: NodeFree, fillers: Fillers) -> bool:
+    """Every free card of `node` is whole, and one of `fillers` takes them all and fits it now
+    (`host_stranded`'s exemption)."""
     whole = [c for f, c in zip(node.free, node.capacity, strict=True) if f == c and c > 0]
-    if sum(whole) == total and any(fits(node, d) for d in fillers.get(len(whole), ())):
-        return 0.0  # every free card is whole, and a typical job takes them all
-    return total - usable
+    return sum(whole) == sum(node.free) and any(fits(node, d) for d in fillers.get(len(whole), ()))
 
 
 # ---------------------------------------------------------------------------------------------
