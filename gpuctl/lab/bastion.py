@@ -93,10 +93,10 @@ def stop(bastion: Bastion) -> None:
     """Kill the bastion's sshd with its sessions, and its relay."""
     table = sshd_mod.ProcTable("GPUCTL_LAB_BASTION")
     tree = {bastion.sshd_pid} | table.descendants(bastion.sshd_pid)
+    killed: set[int] = set()
     if sshd_mod.is_sshd_of(bastion.sshd_pid, bastion.dir / "sshd_config"):
-        sshd_mod.signal_all(tree, signal.SIGKILL)
+        killed |= tree
     if netns.is_relay_of(bastion.relay_pid, bastion.dir):
-        sshd_mod.signal_all([bastion.relay_pid], signal.SIGKILL)
-    deadline = time.monotonic() + 5.0
-    while time.monotonic() < deadline and any(sshd_mod.alive(p) for p in tree):
-        time.sleep(0.01)
+        killed.add(bastion.relay_pid)
+    sshd_mod.signal_all(killed, signal.SIGKILL)
+    sshd_mod.wait_gone(killed)

@@ -320,6 +320,7 @@ def _stop_relay(lab: Lab, node: LabNode) -> int:
     if pid is None or not netns.is_relay_of(pid, lab.node_dir(node.name)):
         return 0
     sshd_mod.signal_all([pid], signal.SIGKILL)
+    sshd_mod.wait_gone([pid])  # until then it still accepts on the node's port
     return 1
 
 

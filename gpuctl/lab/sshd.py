@@ -305,6 +305,18 @@ def alive(pid: int) -> bool:
     return True
 
 
+def wait_gone(pids: Iterable[int], timeout_s: float = 5.0) -> bool:
+    """Wait until none of `pids` is alive (a process killed keeps its sockets open until the
+    kernel has run its exit); False when some still is after `timeout_s`."""
+    pending = set(pids)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        pending = {p for p in pending if alive(p)}
+        if not pending or time.monotonic() >= deadline:
+            return not pending
+        time.sleep(0.01)
+
+
 def _reap(pid: int) -> None:
     with contextlib.suppress(ChildProcessError, OSError):
         os.waitpid(pid, os.WNOHANG)

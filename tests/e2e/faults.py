@@ -14,6 +14,7 @@ import os
 import pwd
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -44,6 +45,20 @@ T = TypeVar("T")
 
 
 wait_for = functools.partial(waiting.wait_for, timeout_s=20.0, every_s=0.05)
+
+
+def refuses(host: str, port: int) -> bool:
+    """True when nothing listens on host:port. A connection to a free port in the ephemeral
+    range can land on itself (the kernel picks that very port as its source, and TCP's
+    simultaneous open connects it): such a connection is no listener, so it is tried again."""
+    for _ in range(10):
+        try:
+            with socket.create_connection((host, port), timeout=1) as s:
+                if s.getsockname() != s.getpeername():
+                    return False
+        except ConnectionRefusedError:
+            return True
+    return False
 
 
 def shared_dir(lab: LabFleet, name: str = "shared") -> Path:

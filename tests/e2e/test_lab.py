@@ -3,7 +3,6 @@
 import json
 import os
 import shutil
-import socket
 import stat
 import subprocess
 import sys
@@ -21,18 +20,11 @@ from gpuctl.errors import ConnectRefused, LabError
 from gpuctl.lab import fleet
 from gpuctl.lab.sshd import generate_ed25519
 from gpuctl.testing.lab import LabFleet, lab_fleet
+from tests.e2e.faults import refuses
 
 pytestmark = pytest.mark.e2e
 
 QUERY = "nvidia-smi --query-gpu=index,temperature.gpu --format=csv,noheader,nounits"
-
-
-def refuses(host: str, port: int) -> bool:
-    try:
-        socket.create_connection((host, port), timeout=1).close()
-    except ConnectionRefusedError:
-        return True
-    return False
 
 
 def test_up_writes_an_inventory_and_known_hosts_that_work_with_strict_checking(

@@ -7,7 +7,6 @@ bastion dies."""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -19,7 +18,7 @@ from gpuctl.adapters.ssh import SshTransport
 from gpuctl.core.model import NodeSpec
 from gpuctl.lab import bastion
 from gpuctl.testing.lab import LabFleet
-from tests.e2e.faults import gpuctl
+from tests.e2e.faults import gpuctl, refuses
 
 pytestmark = pytest.mark.e2e
 
@@ -79,8 +78,7 @@ def behind(own_lab: LabFleet, tmp_path: Path) -> Iterator[Behind]:
 def test_status_reaches_a_node_only_its_bastion_reaches_through_an_ssh_config_alias(
     behind: Behind,
 ) -> None:
-    with pytest.raises(ConnectionRefusedError):  # directly, the node is not there
-        socket.create_connection(("127.0.0.1", behind.b.node_port), timeout=5).close()
+    assert refuses("127.0.0.1", behind.b.node_port)  # directly, the node is not there
     behind.known_hosts.write_text(behind.bastion_line + behind.node_line)
     code, doc, err = behind.status()
     assert code == 0, err
