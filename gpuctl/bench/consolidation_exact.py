@@ -57,6 +57,7 @@ from gpuctl.core.placement.fit import Workload
 from gpuctl.core.placement.fragmentation import (
     DEAD_WEIGHT,
     HOST_WEIGHT,
+    Fillers,
     consolidation_dead_range,
     dead_units,
     host_ratio,
@@ -381,12 +382,13 @@ def _unfed_terms(
     return terms
 
 
-def _unfed_of(inst: Instance, n: PlacementNode) -> int:
-    """A node's unfed units as the model counts them (the least its variable can be)."""
-    cpu_step, mem_step = _host_steps(inst)
+def _unfed_of(n: PlacementNode, steps: tuple[int, int], fillers: Fillers) -> int:
+    """A node's unfed units as the model counts them (the least its variable can be), with the
+    model's `_host_steps` and the workload's `whole_fillers`."""
+    cpu_step, mem_step = steps
     view = n.totals().free
     total = sum(view.free)
-    if typical_fill(view, whole_fillers(inst.workload)):
+    if typical_fill(view, fillers):
         return 0
     unfed = 0
     for step, spare in ((cpu_step, view.cpu_free_milli), (mem_step, view.mem_free_mib)):
@@ -434,10 +436,11 @@ def _objective(inst: Instance, state: FleetState) -> int:
                 continue
             total += w * sum(fit)
     lo, below = consolidation_dead_range(inst.workload)
+    steps, fillers = _host_steps(inst), whole_fillers(inst.workload)
     for n in state.nodes:
         total -= DEAD_SCALE * dead_units((c.free_mib for c in n.cards), below, lo)
         if n.cards:
-            total -= HOST_TERM * _unfed_of(inst, n)
+            total -= HOST_TERM * _unfed_of(n, steps, fillers)
     return total
 
 

@@ -305,16 +305,14 @@ def alive(pid: int) -> bool:
     return True
 
 
-def wait_gone(pids: Iterable[int], timeout_s: float = 5.0) -> bool:
-    """Wait until none of `pids` is alive (a process killed keeps its sockets open until the
-    kernel has run its exit); False when some still is after `timeout_s`."""
-    pending = set(pids)
+def wait_gone(pids: Iterable[int], timeout_s: float = 5.0) -> None:
+    """Wait, at most `timeout_s`, until none of `pids` is alive: a process killed keeps its
+    sockets open until the kernel has run its exit."""
+    pending = {p for p in pids if alive(p)}
     deadline = time.monotonic() + timeout_s
-    while True:
-        pending = {p for p in pending if alive(p)}
-        if not pending or time.monotonic() >= deadline:
-            return not pending
+    while pending and time.monotonic() < deadline:
         time.sleep(0.01)
+        pending = {p for p in pending if alive(p)}
 
 
 def _reap(pid: int) -> None:
